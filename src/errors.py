@@ -1,0 +1,113 @@
+"""The exception hierarchy: everything effectful-durable raises is a DurableError."""
+
+from __future__ import annotations
+
+
+class DurableError(Exception):
+    """Base class for every error raised by effectful-durable."""
+
+
+class NotOurDatabaseError(DurableError):
+    """The file exists but is not an effectful-durable database; it was left untouched."""
+
+    def __init__(self, path: str, reason: str = "") -> None:
+        self.path = path
+        detail = f" ({reason})" if reason else ""
+        msg = (
+            f"{path} is not an effectful-durable database{detail}. "
+            "Nothing was written to it. Pass the path of a new file, "
+            "or of a database this library created."
+        )
+        super().__init__(msg)
+
+
+class SchemaTooNewError(DurableError):
+    """The database was written by a newer effectful-durable than this one."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        msg = (
+            f"{path} was written by a newer effectful-durable (schema {found}; "
+            f"this version reads <= {supported}). "
+            "Upgrade the package, or open a copy with the version that wrote it."
+        )
+        super().__init__(msg)
+
+
+class DatabaseBusyError(DurableError):
+    """The database stayed locked by another writer for longer than busy_timeout."""
+
+    def __init__(self, path: str, busy_timeout: float) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        msg = (
+            f"{path} stayed locked by another writer for {busy_timeout:g} s. "
+            "Retry, or raise busy_timeout if writers hold it this long on purpose."
+        )
+        super().__init__(msg)
+
+
+class AgentInUseError(DurableError):
+    """Another thread or process is running a turn of the same agent."""
+
+    def __init__(self, agent_id: str, holder: str) -> None:
+        self.agent_id = agent_id
+        self.holder = holder
+        msg = (
+            f"agent {agent_id!r} is in use by {holder}. "
+            "One agent runs one turn at a time; wait for that turn to finish, "
+            "pass wait=<seconds> to PersistenceHandler to wait for it, "
+            "or fork the agent to run a copy."
+        )
+        super().__init__(msg)
+
+
+class InvalidAgentIdError(DurableError, ValueError):
+    """An agent id is empty, too long, or holds non-printable characters."""
+
+    def __init__(self, agent_id: object, reason: str) -> None:
+        self.agent_id = agent_id
+        msg = (
+            f"invalid agent_id {agent_id!r}: {reason}. An agent id is a non-empty "
+            "string of at most 200 printable characters, such as 'support-bot-42'."
+        )
+        super().__init__(msg)
+
+
+class StateSerializationError(DurableError, TypeError):
+    """A value to persist cannot be stored as JSON; nothing was written."""
+
+    def __init__(self, owner: str, field: str, value_type: str, reason: str) -> None:
+        self.owner = owner
+        self.field = field
+        self.value_type = value_type
+        msg = (
+            f"cannot persist {owner}.{field}: a value of type {value_type} "
+            f"cannot be stored as JSON ({reason}). Nothing was written. "
+            "Annotate the field with a type pydantic can serialise, or mark it "
+            "ephemeral() to keep it out of the database."
+        )
+        super().__init__(msg)
+
+
+class NotFoundError(DurableError, LookupError):
+    """The database holds no such agent, or no such version of it."""
+
+
+class WorkflowDivergedError(DurableError):
+    """A resumed workflow asked for a different step than its journal recorded."""
+
+    def __init__(self, workflow: str, step: str, expected: str, got: str) -> None:
+        self.workflow = workflow
+        self.step = step
+        self.expected = expected
+        self.got = got
+        msg = (
+            f"workflow {workflow!r} diverged at step {step}: the journal recorded "
+            f"{expected}, but the program asked for {got}. Nothing was written. "
+            "Run the program that started the workflow, or reset the workflow "
+            "from this step."
+        )
+        super().__init__(msg)

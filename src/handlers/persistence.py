@@ -1,0 +1,265 @@
+"""PersistenceHandler: one durable, atomic commit per agent turn."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic_core
+from effectful.handlers.llm import Template
+from effectful.ops.semantics import fwd, handler
+from effectful.ops.syntax import ObjectInterpretation, implements
+
+from ..agents.persistent import PersistentAgent
+from ..agents.state import dump_state, restore_state
+from ..store import Durability, Handoff, Store
+from ..store.history import ActiveHistory, plan_change
+from ..store.ids import validate_agent_id
+from .effectful_hooks import keep_own_history, system_note
+
+
+@dataclass
+class _Committed:
+    """An agent's last committed version, as held in memory beside the agent."""
+
+    database: str
+    version: int
+    history: ActiveHistory
+    state: str | None
+
+
+@dataclass
+class _Turn:
+    agent: PersistentAgent
+    template: str
+    committed: _Committed
+    earlier: Handoff | None = None
+    uncommitted_history: list[Any] = field(default_factory=list)
+    uncommitted_state: str | None = None
+
+
+class PersistenceHandler(ObjectInterpretation):
+    """Persist every PersistentAgent's history and state, one transaction per turn.
+
+    A turn is the outermost template call on an agent. When it starts, a handoff row
+    naming it is committed; when it returns, one transaction adds the messages it
+    added, records what it removed, stores the agent's fields, bumps the version and
+    clears the handoff. If it raises (Ctrl-C included), the agent in memory goes back
+    to its last committed history and state and the handoff records the failure.
+    A turn that was cut off by a crash is told to the agent's next turn, once.
+
+    Install it inside the model provider, so that it sees template calls first::
+
+        with handler(LiteLLMProvider(model="gpt-4o-mini")), handler(
+            PersistenceHandler("state.db")
+        ):
+            bot.ask("What did we decide yesterday?")
+
+    Plain effectful agents and free templates pass through untouched. Install the
+    same handler in every thread that runs agents: different agents commit
+    concurrently, and one agent driven by two threads or processes at once raises
+    :class:`~effectful_durable.AgentInUseError` (or waits up to ``wait`` seconds).
+
+    Args:
+        db: SQLite file (created if missing, refused if not ours) or an open Store.
+        durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
+            Used only when ``db`` is a path.
+        busy_timeout: Seconds to wait for another writer's lock. Only with a path.
+        wait: Seconds a turn waits for its agent while another turn holds it.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | Store,
+        *,
+        durability: Durability = "normal",
+        busy_timeout: float = 5.0,
+        wait: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.store = (
+            db
+            if isinstance(db, Store)
+            else Store(db, durability=durability, busy_timeout=busy_timeout)
+        )
+        self.wait = wait
+        self._database = os.path.realpath(self.store.path)
+        self._local = threading.local()
+
+    def close(self) -> None:
+        """Close the handler's store."""
+        self.store.close()
+
+    @implements(Template.__apply__)
+    def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
+        agent = _bound_agent(template)
+        if agent is None or any(turn.agent is agent for turn in self._turns()):
+            return fwd()
+        validate_agent_id(agent.agent_id)
+        with self.store.agent_lock(agent.agent_id, wait=self.wait):
+            turn = self._begin(agent, template, args, kwargs)
+            self._turns().append(turn)
+            try:
+                with handler(self._turn_interpretation(turn)):
+                    result = fwd()
+                self._commit(turn)
+            except BaseException as error:
+                self._abort(turn, error)
+                raise
+            finally:
+                self._turns().pop()
+        return result
+
+    def _turns(self) -> list[_Turn]:
+        turns: list[_Turn] | None = getattr(self._local, "turns", None)
+        if turns is None:
+            turns = self._local.turns = []
+        return turns
+
+    def _begin(
+        self,
+        agent: PersistentAgent,
+        template: Template[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> _Turn:
+        name = getattr(template, "__name__", type(template).__name__)
+        version, earlier = self.store.begin_turn(
+            agent.agent_id, template=name, arguments=_arguments(template, args, kwargs)
+        )
+        try:
+            committed = _committed(agent)
+            if committed is None or committed.database != self._database:
+                committed = self._load(agent, keep_memory=version == 0)
+            elif committed.version != version:
+                committed = self._load(agent, keep_memory=False)  # another writer moved it
+        except BaseException as error:
+            self._record_failure(agent, error)
+            raise
+        turn = _Turn(agent, name, committed, earlier)
+        if committed.version == 0:
+            # Never committed: a failure goes back to what the user built in memory.
+            turn.uncommitted_history = list(agent.__history__.values())
+            turn.uncommitted_state = dump_state(agent)
+        return turn
+
+    def _load(self, agent: PersistentAgent, *, keep_memory: bool) -> _Committed:
+        loaded = self.store.load_agent(agent.agent_id)
+        committed = _Committed(self._database, loaded.version, loaded.history, loaded.state)
+        if loaded.version or not keep_memory:
+            _set_history(agent, loaded.history.messages)
+            if loaded.state is not None:
+                restore_state(agent, loaded.state)
+        _set_committed(agent, committed)
+        return committed
+
+    def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
+        interpretation = dict(keep_own_history())
+        if turn.earlier is not None:
+            note = _handoff_note(turn.earlier)
+            interpretation.update(system_note(note, lambda: self._turns()[-1] is turn))
+        return interpretation
+
+    def _commit(self, turn: _Turn) -> None:
+        agent, committed = turn.agent, turn.committed
+        state = dump_state(agent)
+        change, history = plan_change(committed.history, list(agent.__history__.values()))
+        detail = {"recovered": _handoff_summary(turn.earlier)} if turn.earlier else None
+        version = self.store.commit_turn(
+            agent.agent_id,
+            base_version=committed.version,
+            template=turn.template,
+            change=change,
+            state=state if state != committed.state else None,
+            detail=detail,
+        )
+        turn.committed = _Committed(self._database, version, history, state)
+        _set_committed(agent, turn.committed)
+
+    def _abort(self, turn: _Turn, error: BaseException) -> None:
+        agent, committed = turn.agent, turn.committed
+        if _committed(agent) is committed:  # the turn did not commit: roll memory back
+            if committed.version:
+                _set_history(agent, committed.history.messages)
+                if committed.state is not None:
+                    restore_state(agent, committed.state)
+            else:
+                _set_history(agent, turn.uncommitted_history)
+                if turn.uncommitted_state is not None:
+                    restore_state(agent, turn.uncommitted_state)
+        self._record_failure(agent, error)
+
+    def _record_failure(self, agent: PersistentAgent, error: BaseException) -> None:
+        with contextlib.suppress(Exception):  # never mask the turn's own error
+            self.store.fail_turn(agent.agent_id, f"{type(error).__name__}: {error}")
+
+
+def _bound_agent(template: Template[..., Any]) -> PersistentAgent | None:
+    """The PersistentAgent a template is bound to, if any."""
+    history = getattr(template, "__history__", None)
+    if history is None:
+        return None
+    for value in template.__context__.maps[0].values():
+        if isinstance(value, PersistentAgent) and value.__history__ is history:
+            return value
+    return None
+
+
+def _committed(agent: PersistentAgent) -> _Committed | None:
+    committed: _Committed | None = agent.__dict__.get("__durable__")
+    return committed
+
+
+def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
+    agent.__dict__["__durable__"] = committed
+
+
+def _set_history(agent: PersistentAgent, messages: list[Any]) -> None:
+    history: OrderedDict[str, Any] = agent.__history__
+    history.clear()
+    history.update((message["id"], message) for message in messages)
+
+
+def _arguments(
+    template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    try:
+        bound: Any = inspect.signature(template).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {"args": args, "kwargs": kwargs}
+    return pydantic_core.to_jsonable_python(bound, fallback=repr)
+
+
+def _handoff_summary(handoff: Handoff) -> dict[str, Any]:
+    return {
+        "template": handoff.template,
+        "arguments": handoff.arguments,
+        "status": handoff.status,
+        "error": handoff.error,
+        "started_at": handoff.started_at.isoformat(),
+    }
+
+
+def _handoff_note(handoff: Handoff) -> str:
+    arguments = pydantic_core.to_json(handoff.arguments).decode()
+    what = (
+        f"failed with {handoff.error}"
+        if handoff.status == "failed"
+        else "was cut off: the program stopped before the turn finished"
+    )
+    return (
+        "Note from the runtime: your previous turn did not complete. It was "
+        f"`{handoff.template}` called with {arguments}, started at "
+        f"{handoff.started_at:%Y-%m-%d %H:%M:%S} UTC, and it {what}. Nothing from "
+        "that turn was kept: your history ends with your last completed turn. "
+        "If that work is still needed, do it again."
+    )
+

@@ -1,0 +1,131 @@
+"""Opening a database: identify the file, apply our pragmas, create or migrate the schema.
+
+Every pragma effectful-durable sets lives in this module.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import apsw
+import apsw.bestpractice
+
+from ..errors import DurableError, NotOurDatabaseError, SchemaTooNewError
+from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
+
+type Durability = Literal["normal", "full"]
+
+# WAL + NORMAL survives process crashes but may lose the last commits on power
+# loss; FULL syncs the WAL on every commit: sqlite.org/pragma.html#pragma_synchronous
+_SYNCHRONOUS: dict[str, str] = {"normal": "NORMAL", "full": "FULL"}
+
+
+def connect(
+    path: str,
+    *,
+    durability: Durability = "normal",
+    busy_timeout: float = 5.0,
+    readonly: bool = False,
+) -> apsw.Connection:
+    """Open ``path`` as an effectful-durable database.
+
+    A missing or empty file becomes a new database. An older schema is migrated
+    forward (never when ``readonly``). A file that is not ours is left untouched.
+
+    Args:
+        path: Database file.
+        durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
+        busy_timeout: Seconds to wait for another writer's lock before failing.
+        readonly: Open without write access, for inspection.
+
+    Returns:
+        A connection for the calling thread; write transactions on it are IMMEDIATE.
+
+    Raises:
+        NotOurDatabaseError: The file is not SQLite, or is another program's database.
+        SchemaTooNewError: A newer effectful-durable wrote the file.
+        ValueError: ``durability`` or ``busy_timeout`` is not valid.
+    """
+    if durability not in _SYNCHRONOUS:
+        msg = f"durability must be 'normal' or 'full', not {durability!r}"
+        raise ValueError(msg)
+    if busy_timeout < 0:
+        msg = f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}"
+        raise ValueError(msg)
+    conn = _open(path, readonly)
+    try:
+        apsw.bestpractice.connection_busy_timeout(conn, int(busy_timeout * 1000))
+        apsw.bestpractice.connection_dqs(conn)
+        version = _identify(conn, path)
+        if readonly:
+            if version < SCHEMA_VERSION:
+                msg = (
+                    f"{path} uses schema {version}; open it once read-write to "
+                    f"migrate it to schema {SCHEMA_VERSION}"
+                )
+                raise DurableError(msg)
+            return conn
+        conn.pragma("journal_mode", "wal")
+        conn.pragma("synchronous", _SYNCHRONOUS[durability])
+        apsw.bestpractice.connection_enable_foreign_keys(conn)
+        conn.transaction_mode = "IMMEDIATE"
+        if version < SCHEMA_VERSION:
+            _migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _open(path: str, readonly: bool) -> apsw.Connection:
+    flags = (
+        apsw.SQLITE_OPEN_READONLY
+        if readonly
+        else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    )
+    try:
+        return apsw.Connection(path, flags=flags)
+    except apsw.CantOpenError as e:
+        reason = "it is a directory" if os.path.isdir(path) else str(e)
+        msg = f"cannot open database {path}: {reason}. Pass the path of a file."
+        raise DurableError(msg) from e
+
+
+def _identify(conn: apsw.Connection, path: str) -> int:
+    """Return the file's schema version (0 for a new file), or refuse a foreign file."""
+    try:
+        application_id = conn.pragma("application_id")
+        user_version = conn.pragma("user_version")
+        objects = conn.execute("SELECT count(*) FROM sqlite_schema").get
+    except apsw.NotADBError as e:
+        raise NotOurDatabaseError(path, "it is not an SQLite database") from e
+    if application_id != APPLICATION_ID:
+        if application_id == 0 and user_version == 0 and objects == 0:
+            return 0
+        reason = (
+            f"application_id is {application_id:#x}"
+            if application_id
+            else "it is another program's SQLite database"
+        )
+        raise NotOurDatabaseError(path, reason)
+    if user_version > SCHEMA_VERSION:
+        raise SchemaTooNewError(path, found=user_version, supported=SCHEMA_VERSION)
+    return int(user_version)
+
+
+def _migrate(conn: apsw.Connection, path: str) -> None:
+    # Re-read inside each write transaction: another process may be migrating too.
+    while True:
+        with conn:
+            version = _identify(conn, path)
+            if version >= SCHEMA_VERSION:
+                return
+            if version == 0:
+                conn.execute(schema_sql())
+                version = SCHEMA_VERSION
+            else:
+                conn.execute(MIGRATIONS[version])
+                version += 1
+            conn.pragma("application_id", APPLICATION_ID)
+            conn.pragma("user_version", version)

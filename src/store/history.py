@@ -1,0 +1,155 @@
+"""Turning a new message history into the rows a commit adds and removes.
+
+Pure logic, no SQL: the store applies the resulting :class:`HistoryChange`.
+Messages are treated as immutable values (effectful replaces a message rather
+than mutating it), so an unchanged prefix is found with C-speed list
+comparisons and the Python work is proportional to what changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+type Message = Mapping[str, Any]
+
+
+@dataclass
+class ActiveHistory:
+    """The committed active history of one agent: messages and their positions."""
+
+    messages: list[Message] = field(default_factory=list)
+    positions: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HistoryChange:
+    """What a commit writes: new rows and the position ranges of rows it removes."""
+
+    added: list[tuple[float, Message]]
+    removed: list[tuple[float, float]]
+    removed_count: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.added and not self.removed
+
+
+def plan_change(old: ActiveHistory, new: Sequence[Message]) -> tuple[HistoryChange, ActiveHistory]:
+    """Diff ``new`` against the committed ``old`` history.
+
+    Messages kept from ``old`` keep their rows; the rest of ``old`` is removed and
+    the rest of ``new`` added, at positions that keep ``new``'s order.
+
+    Returns:
+        The change to commit and the active history after it.
+    """
+    new = list(new)
+    start = _common_prefix(old.messages, new)
+    if start == len(old.messages):
+        # The common case: the turn only appended.
+        base = old.positions[-1] if old.positions else -1.0
+        added = [(base + 1 + i, m) for i, m in enumerate(new[start:])]
+        after = ActiveHistory(new, old.positions + [p for p, _ in added])
+        return HistoryChange(added, [], 0), after
+
+    kept = _kept_pairs(old, new, start)
+    added: list[tuple[float, Message]] = []
+    removed: list[tuple[float, float]] = []
+    removed_count = 0
+    positions = old.positions[:start]
+    prev_old = start - 1
+    prev_new = start - 1
+    for new_index, old_index in [*kept, (len(new), len(old.messages))]:
+        gone = range(prev_old + 1, old_index)
+        if gone:
+            removed.append((old.positions[gone[0]], old.positions[gone[-1]]))
+            removed_count += len(gone)
+        fresh = new[prev_new + 1 : new_index]
+        if fresh:
+            low = old.positions[prev_old] if prev_old >= 0 else -math.inf
+            high = old.positions[old_index] if old_index < len(old.messages) else math.inf
+            freed = [old.positions[i] for i in gone]
+            slots = _slots(low, high, freed, len(fresh))
+            if slots is None:
+                # No room left between two kept rows: move the rest to the end.
+                return _rewrite_from(old, new, start)
+            added.extend(zip(slots, fresh, strict=True))
+            positions.extend(slots)
+        if old_index < len(old.messages):
+            positions.append(old.positions[old_index])
+        prev_old, prev_new = old_index, new_index
+    return HistoryChange(added, removed, removed_count), ActiveHistory(new, positions)
+
+
+def _common_prefix(old: list[Message], new: list[Message]) -> int:
+    """Length of the longest common prefix, probing from the end."""
+    n = min(len(old), len(new))
+    if old[:n] == new[:n]:
+        return n
+    # Prefix equality is monotone: search back from n in growing steps, then bisect.
+    equal, unequal, step = 0, n, 1
+    while unequal - step > 0:
+        probe = unequal - step
+        if old[:probe] == new[:probe]:
+            equal = probe
+            break
+        unequal, step = probe, step * 2
+    while unequal - equal > 1:
+        mid = (equal + unequal) // 2
+        if old[:mid] == new[:mid]:
+            equal = mid
+        else:
+            unequal = mid
+    return equal
+
+
+def _kept_pairs(old: ActiveHistory, new: list[Message], start: int) -> list[tuple[int, int]]:
+    """Pairs (new index, old index) of unchanged messages after the prefix, in order."""
+    by_id: dict[Any, int] = {old.messages[i].get("id"): i for i in range(start, len(old.messages))}
+    kept: list[tuple[int, int]] = []
+    last = start - 1
+    for new_index in range(start, len(new)):
+        message = new[new_index]
+        old_index = by_id.get(message.get("id"))
+        if old_index is not None and old_index > last and old.messages[old_index] == message:
+            kept.append((new_index, old_index))
+            last = old_index
+    return kept
+
+
+def _slots(low: float, high: float, freed: list[float], count: int) -> list[float] | None:
+    """``count`` increasing positions in (low, high), or None if floats run out.
+
+    The positions of removed rows are reused for the last new messages, so a
+    rewritten message keeps its place and a summary sorts after the rows it replaces.
+    """
+    reuse = freed[-count:] if freed else []
+    extra = count - len(reuse)
+    if extra == 0:
+        return reuse
+    high = reuse[0] if reuse else high
+    if high == math.inf:
+        base = -1.0 if low == -math.inf else low
+        return [base + 1 + i for i in range(extra)]
+    if low == -math.inf:
+        return [high - extra + i for i in range(extra)] + reuse
+    step = (high - low) / (extra + 1)
+    slots = [low + step * (i + 1) for i in range(extra)]
+    if not all(a < b for a, b in zip([low, *slots], [*slots, high], strict=True)):
+        return None
+    return slots + reuse
+
+
+def _rewrite_from(
+    old: ActiveHistory, new: list[Message], start: int
+) -> tuple[HistoryChange, ActiveHistory]:
+    """Remove every old row after the common prefix and append the rest of ``new``."""
+    tail = range(start, len(old.messages))
+    removed = [(old.positions[tail[0]], old.positions[tail[-1]])]
+    base = old.positions[-1]
+    added = [(base + 1 + i, m) for i, m in enumerate(new[start:])]
+    after = ActiveHistory(new, old.positions[:start] + [p for p, _ in added])
+    return HistoryChange(added, removed, len(tail)), after

@@ -1,0 +1,67 @@
+"""Schema versions: the application id that marks our files, and forward migrations.
+
+``MIGRATIONS[n]`` upgrades a database from ``PRAGMA user_version = n`` to ``n + 1``.
+A fresh database is created from ``schema.sql`` instead; ``tests/store`` proves that
+both paths end in the same schema. Never edit a migration that has been released:
+append a new one and update ``schema.sql``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+APPLICATION_ID = 0x45464455  # "EFDU": PRAGMA application_id of every file we create
+SCHEMA_VERSION = 1
+
+_V1 = """
+CREATE TABLE agents (
+    agent_id   TEXT PRIMARY KEY NOT NULL,
+    version    INTEGER NOT NULL CHECK (version >= 1),
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+) STRICT;
+CREATE TABLE versions (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version      INTEGER NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork')),
+    template     TEXT,
+    state        TEXT,
+    added        INTEGER NOT NULL,
+    removed      INTEGER NOT NULL,
+    detail       TEXT,
+    committed_at REAL NOT NULL,
+    PRIMARY KEY (agent_id, version)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE messages (
+    agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    position   REAL NOT NULL,
+    added_in   INTEGER NOT NULL,
+    removed_in INTEGER CHECK (removed_in > added_in),
+    message_id TEXT NOT NULL,
+    role       TEXT NOT NULL,
+    body       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, position, added_in)
+) STRICT;
+CREATE UNIQUE INDEX messages_active ON messages (agent_id, position)
+    WHERE removed_in IS NULL;
+CREATE TABLE handoffs (
+    agent_id     TEXT PRIMARY KEY NOT NULL,
+    base_version INTEGER NOT NULL,
+    template     TEXT NOT NULL,
+    arguments    TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('running', 'failed')),
+    error        TEXT,
+    interrupted  TEXT,
+    host         TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    started_at   REAL NOT NULL,
+    ended_at     REAL
+) STRICT;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1,)
+
+
+def schema_sql() -> str:
+    """Return the DDL of the current schema, as shipped in ``schema.sql``."""
+    return resources.files(__package__).joinpath("schema.sql").read_text("utf-8")

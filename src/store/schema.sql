@@ -1,0 +1,67 @@
+-- effectful-durable database schema, version 1.
+--
+-- A fresh database is created from this file; older ones are upgraded by
+-- migrations.MIGRATIONS, and a test proves both produce the same schema.
+-- PRAGMA application_id marks the file as ours; PRAGMA user_version is the
+-- schema version. Times are Unix seconds; payloads are JSON text.
+
+-- One row per durable agent: its id and last committed version.
+CREATE TABLE agents (
+    agent_id   TEXT PRIMARY KEY NOT NULL,
+    version    INTEGER NOT NULL CHECK (version >= 1),
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+) STRICT;
+
+-- One row per committed version: a turn, a rollback or a fork.
+-- state is the JSON object of the agent's persisted fields, or NULL when
+-- unchanged since the previous version (read the newest non-NULL one).
+CREATE TABLE versions (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version      INTEGER NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork')),
+    template     TEXT,
+    state        TEXT,
+    added        INTEGER NOT NULL,
+    removed      INTEGER NOT NULL,
+    detail       TEXT,
+    committed_at REAL NOT NULL,
+    PRIMARY KEY (agent_id, version)
+) STRICT, WITHOUT ROWID;
+
+-- Append-only message log. A row is part of the active history from version
+-- added_in until the version that removed it (removed_in; NULL while active).
+-- Rows are never deleted, except by deleting the whole agent, so every
+-- version's history can be read back. position orders the history; among the
+-- rows active at any one version, positions are unique.
+CREATE TABLE messages (
+    agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    position   REAL NOT NULL,
+    added_in   INTEGER NOT NULL,
+    removed_in INTEGER CHECK (removed_in > added_in),
+    message_id TEXT NOT NULL,
+    role       TEXT NOT NULL,
+    body       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, position, added_in)
+) STRICT;
+
+-- Loading an agent reads exactly its active rows, in order, through this index.
+CREATE UNIQUE INDEX messages_active ON messages (agent_id, position)
+    WHERE removed_in IS NULL;
+
+-- The turn in flight or the last failed turn, per agent. Written and committed
+-- when a turn starts, deleted by the turn's own commit: a row still 'running'
+-- after its process died is a crash, and the next turn is told about it.
+CREATE TABLE handoffs (
+    agent_id     TEXT PRIMARY KEY NOT NULL,
+    base_version INTEGER NOT NULL,
+    template     TEXT NOT NULL,
+    arguments    TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('running', 'failed')),
+    error        TEXT,
+    interrupted  TEXT,
+    host         TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    started_at   REAL NOT NULL,
+    ended_at     REAL
+) STRICT;

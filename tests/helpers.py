@@ -1,0 +1,132 @@
+"""Agents and builders shared by the tests (imported explicitly, not via conftest)."""
+
+import contextlib
+import dataclasses
+import datetime
+import enum
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pydantic
+from effectful.handlers.llm import Agent, Template, Tool
+from effectful.handlers.llm.completions import LiteLLMProvider
+from effectful.ops.semantics import handler
+from effectful.ops.types import NotHandled
+
+from effectful_durable import PersistenceHandler, PersistentAgent, ephemeral
+from effectful_durable.testing import FakeLLM
+
+
+class Mood(enum.Enum):
+    CALM = "calm"
+    BUSY = "busy"
+
+
+@dataclasses.dataclass
+class Address:
+    city: str
+    since: datetime.date
+
+
+class Preferences(pydantic.BaseModel):
+    tone: str = "plain"
+    tags: list[str] = []
+
+
+@dataclasses.dataclass
+class Assistant(PersistentAgent):
+    """You are a helpful assistant."""
+
+    turns: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+    mood: Mood = Mood.CALM
+    address: Address | None = None
+    preferences: Preferences = dataclasses.field(default_factory=Preferences)
+    last_seen: datetime.datetime | None = None
+    scratch: Any = ephemeral(default=None)
+
+    @Tool.define
+    def remember(self, note: str) -> str:
+        """Remember a note for later."""
+        self.notes.append(note)
+        return f"noted: {note}"
+
+    @Template.define
+    def ask(self, question: str) -> str:
+        """Answer the question: {question}"""
+        raise NotHandled
+
+
+@dataclasses.dataclass
+class Manager(PersistentAgent):
+    """You delegate research to your researcher."""
+
+    researcher: Assistant = ephemeral(default=None)
+
+    @Tool.define
+    def delegate(self, question: str) -> str:
+        """Ask the researcher a question."""
+        return self.researcher.ask(question)
+
+    @Template.define
+    def plan(self, goal: str) -> str:
+        """Make a plan for: {goal}"""
+        raise NotHandled
+
+
+class PlainBot(Agent):
+    """A plain effectful agent, not persistent."""
+
+    @Template.define
+    def ask(self, question: str) -> str:
+        """Answer: {question}"""
+        raise NotHandled
+
+
+@contextlib.contextmanager
+def running(llm: FakeLLM, *handlers: Any) -> Iterator[None]:
+    """Install a fake provider stack: LiteLLMProvider, the fake model, then ``handlers``."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(handler(LiteLLMProvider(model="fake")))
+        stack.enter_context(handler(llm))
+        for extra in handlers:
+            stack.enter_context(handler(extra))
+        yield
+
+
+@contextlib.contextmanager
+def persisted(db_path: Path, llm: FakeLLM, **options: Any) -> Iterator[PersistenceHandler]:
+    """Run with a PersistenceHandler on ``db_path`` over the fake model."""
+    persistence = PersistenceHandler(db_path, **options)
+    try:
+        with running(llm, persistence):
+            yield persistence
+    finally:
+        persistence.close()
+
+
+def persisted_rows(db_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Query the database file through a fresh, independent connection."""
+    conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def integrity(db_path: Path) -> str:
+    """``PRAGMA integrity_check`` of the file, through an independent connection."""
+    return str(persisted_rows(db_path, "PRAGMA integrity_check")[0][0])
+
+
+def texts(messages: list[dict[str, Any]]) -> list[str]:
+    """The text of each message, content blocks joined, for compact assertions."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(block.get("text", "") for block in content)
+        out.append(f"{message['role']}:{content or ''}")
+    return out
