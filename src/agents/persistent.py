@@ -12,7 +12,7 @@ from ..store.ids import validate_agent_id
 
 
 @dataclasses.dataclass(kw_only=True)
-class PersistentAgent(Agent):
+class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is untyped
     """An effectful :class:`~effectful.handlers.llm.Agent` that is a durable object.
 
     ``agent_id`` names it in the database: two instances with the same id, in one

@@ -38,8 +38,17 @@ def persisted_fields(cls: type) -> dict[str, Any]:
     return dict(_field_types(cls))
 
 
-@functools.cache
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
 def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    found = _FIELD_TYPES.get(cls)
+    if found is None:
+        found = _FIELD_TYPES[cls] = _find_field_types(cls)
+    return found
+
+
+def _find_field_types(cls: type) -> tuple[tuple[str, Any], ...]:
     if not dataclasses.is_dataclass(cls):
         return ()
     try:

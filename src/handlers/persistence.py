@@ -44,7 +44,7 @@ class _Turn:
     uncommitted_state: str | None = None
 
 
-class PersistenceHandler(ObjectInterpretation):
+class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row
@@ -98,7 +98,25 @@ class PersistenceHandler(ObjectInterpretation):
         """Close the handler's store."""
         self.store.close()
 
-    @implements(Template.__apply__)
+    def load(self, agent: PersistentAgent) -> int:
+        """Restore ``agent`` from the database now rather than at its first turn.
+
+        Use it to read persisted fields before the agent's first template call.
+
+        Returns:
+            The agent's committed version (0 if the database does not know it yet).
+
+        Raises:
+            InvalidAgentIdError: The agent's id is not valid.
+            StateSerializationError: A stored field no longer fits its type.
+        """
+        validate_agent_id(agent.agent_id)
+        committed = _committed(agent)
+        if committed is None or committed.database != self._database:
+            committed = self._load(agent, keep_memory=True)
+        return committed.version
+
+    @implements(Template.__apply__)  # type: ignore[untyped-decorator]
     def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
         agent = _bound_agent(template)
         if agent is None or any(turn.agent is agent for turn in self._turns()):
@@ -152,6 +170,7 @@ class PersistenceHandler(ObjectInterpretation):
         return turn
 
     def _load(self, agent: PersistentAgent, *, keep_memory: bool) -> _Committed:
+        """Install the committed agent; a new one keeps its memory if ``keep_memory``."""
         loaded = self.store.load_agent(agent.agent_id)
         committed = _Committed(self._database, loaded.version, loaded.history, loaded.state)
         if loaded.version or not keep_memory:
@@ -228,9 +247,7 @@ def _set_history(agent: PersistentAgent, messages: list[Any]) -> None:
     history.update((message["id"], message) for message in messages)
 
 
-def _arguments(
-    template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
+def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
         bound: Any = inspect.signature(template).bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
@@ -262,4 +279,3 @@ def _handoff_note(handoff: Handoff) -> str:
         "that turn was kept: your history ends with your last completed turn. "
         "If that work is still needed, do it again."
     )
-

@@ -20,7 +20,7 @@ type Message = Mapping[str, Any]
 class ActiveHistory:
     """The committed active history of one agent: messages and their positions."""
 
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Any] = field(default_factory=list)
     positions: list[float] = field(default_factory=list)
 
 
@@ -51,9 +51,9 @@ def plan_change(old: ActiveHistory, new: Sequence[Message]) -> tuple[HistoryChan
     if start == len(old.messages):
         # The common case: the turn only appended.
         base = old.positions[-1] if old.positions else -1.0
-        added = [(base + 1 + i, m) for i, m in enumerate(new[start:])]
-        after = ActiveHistory(new, old.positions + [p for p, _ in added])
-        return HistoryChange(added, [], 0), after
+        appended = [(base + 1 + i, m) for i, m in enumerate(new[start:])]
+        after = ActiveHistory(new, old.positions + [p for p, _ in appended])
+        return HistoryChange(appended, [], 0), after
 
     kept = _kept_pairs(old, new, start)
     added: list[tuple[float, Message]] = []

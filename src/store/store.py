@@ -148,7 +148,7 @@ class Store:
         """
         with self._reading() as conn:
             self._checked_version(conn, agent_id, None)
-            rows = conn.execute(
+            rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT version, kind, template, added, removed, state IS NOT NULL,
                        detail, committed_at
@@ -310,7 +310,7 @@ class Store:
             version = _current_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
-            rows = conn.execute(
+            rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT position, body FROM messages
                  WHERE agent_id = ? AND removed_in IS NULL ORDER BY position
