@@ -73,7 +73,7 @@ class Raw:
     content: str
 
 
-type Reply = str | Raw | ToolCall | list[ToolCall] | tuple[ToolCall, ...] | Exception | object
+type Reply = str | Raw | ToolCall | list[ToolCall] | tuple[ToolCall, ...] | BaseException | object
 """One model answer: text, a value for a structured template, a :class:`ToolCall`
 or a sequence of them, a :class:`Raw` content string, or an exception to raise."""
 
@@ -165,7 +165,7 @@ class FakeLLM(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
         Raises:
             FakeLLMExhaustedError: No scripted reply is left and no ``respond``.
             FakeLLMError: A reply does not fit the request.
-            Exception: The reply itself, when it is an exception.
+            BaseException: The reply itself, when it is an exception (KeyboardInterrupt too).
         """
         messages = kwargs["messages"] if "messages" in kwargs else args[0]
         call = FakeCall(
@@ -182,7 +182,7 @@ class FakeLLM(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
             if self._respond is None:
                 raise _exhausted(call, answered=number - 1)
             reply = self._respond(call)
-        if isinstance(reply, Exception):
+        if isinstance(reply, BaseException):
             raise reply
         return litellm.ModelResponse(
             id=f"fake-{number}",

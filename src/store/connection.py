@@ -6,6 +6,8 @@ Every pragma effectful-durable sets lives in this module.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import apsw
@@ -40,7 +42,7 @@ def connect(
         readonly: Open without write access, for inspection.
 
     Returns:
-        A connection for the calling thread; write transactions on it are IMMEDIATE.
+        A connection for the calling thread; write through :func:`write_transaction`.
 
     Raises:
         NotOurDatabaseError: The file is not SQLite, or is another program's database.
@@ -69,13 +71,30 @@ def connect(
         conn.pragma("journal_mode", "wal")
         conn.pragma("synchronous", _SYNCHRONOUS[durability])
         apsw.bestpractice.connection_enable_foreign_keys(conn)
-        conn.transaction_mode = "IMMEDIATE"
         if version < SCHEMA_VERSION:
             _migrate(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+@contextmanager
+def write_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on any exception, Ctrl-C included.
+
+    Not ``with conn:``: apsw (3.54) holds the GIL while the BEGIN of its context
+    manager waits out the busy timeout, which freezes every other thread of the
+    process, including the one holding the lock. A cursor's BEGIN releases it.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _open(path: str, readonly: bool) -> apsw.Connection:
@@ -117,7 +136,7 @@ def _identify(conn: apsw.Connection, path: str) -> int:
 def _migrate(conn: apsw.Connection, path: str) -> None:
     # Re-read inside each write transaction: another process may be migrating too.
     while True:
-        with conn:
+        with write_transaction(conn):
             version = _identify(conn, path)
             if version >= SCHEMA_VERSION:
                 return

@@ -21,7 +21,7 @@ from ..errors import (
     NotFoundError,
     StateSerializationError,
 )
-from .connection import Durability, connect
+from .connection import Durability, connect, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
@@ -470,9 +470,8 @@ class Store:
 
     @contextmanager
     def _writing(self) -> Iterator[apsw.Connection]:
-        conn = self._connection()
         try:
-            with conn:
+            with write_transaction(self._connection()) as conn:
                 yield conn
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e

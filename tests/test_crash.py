@@ -1,0 +1,399 @@
+"""Crash tests for DESIGN promise 1, with real processes killed by SIGKILL.
+
+Promise 1: no committed turn is ever lost, and no partial turn is ever visible; kill -9
+at any point leaves the database at the last committed version and integrity_check passes.
+
+``tests/crash_child.py`` runs turns of one agent (a persisted ``count`` that a tool bumps
+once per turn) on a real SQLite file under PersistenceHandler and a fake model. These tests
+SIGKILL it inside a turn, after its handoff row is committed, and at random moments of a
+50-turn conversation. After each kill they read the file through independent connections
+and check four things. ``PRAGMA integrity_check`` is ok. The versions are 1..v with no gaps
+and no row of a later version exists. The active history is exactly v whole turns. The
+persisted counter is v. Then the agent continues from v, and its next turn is told about
+the turn that was cut off once and records the recovery.
+
+A child pays seconds to import litellm, so each child serves many turns over stdin/stdout,
+and the next children start importing while the current one runs.
+"""
+
+import collections
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crash_child import AGENT_ID, Counter, FakeModel, question
+from helpers import integrity, persisted, persisted_rows, texts
+
+from effectful_durable import Handoff, Store
+from effectful_durable.testing import FakeLLM
+
+CHILD = Path(__file__).with_name("crash_child.py")
+LOAD_TIMEOUT = 120.0  # importing litellm, on a machine busy with other children
+REPLY_TIMEOUT = 30.0
+NOTE = "Note from the runtime: your previous turn did not complete."
+# effectful prompts with the docstring of the template's module, then the agent's.
+SYSTEM_PROMPT = Counter(agent_id=AGENT_ID).ask.__system_prompt__
+
+
+class ChildError(AssertionError):
+    """The child did not answer as the protocol says."""
+
+
+class Child:
+    """One ``crash_child.py`` process, whose stdout lines are read with deadlines."""
+
+    def __init__(self, db_path: Path, log_dir: Path, *, durability: str = "normal") -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._stderr_file = (log_dir / f"child-{time.monotonic_ns()}.stderr").open("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(db_path), "--durability", durability],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr_file,
+            text=True,
+            bufsize=1,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, word: str, *, timeout: float = REPLY_TIMEOUT) -> list[str]:
+        """Wait for the line starting with ``word`` and return its other words."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                self._fail(f"printed no {word!r} line within {timeout:.0f} s")
+            if line is None:
+                self._fail(f"closed stdout before printing {word!r}")
+            head, *rest = line.split()
+            if head == word:
+                return rest
+            if head != "committed":  # progress lines of 'run'; callers may skip them
+                self._fail(f"printed {line!r} while {word!r} was expected")
+
+    def load(self) -> None:
+        self.expect("loaded", timeout=LOAD_TIMEOUT)
+
+    def open(self) -> int:
+        """Open the database and return the version the child found on disk."""
+        self.send("open")
+        return int(self.expect("ready")[0])
+
+    def kill(self) -> list[str]:
+        """SIGKILL the child and return the lines it printed before it died."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=REPLY_TIMEOUT)
+        assert self.proc.returncode == -signal.SIGKILL, self.proc.returncode
+        lines = []
+        while (line := self._lines.get(timeout=REPLY_TIMEOUT)) is not None:
+            lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        """Kill the child if it still runs and release its files."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=REPLY_TIMEOUT)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr_file.close()
+
+    def _fail(self, what: str) -> None:
+        self._stderr_file.flush()
+        self._stderr_file.seek(0)
+        stderr = self._stderr_file.read()[-3000:]
+        msg = f"crash child {self.pid} {what} (exit status {self.proc.poll()}).\n{stderr}"
+        raise ChildError(msg)
+
+
+class Children:
+    """Children started ahead of need, so their imports overlap; all are killed on exit."""
+
+    def __init__(self, db_path: Path, log_dir: Path, *, budget: int, ahead: int = 2) -> None:
+        self._db_path, self._log_dir = db_path, log_dir
+        self._budget = budget
+        self._ahead = ahead
+        self._warming: collections.deque[Child] = collections.deque()
+        self._started: list[Child] = []
+
+    def __enter__(self) -> "Children":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for child in self._started:
+            child.close()
+
+    @property
+    def started(self) -> int:
+        return len(self._started)
+
+    def next(self) -> Child:
+        """The next loaded child; raises if ``budget`` children were already taken."""
+        self._top_up()
+        if not self._warming:
+            msg = f"all {self._budget} children were used"
+            raise ChildError(msg)
+        child = self._warming.popleft()
+        self._top_up()
+        child.load()
+        return child
+
+    def _top_up(self) -> None:
+        while len(self._warming) < self._ahead and len(self._started) < self._budget:
+            child = Child(self._db_path, self._log_dir)
+            self._started.append(child)
+            self._warming.append(child)
+
+
+# -- what must be on disk -------------------------------------------------------
+
+
+def turn_texts(turn: int) -> list[str]:
+    """The messages one committed turn leaves in the history, as ``texts`` shows them."""
+    return [
+        f"user:Answer: {question(turn)}",
+        "assistant:",  # the call of bump(turn=...)
+        f"tool:turn {turn}: count {turn}",
+        f"assistant:answer {turn}",
+    ]
+
+
+def whole_turns(version: int) -> list[str]:
+    """The active history after ``version`` committed turns."""
+    if version == 0:
+        return []
+    return [f"system:{SYSTEM_PROMPT}"] + [t for k in range(1, version + 1) for t in turn_texts(k)]
+
+
+def on_disk(db_path: Path) -> tuple[int, Handoff | None]:
+    """Check the file holds whole committed turns only; return its version and handoff.
+
+    Every read goes through connections of this process, never the child's memory.
+    """
+    assert integrity(db_path) == "ok"
+    with Store(db_path, readonly=True) as store:
+        records = [a for a in store.agents() if a.agent_id == AGENT_ID]
+        version = records[0].version if records else 0
+        handoffs = store.handoffs()
+        if version:
+            infos = store.versions(AGENT_ID)
+            assert [i.version for i in infos] == list(range(1, version + 1))
+            assert {(i.kind, i.template) for i in infos} == {("turn", "ask")}
+            history = store.history(AGENT_ID)
+            assert texts(history) == whole_turns(version)
+            assert len({m["id"] for m in history}) == len(history)
+            assert store.state(AGENT_ID) == {"count": version}
+    # No row of an uncommitted version exists, active or not.
+    [(later_rows,)] = persisted_rows(
+        db_path,
+        "SELECT (SELECT count(*) FROM versions WHERE version > ?1)"
+        " + (SELECT count(*) FROM messages WHERE added_in > ?1 OR removed_in > ?1)",
+        version,
+    )
+    assert later_rows == 0
+    assert len(handoffs) <= 1
+    handoff = handoffs[0] if handoffs else None
+    if handoff is not None:
+        assert (handoff.agent_id, handoff.status, handoff.base_version) == (
+            AGENT_ID,
+            "running",
+            version,
+        )
+        assert handoff.arguments == {"question": question(version + 1)}
+    return version, handoff
+
+
+def committed_versions(lines: list[str]) -> list[int]:
+    """The versions a child reported committed, from the lines it printed."""
+    return [int(line.split()[1]) for line in lines if line.startswith("committed ")]
+
+
+def note_count(call_messages: list[dict[str, Any]]) -> int:
+    """How many times the handoff note is in the request's system message."""
+    [system] = [m for m in call_messages if m["role"] == "system"]
+    return sum(block["text"].count(NOTE) for block in system["content"])
+
+
+# -- (a) a kill inside one turn ---------------------------------------------------
+
+COMMITTED = 3  # turns committed before the killed one
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A database as a SIGKILL inside turn ``COMMITTED + 1`` left it, and who was killed."""
+
+    db_path: Path
+    durability: str
+    pid: int
+
+
+@pytest.fixture(scope="class", params=["normal", "full"], ids=["normal", "full"])
+def crash(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Crash:
+    """Commit COMMITTED turns in a child, then kill it inside the next one."""
+    durability = request.param
+    directory = tmp_path_factory.mktemp(f"crash-{durability}")
+    db_path = directory / "state.db"
+    child = Child(db_path, directory / "logs", durability=durability)
+    try:
+        child.load()
+        assert child.open() == 0
+        child.send(f"run {COMMITTED}")
+        assert child.expect("done") == [str(COMMITTED)]
+        child.send("block")
+        assert child.expect("in-turn") == [str(COMMITTED + 1)]
+        child.kill()
+    finally:
+        child.close()
+    return Crash(db_path, durability, child.pid)
+
+
+def copy_database(db_path: Path, directory: Path) -> Path:
+    """Copy a database that no process has open, WAL included, as a crash left it."""
+    directory.mkdir()
+    for source in db_path.parent.glob(db_path.name + "*"):
+        if not source.name.endswith(("-shm", "-lock")):
+            shutil.copy2(source, directory / source.name)
+    return directory / db_path.name
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """The crashed database after two more turns run by this process, and their requests."""
+
+    db_path: Path
+    llm: FakeLLM
+
+
+@pytest.fixture(scope="class")
+def recovery(crash: Crash, tmp_path_factory: pytest.TempPathFactory) -> Recovery:
+    """Continue the killed agent on a copy of its database: the retried turn, then one more."""
+    db_path = copy_database(crash.db_path, tmp_path_factory.mktemp("recovery") / "copy")
+    llm = FakeLLM(respond=FakeModel())
+    bot = Counter(agent_id=AGENT_ID)
+    with persisted(db_path, llm, durability=crash.durability):
+        for turn in (COMMITTED + 1, COMMITTED + 2):
+            bot.ask(question(turn))
+    return Recovery(db_path, llm)
+
+
+@pytest.mark.slow
+class TestKillInsideTurn:
+    """SIGKILL after a turn's handoff commit and before its commit."""
+
+    def test_database_stays_at_last_committed_version(self, crash: Crash) -> None:
+        """The file holds exactly the turns committed before the kill, intact."""
+        version, _ = on_disk(crash.db_path)
+        assert version == COMMITTED
+
+    def test_handoff_names_the_cut_off_turn(self, crash: Crash) -> None:
+        """The handoff row still shows the killed turn running, with its template and arguments."""
+        with Store(crash.db_path, readonly=True) as store:
+            [handoff] = store.handoffs()
+        assert handoff.status == "running"
+        assert handoff.template == "ask"
+        assert handoff.arguments == {"question": question(COMMITTED + 1)}
+        assert (handoff.base_version, handoff.pid, handoff.error) == (COMMITTED, crash.pid, None)
+
+    def test_next_turn_sees_committed_history_only(self, recovery: Recovery) -> None:
+        """The first request after the crash holds the committed turns and the new question."""
+        first = recovery.llm.calls[0].messages
+        assert texts(first[1:]) == whole_turns(COMMITTED)[1:] + [
+            f"user:Answer: {question(COMMITTED + 1)}"
+        ]
+
+    def test_next_turn_is_told_once(self, recovery: Recovery) -> None:
+        """Each request of the retried turn carries the note once; the turn after has none."""
+        calls = recovery.llm.calls
+        assert len(calls) == 4  # two turns: the bump call, then the answer
+        assert [note_count(call.messages) for call in calls] == [1, 1, 0, 0]
+        first_system = calls[0].messages[0]["content"]
+        assert question(COMMITTED + 1) in first_system[-1]["text"]
+        assert "`ask`" in first_system[-1]["text"]
+
+    def test_recovery_clears_handoff_and_is_recorded(self, recovery: Recovery) -> None:
+        """After the retried turn commits, the handoff is gone and its version records it."""
+        version, handoff = on_disk(recovery.db_path)
+        assert (version, handoff) == (COMMITTED + 2, None)
+        with Store(recovery.db_path, readonly=True) as store:
+            infos = store.versions(AGENT_ID)
+            history = store.history(AGENT_ID)
+        recovered = infos[COMMITTED].detail["recovered"]
+        assert recovered["template"] == "ask"
+        assert recovered["arguments"] == {"question": question(COMMITTED + 1)}
+        assert recovered["status"] == "running"
+        assert [i.detail for i in infos if i.version != COMMITTED + 1] == [None] * (version - 1)
+        assert NOTE not in str(history)  # the note reached the model, never the history
+
+
+# -- (b) random kills during a long conversation -------------------------------------
+
+TURNS = 50
+SEED = 20240601
+MAX_KILLS = 20  # each kill costs a child start (seconds); the next child then finishes
+MAX_DELAY = 0.080  # seconds between 'run' and SIGKILL: a few turns of ~15-25 ms
+
+
+@pytest.mark.slow
+class TestRandomKills:
+    """A 50-turn conversation whose process is SIGKILLed again and again at random moments."""
+
+    def test_every_kill_leaves_whole_committed_turns(self, db_path: Path, tmp_path: Path) -> None:
+        """After every kill the file holds whole committed turns, and the next run goes on."""
+        rng = random.Random(SEED)
+        Store(db_path).close()  # create the schema once, before children race to open it
+        kills = mid_turn = 0
+        recovered_versions: set[int] = set()
+        version = 0
+        with Children(db_path, tmp_path / "logs", budget=MAX_KILLS + 1) as children:
+            while version < TURNS:
+                child = children.next()
+                assert child.open() == version  # the next run continues from the file
+                child.send(f"run {TURNS - version}")
+                if kills == MAX_KILLS:
+                    assert child.expect("done") == [str(TURNS)]
+                    version, handoff = on_disk(db_path)
+                    break
+                time.sleep(rng.uniform(0, MAX_DELAY))
+                printed = child.kill()
+                kills += 1
+                reported = max(committed_versions(printed), default=version)
+                version, handoff = on_disk(db_path)
+                # No turn the child saw committed is lost; at most one was not reported yet.
+                assert reported <= version <= reported + 1
+                if handoff is not None:
+                    mid_turn += 1
+                    recovered_versions.add(handoff.base_version + 1)
+        assert version == TURNS
+        with Store(db_path, readonly=True) as store:
+            infos = store.versions(AGENT_ID)
+        assert {i.version for i in infos if i.detail} == recovered_versions
+        assert all(i.detail["recovered"]["status"] == "running" for i in infos if i.detail)
+        print(f"\n{kills} kills ({mid_turn} inside a turn), {children.started} child starts")
