@@ -451,21 +451,20 @@ class Store:
     # -- internals -----------------------------------------------------------
 
     def _connection(self) -> apsw.Connection:
+        if self._closed:
+            msg = f"{self!r} is closed; open a new Store to use {self.path}"
+            raise DurableError(msg)
         conn: apsw.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
-        with self._connections_lock:
-            if self._closed:
-                msg = f"{self!r} is closed; open a new Store to use {self.path}"
-                raise DurableError(msg)
+        if conn is None:
             conn = connect(
                 self.path,
                 durability=self.durability,
                 busy_timeout=self.busy_timeout,
                 readonly=self.readonly,
             )
-            self._connections.append(conn)
-        self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+            self._local.conn = conn
         return conn
 
     @contextmanager
