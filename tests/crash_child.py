@@ -107,6 +107,8 @@ def serve(db_path: str, durability: str) -> None:
     say("loaded")
     with handler(LiteLLMProvider(model="fake")), handler(FakeLLM(respond=model)):
         for line in sys.stdin:
+            if not line.strip():
+                continue
             command, *operands = line.split()
             if command == "open":
                 persistence = PersistenceHandler(db_path, durability=durability)

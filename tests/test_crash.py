@@ -17,18 +17,19 @@ and the next children start importing while the current one runs.
 """
 
 import collections
+import itertools
 import queue
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from crash_child import AGENT_ID, Counter, FakeModel, question
@@ -63,12 +64,15 @@ class Child:
             text=True,
             bufsize=1,
         )
+        self.transcript: list[tuple[float, str]] = []  # every line, with when it arrived
         self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
-    def _pump(self) -> None:
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.transcript.append((time.monotonic(), line.strip()))
             self._lines.put(line.strip())
         self._lines.put(None)
 
@@ -82,7 +86,10 @@ class Child:
         self.proc.stdin.flush()
 
     def expect(self, word: str, *, timeout: float = REPLY_TIMEOUT) -> list[str]:
-        """Wait for the line starting with ``word`` and return its other words."""
+        """Wait for the next line starting with ``word`` and return its other words.
+
+        ``committed`` lines before it are skipped, unless ``word`` is ``committed``.
+        """
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -94,7 +101,7 @@ class Child:
             head, *rest = line.split()
             if head == word:
                 return rest
-            if head != "committed":  # progress lines of 'run'; callers may skip them
+            if head != "committed":
                 self._fail(f"printed {line!r} while {word!r} was expected")
 
     def load(self) -> None:
@@ -105,27 +112,25 @@ class Child:
         self.send("open")
         return int(self.expect("ready")[0])
 
-    def kill(self) -> list[str]:
-        """SIGKILL the child and return the lines it printed before it died."""
+    def kill(self) -> None:
+        """SIGKILL the child and wait until it is dead and all it printed is read."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=REPLY_TIMEOUT)
         assert self.proc.returncode == -signal.SIGKILL, self.proc.returncode
-        lines = []
-        while (line := self._lines.get(timeout=REPLY_TIMEOUT)) is not None:
-            lines.append(line)
-        return lines
+        self._reader.join(timeout=REPLY_TIMEOUT)
 
     def close(self) -> None:
-        """Kill the child if it still runs and release its files."""
+        """Kill the child if it still runs and release its pipes and files."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=REPLY_TIMEOUT)
+        self._reader.join(timeout=REPLY_TIMEOUT)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
         self._stderr_file.close()
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str) -> NoReturn:
         self._stderr_file.flush()
         self._stderr_file.seek(0)
         stderr = self._stderr_file.read()[-3000:]
@@ -136,7 +141,7 @@ class Child:
 class Children:
     """Children started ahead of need, so their imports overlap; all are killed on exit."""
 
-    def __init__(self, db_path: Path, log_dir: Path, *, budget: int, ahead: int = 2) -> None:
+    def __init__(self, db_path: Path, log_dir: Path, *, budget: int, ahead: int = 1) -> None:
         self._db_path, self._log_dir = db_path, log_dir
         self._budget = budget
         self._ahead = ahead
@@ -230,9 +235,10 @@ def on_disk(db_path: Path) -> tuple[int, Handoff | None]:
     return version, handoff
 
 
-def committed_versions(lines: list[str]) -> list[int]:
-    """The versions a child reported committed, from the lines it printed."""
-    return [int(line.split()[1]) for line in lines if line.startswith("committed ")]
+def commits(child: Child) -> list[tuple[float, int]]:
+    """When the child reported each committed version, and which."""
+    reported = [(at, line.split()) for at, line in child.transcript]
+    return [(at, int(words[1])) for at, words in reported if words[0] == "committed"]
 
 
 def note_count(call_messages: list[dict[str, Any]]) -> int:
@@ -357,8 +363,7 @@ class TestKillInsideTurn:
 
 TURNS = 50
 SEED = 20240601
-MAX_KILLS = 20  # each kill costs a child start (seconds); the next child then finishes
-MAX_DELAY = 0.080  # seconds between 'run' and SIGKILL: a few turns of ~15-25 ms
+MAX_KILLS = 20  # each kill costs a child start (seconds); one more child then finishes
 
 
 @pytest.mark.slow
@@ -366,34 +371,51 @@ class TestRandomKills:
     """A 50-turn conversation whose process is SIGKILLed again and again at random moments."""
 
     def test_every_kill_leaves_whole_committed_turns(self, db_path: Path, tmp_path: Path) -> None:
-        """After every kill the file holds whole committed turns, and the next run goes on."""
+        """After every kill the file holds whole committed turns, and the next run goes on.
+
+        Each child is told to run the remaining turns and killed after a random number
+        of reported commits (0-3) plus a random delay of up to 1.25 turns. A turn takes
+        ~20 ms on an idle machine and several times that on a busy one, so the delay is
+        scaled by the pace the children showed so far: a fixed 0-80 ms window would land
+        ~4 turns in on one machine and inside the first turn on another.
+        """
         rng = random.Random(SEED)
         Store(db_path).close()  # create the schema once, before children race to open it
-        kills = mid_turn = 0
-        recovered_versions: set[int] = set()
+        pace = [0.020]  # seconds between two reported commits, as measured
+        after_kills: list[int] = []  # the version on disk after each kill
+        cut_off = 0  # kills that left a turn's handoff running
+        recovered: set[int] = set()  # versions that must record a recovered handoff
         version = 0
         with Children(db_path, tmp_path / "logs", budget=MAX_KILLS + 1) as children:
             while version < TURNS:
                 child = children.next()
                 assert child.open() == version  # the next run continues from the file
                 child.send(f"run {TURNS - version}")
-                if kills == MAX_KILLS:
+                if len(after_kills) == MAX_KILLS:
                     assert child.expect("done") == [str(TURNS)]
-                    version, handoff = on_disk(db_path)
+                    version, _ = on_disk(db_path)
                     break
-                time.sleep(rng.uniform(0, MAX_DELAY))
-                printed = child.kill()
-                kills += 1
-                reported = max(committed_versions(printed), default=version)
+                for _ in range(min(rng.randint(0, 3), TURNS - version - 1)):
+                    child.expect("committed")
+                time.sleep(rng.uniform(0, 1.25) * statistics.median(pace[-9:]))
+                child.kill()
+                reported = commits(child)
+                last_reported = reported[-1][1] if reported else version
                 version, handoff = on_disk(db_path)
+                after_kills.append(version)
                 # No turn the child saw committed is lost; at most one was not reported yet.
-                assert reported <= version <= reported + 1
+                assert last_reported <= version <= last_reported + 1
                 if handoff is not None:
-                    mid_turn += 1
-                    recovered_versions.add(handoff.base_version + 1)
+                    cut_off += 1
+                    recovered.add(handoff.base_version + 1)
+                pace += [b - a for (a, _), (b, _) in itertools.pairwise(reported)]
         assert version == TURNS
         with Store(db_path, readonly=True) as store:
             infos = store.versions(AGENT_ID)
-        assert {i.version for i in infos if i.detail} == recovered_versions
+        assert {i.version for i in infos if i.detail} == recovered
         assert all(i.detail["recovered"]["status"] == "running" for i in infos if i.detail)
-        print(f"\n{kills} kills ({mid_turn} inside a turn), {children.started} child starts")
+        print(
+            f"\n{len(after_kills)} kills ({cut_off} inside a turn), {children.started} child"
+            f" starts; version after each kill: {after_kills};"
+            f" median turn {statistics.median(pace) * 1000:.0f} ms"
+        )

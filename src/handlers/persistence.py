@@ -22,6 +22,7 @@ from ..store import Durability, Handoff, Store
 from ..store.history import ActiveHistory, plan_change
 from ..store.ids import validate_agent_id
 from .effectful_hooks import keep_own_history, system_note
+from .journal import Journal, Step
 
 
 @dataclass
@@ -36,9 +37,10 @@ class _Committed:
 
 @dataclass
 class _Turn:
-    agent: PersistentAgent
+    agent: PersistentAgent | None
     template: str
-    committed: _Committed
+    step: Step | None
+    committed: _Committed | None = None
     earlier: Handoff | None = None
     uncommitted_history: list[Any] = field(default_factory=list)
     uncommitted_state: str | None = None
@@ -66,12 +68,26 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
     concurrently, and one agent driven by two threads or processes at once raises
     :class:`~effectful_durable.AgentInUseError` (or waits up to ``wait`` seconds).
 
+    With ``workflow="name"`` the run is a crash-resumable workflow: every
+    outermost template call is a numbered step whose result is recorded in the
+    turn's own commit, and running the same program again replays the steps that
+    are done (no model call, no new messages) and runs the first unfinished one.
+    Steps are keyed by agent and per-agent call order (see
+    :class:`~effectful_durable.handlers.journal.Journal`), so each agent's calls
+    must come in the same order on every run; calls on different agents may
+    interleave freely across threads.
+
     Args:
         db: SQLite file (created if missing, refused if not ours) or an open Store.
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
             Used only when ``db`` is a path.
         busy_timeout: Seconds to wait for another writer's lock. Only with a path.
         wait: Seconds a turn waits for its agent while another turn holds it.
+        workflow: Name of the workflow whose step journal this run follows.
+
+    Raises:
+        WorkflowDivergedError: A step asks for another template or other arguments
+            than the journal recorded at its place.
 
     .. versionadded:: 0.1.0
     """
@@ -83,6 +99,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         durability: Durability = "normal",
         busy_timeout: float = 5.0,
         wait: float = 0.0,
+        workflow: str | None = None,
     ) -> None:
         super().__init__()
         self.store = (
@@ -91,6 +108,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             else Store(db, durability=durability, busy_timeout=busy_timeout)
         )
         self.wait = wait
+        self.journal = Journal(self.store, workflow) if workflow is not None else None
         self._database = os.path.realpath(self.store.path)
         self._local = threading.local()
 
@@ -119,18 +137,39 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
     @implements(Template.__apply__)  # type: ignore[untyped-decorator]
     def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
         agent = _bound_agent(template)
-        if agent is None or any(turn.agent is agent for turn in self._turns()):
-            return fwd()
+        turns = self._turns()
+        if agent is not None and any(turn.agent is agent for turn in turns):
+            return fwd()  # a nested call on the same agent belongs to its turn
+        if agent is None and (turns or self.journal is None):
+            return fwd()  # not ours
+        name = getattr(template, "__name__", type(template).__name__)
+        arguments = _arguments(template, args, kwargs)
+        step = None
+        if self.journal is not None:
+            agent_id = validate_agent_id(agent.agent_id) if agent is not None else None
+            parent = turns[-1].step if turns else None
+            step = self.journal.next_step(template, name, arguments, agent_id, parent)
+            replayed, result = self.journal.replay(step, nested=bool(turns))
+            if replayed:
+                return result
+        if agent is None:
+            assert self.journal is not None and step is not None
+            result = fwd()  # a free template as a workflow step: record its result
+            self.journal.record(step, result)
+            return result
+        return self._run_turn(agent, _Turn(agent, name, step), arguments)
+
+    def _run_turn(self, agent: PersistentAgent, turn: _Turn, arguments: Any) -> Any:
         validate_agent_id(agent.agent_id)
         with self.store.agent_lock(agent.agent_id, wait=self.wait):
-            turn = self._begin(agent, template, args, kwargs)
+            self._begin(agent, turn, arguments)
             self._turns().append(turn)
             try:
                 with handler(self._turn_interpretation(turn)):
                     result = fwd()
-                self._commit(turn)
+                self._commit(agent, turn, result)
             except BaseException as error:
-                self._abort(turn, error)
+                self._abort(agent, turn, error)
                 raise
             finally:
                 self._turns().pop()
@@ -142,32 +181,27 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             turns = self._local.turns = []
         return turns
 
-    def _begin(
-        self,
-        agent: PersistentAgent,
-        template: Template[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> _Turn:
-        name = getattr(template, "__name__", type(template).__name__)
-        version, earlier = self.store.begin_turn(
-            agent.agent_id, template=name, arguments=_arguments(template, args, kwargs)
+    def _begin(self, agent: PersistentAgent, turn: _Turn, arguments: Any) -> None:
+        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+        start = self.store.begin_turn(
+            agent.agent_id, template=turn.template, arguments=arguments, step=step
         )
+        if self.journal is not None and turn.step is not None:
+            self.journal.log(start.step_number, turn.step, "live")
         try:
             committed = _committed(agent)
             if committed is None or committed.database != self._database:
-                committed = self._load(agent, keep_memory=version == 0)
-            elif committed.version != version:
+                committed = self._load(agent, keep_memory=start.version == 0)
+            elif committed.version != start.version:
                 committed = self._load(agent, keep_memory=False)  # another writer moved it
         except BaseException as error:
-            self._record_failure(agent, error)
+            self._record_failure(agent, turn, error)
             raise
-        turn = _Turn(agent, name, committed, earlier)
+        turn.committed, turn.earlier = committed, start.earlier
         if committed.version == 0:
             # Never committed: a failure goes back to what the user built in memory.
             turn.uncommitted_history = list(agent.__history__.values())
             turn.uncommitted_state = dump_state(agent)
-        return turn
 
     def _load(self, agent: PersistentAgent, *, keep_memory: bool) -> _Committed:
         """Install the committed agent; a new one keeps its memory if ``keep_memory``."""
@@ -181,15 +215,21 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         return committed
 
     def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
+        """Keep nested agents' messages; tell the model about an unfinished turn."""
         interpretation = dict(keep_own_history())
         if turn.earlier is not None:
             note = _handoff_note(turn.earlier)
             interpretation.update(system_note(note, lambda: self._turns()[-1] is turn))
         return interpretation
 
-    def _commit(self, turn: _Turn) -> None:
-        agent, committed = turn.agent, turn.committed
+    def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
+        committed = turn.committed
+        assert committed is not None
         state = dump_state(agent)
+        step, result_json = None, None
+        if self.journal is not None and turn.step is not None:
+            step = (self.journal.workflow, turn.step.key)
+            result_json = self.journal.encode(turn.step, result)
         change, history = plan_change(committed.history, list(agent.__history__.values()))
         detail = {"recovered": _handoff_summary(turn.earlier)} if turn.earlier else None
         version = self.store.commit_turn(
@@ -199,13 +239,18 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             change=change,
             state=state if state != committed.state else None,
             detail=detail,
+            step=step,
+            result=result_json,
         )
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)
+        if self.journal is not None and turn.step is not None:
+            self.journal.log(None, turn.step, "done")
 
-    def _abort(self, turn: _Turn, error: BaseException) -> None:
-        agent, committed = turn.agent, turn.committed
-        if _committed(agent) is committed:  # the turn did not commit: roll memory back
+    def _abort(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
+        committed = turn.committed
+        if committed is not None and _committed(agent) is committed:
+            # The turn did not commit: roll the agent in memory back.
             if committed.version:
                 _set_history(agent, committed.history.messages)
                 if committed.state is not None:
@@ -214,11 +259,14 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 _set_history(agent, turn.uncommitted_history)
                 if turn.uncommitted_state is not None:
                     restore_state(agent, turn.uncommitted_state)
-        self._record_failure(agent, error)
+        self._record_failure(agent, turn, error)
 
-    def _record_failure(self, agent: PersistentAgent, error: BaseException) -> None:
+    def _record_failure(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
+        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         with contextlib.suppress(Exception):  # never mask the turn's own error
-            self.store.fail_turn(agent.agent_id, f"{type(error).__name__}: {error}")
+            self.store.fail_turn(agent.agent_id, f"{type(error).__name__}: {error}", step=step)
+        if self.journal is not None and turn.step is not None:
+            self.journal.log(None, turn.step, "failed")
 
 
 def _bound_agent(template: Template[..., Any]) -> PersistentAgent | None:

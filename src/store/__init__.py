@@ -1,7 +1,15 @@
 """The durable log on SQLite. Knows nothing about effectful."""
 
 from .connection import Durability, connect
-from .records import AgentRecord, Handoff, LoadedAgent, VersionInfo
+from .records import (
+    AgentRecord,
+    Handoff,
+    LoadedAgent,
+    StepInfo,
+    TurnStart,
+    VersionInfo,
+    WorkflowInfo,
+)
 from .store import Store
 
 __all__ = [
@@ -9,7 +17,10 @@ __all__ = [
     "Durability",
     "Handoff",
     "LoadedAgent",
+    "StepInfo",
     "Store",
+    "TurnStart",
     "VersionInfo",
+    "WorkflowInfo",
     "connect",
 ]

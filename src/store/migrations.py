@@ -57,6 +57,22 @@ CREATE TABLE handoffs (
     started_at   REAL NOT NULL,
     ended_at     REAL
 ) STRICT;
+CREATE TABLE workflow_steps (
+    workflow     TEXT NOT NULL,
+    step_key     TEXT NOT NULL,
+    number       INTEGER NOT NULL,
+    agent_id     TEXT,
+    template     TEXT NOT NULL,
+    arguments    TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+    result       TEXT,
+    base_version INTEGER,
+    version      INTEGER,
+    started_at   REAL NOT NULL,
+    finished_at  REAL,
+    PRIMARY KEY (workflow, step_key)
+) STRICT;
+CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1,)

@@ -62,9 +62,56 @@ class Handoff:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnStart:
+    """A started turn: the agent's committed version, the earlier unfinished turn, if
+    any, and the journal step number when the turn is a workflow step."""
+
+    version: int
+    earlier: Handoff | None
+    step_number: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedAgent:
     """What a handler needs to restore an agent: version, active history, state."""
 
     version: int
     history: ActiveHistory
     state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One step of a workflow's journal.
+
+    ``key`` identifies the step across runs (``"coder-1#2"``: the third call on
+    agent coder-1; nested calls extend their parent's key). ``number`` orders
+    steps by first start. ``result`` is the template's return value as JSON, set
+    once the step is ``"done"``; ``version`` is the agent version it committed.
+    """
+
+    workflow: str
+    number: int
+    key: str
+    agent_id: str | None
+    template: str
+    arguments: Any
+    status: Literal["running", "done", "failed"]
+    result: Any
+    base_version: int | None
+    version: int | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowInfo:
+    """A workflow's journal at a glance: step counts by status, first and last activity."""
+
+    workflow: str
+    steps: int
+    done: int
+    running: int
+    failed: int
+    started_at: datetime
+    updated_at: datetime

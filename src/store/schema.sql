@@ -65,3 +65,27 @@ CREATE TABLE handoffs (
     started_at   REAL NOT NULL,
     ended_at     REAL
 ) STRICT;
+
+-- The step journal of crash-resumable workflows. Each outermost template call
+-- of a workflow run is a step, keyed by the agent and its sequence number
+-- ("coder-1#2"; a call nested inside another step's turn extends that key:
+-- "architect#0/reviewer#0"). A step's row is written 'running' with its turn's
+-- handoff and set 'done', with the template's result as JSON, in the turn's own
+-- commit, so a re-run replays it without calling the model.
+CREATE TABLE workflow_steps (
+    workflow     TEXT NOT NULL,
+    step_key     TEXT NOT NULL,
+    number       INTEGER NOT NULL,
+    agent_id     TEXT,
+    template     TEXT NOT NULL,
+    arguments    TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+    result       TEXT,
+    base_version INTEGER,
+    version      INTEGER,
+    started_at   REAL NOT NULL,
+    finished_at  REAL,
+    PRIMARY KEY (workflow, step_key)
+) STRICT;
+
+CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);

@@ -25,7 +25,15 @@ from .connection import Durability, connect, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
-from .records import AgentRecord, Handoff, LoadedAgent, VersionInfo
+from .records import (
+    AgentRecord,
+    Handoff,
+    LoadedAgent,
+    StepInfo,
+    TurnStart,
+    VersionInfo,
+    WorkflowInfo,
+)
 
 _HOST = socket.gethostname()
 
@@ -285,6 +293,118 @@ class Store:
                 raise NotFoundError(_no_agent(agent_id, self.path))
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
 
+    # -- workflows -------------------------------------------------------------
+
+    def workflows(self) -> list[WorkflowInfo]:
+        """Every workflow with a journal, by name."""
+        rows = self._connection().execute(
+            """
+            SELECT workflow, count(*), sum(status = 'done'), sum(status = 'running'),
+                   sum(status = 'failed'), min(started_at),
+                   max(coalesce(finished_at, started_at))
+              FROM workflow_steps GROUP BY workflow ORDER BY workflow
+            """
+        )
+        return [
+            WorkflowInfo(name, steps, done, running, failed, _time(first), _time(last))
+            for name, steps, done, running, failed, first, last in rows
+        ]
+
+    def steps(self, workflow: str) -> list[StepInfo]:
+        """The workflow's journal, in step order.
+
+        Raises:
+            NotFoundError: No journal for ``workflow``.
+        """
+        rows = (
+            self._connection()
+            .execute(f"{_STEP_SELECT} WHERE workflow = ? ORDER BY number", (workflow,))
+            .fetchall()
+        )
+        if not rows:
+            raise NotFoundError(_no_workflow(workflow, self.path))
+        return [_step(row) for row in rows]
+
+    def step(self, workflow: str, key: str) -> StepInfo | None:
+        """One step of the journal by key, or None: one indexed read."""
+        row = (
+            self._connection()
+            .execute(f"{_STEP_SELECT} WHERE workflow = ? AND step_key = ?", (workflow, key))
+            .fetchone()
+        )
+        return None if row is None else _step(row)
+
+    def reset_workflow(self, workflow: str, from_step: int = 1) -> list[str]:
+        """Forget steps ``from_step`` and later, so the next run does them afresh.
+
+        Each agent those steps ran on is rolled back to its version before the
+        first of them, so their turns are not in its history twice. Earlier steps
+        stay in the journal and keep replaying.
+
+        Returns:
+            The ids of the agents that were rolled back.
+
+        Raises:
+            NotFoundError: No journal for ``workflow``.
+            AgentInUseError: One of those agents is running a turn.
+        """
+        steps = [s for s in self.steps(workflow) if s.number >= from_step]
+        first_base: dict[str, int] = {}
+        for step in steps:
+            if step.agent_id is not None and step.base_version is not None:
+                first_base.setdefault(step.agent_id, step.base_version)
+        rolled_back = []
+        for agent_id, base in first_base.items():
+            current = self._version_of(agent_id)
+            if current is not None and current > base:
+                if base == 0:
+                    self.delete(agent_id)
+                else:
+                    self.rollback(agent_id, base)
+                rolled_back.append(agent_id)
+        with self._writing() as conn:
+            conn.execute(
+                "DELETE FROM workflow_steps WHERE workflow = ? AND number >= ?",
+                (workflow, from_step),
+            )
+        return rolled_back
+
+    def discard_steps(self, workflow: str, key_prefix: str, from_number: int) -> None:
+        """Forget steps numbered ``from_number`` or later whose key starts with ``key_prefix``.
+
+        Used when a step that runs again makes other nested calls than last time.
+        """
+        with self._writing() as conn:
+            conn.execute(
+                """
+                DELETE FROM workflow_steps
+                 WHERE workflow = ?1 AND number >= ?3
+                   AND substr(step_key, 1, length(?2)) = ?2
+                """,
+                (workflow, key_prefix, from_number),
+            )
+
+    def record_step(
+        self, workflow: str, key: str, *, template: str, arguments: Any, result: str
+    ) -> int:
+        """Record a finished step that has no agent to commit (a free template).
+
+        Returns:
+            The step's number.
+        """
+        now = time.time()
+        with self._writing() as conn:
+            number = _step_number(conn, workflow, key)
+            conn.execute(
+                """
+                INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number, template,
+                    arguments, status, result, started_at, finished_at)
+                VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)
+                """,
+                (workflow, key, number, template, _dumps(arguments), result, now, now),
+            )
+        return number
+
     # -- the turn protocol, used by PersistenceHandler -----------------------
 
     @contextmanager
@@ -323,15 +443,28 @@ class Store:
         return LoadedAgent(version, ActiveHistory(messages, positions), state)
 
     def begin_turn(
-        self, agent_id: str, *, template: str, arguments: Any
-    ) -> tuple[int, Handoff | None]:
-        """Commit a handoff row for a turn that starts now.
+        self,
+        agent_id: str,
+        *,
+        template: str,
+        arguments: Any,
+        step: tuple[str, str] | None = None,
+    ) -> TurnStart:
+        """Commit a handoff row for a turn that starts now (and its journal step).
+
+        Args:
+            agent_id: The agent.
+            template: Name of the template the turn runs.
+            arguments: The template's arguments, as JSON values.
+            step: ``(workflow, step key)`` when the turn is a workflow step.
 
         Returns:
-            The agent's committed version and the handoff of an earlier turn that
-            did not commit (crashed or failed), which this one replaces.
+            The agent's committed version, the handoff of an earlier turn that did
+            not commit (crashed or failed), which this one replaces, and the step's
+            number.
         """
         arguments_json = _dumps(arguments)
+        now = time.time()
         with self._writing() as conn:
             version = _current_version(conn, agent_id) or 0
             row = conn.execute(f"{_HANDOFF_SELECT} WHERE agent_id = ?", (agent_id,)).fetchone()
@@ -350,10 +483,22 @@ class Store:
                     _handoff_json(earlier),
                     _HOST,
                     os.getpid(),
-                    time.time(),
+                    now,
                 ),
             )
-        return version, earlier
+            number = None
+            if step is not None:
+                workflow, key = step
+                number = _step_number(conn, workflow, key)
+                conn.execute(
+                    """
+                    INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number,
+                        agent_id, template, arguments, status, base_version, started_at)
+                    VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)
+                    """,
+                    (workflow, key, number, agent_id, template, arguments_json, version, now),
+                )
+        return TurnStart(version, earlier, number)
 
     def commit_turn(
         self,
@@ -364,6 +509,8 @@ class Store:
         change: HistoryChange,
         state: str | None,
         detail: Mapping[str, Any] | None = None,
+        step: tuple[str, str] | None = None,
+        result: str | None = None,
     ) -> int:
         """Commit one turn in one transaction and clear its handoff.
 
@@ -374,6 +521,8 @@ class Store:
             change: Messages the turn added and removed.
             state: JSON of the persisted fields, or None if unchanged.
             detail: Extra facts to record with the version.
+            step: ``(workflow, step key)`` to mark done, when the turn is a step.
+            result: The step's result as JSON.
 
         Returns:
             The new version.
@@ -435,18 +584,36 @@ class Store:
                 detail=detail,
             )
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
+            if step is not None:
+                conn.execute(
+                    """
+                    UPDATE workflow_steps SET status = 'done', result = ?, version = ?,
+                           finished_at = ?
+                     WHERE workflow = ? AND step_key = ?
+                    """,
+                    (result, new, now, *step),
+                )
         return new
 
-    def fail_turn(self, agent_id: str, error: str) -> None:
-        """Mark the agent's running handoff as failed with ``error``."""
+    def fail_turn(self, agent_id: str, error: str, *, step: tuple[str, str] | None = None) -> None:
+        """Mark the agent's running handoff, and its journal step, as failed."""
+        now = time.time()
         with self._writing() as conn:
             conn.execute(
                 """
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?
                  WHERE agent_id = ? AND status = 'running'
                 """,
-                (error, time.time(), agent_id),
+                (error, now, agent_id),
             )
+            if step is not None:
+                conn.execute(
+                    """
+                    UPDATE workflow_steps SET status = 'failed', finished_at = ?
+                     WHERE workflow = ? AND step_key = ? AND status = 'running'
+                    """,
+                    (now, *step),
+                )
 
     # -- internals -----------------------------------------------------------
 
@@ -524,6 +691,9 @@ class Store:
             ),
         )
 
+    def _version_of(self, agent_id: str) -> int | None:
+        return _current_version(self._connection(), agent_id)
+
     def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
         if busy.holder != "another process":
             return busy.holder
@@ -542,6 +712,57 @@ class Store:
             return busy.holder
         pid, host, template = row
         return f"process {pid} on {host} (running {template})"
+
+
+_STEP_SELECT = """
+    SELECT workflow, number, step_key, agent_id, template, arguments, status, result,
+           base_version, version, started_at, finished_at
+      FROM workflow_steps
+"""
+
+
+def _step(row: tuple[Any, ...]) -> StepInfo:
+    (
+        workflow,
+        number,
+        key,
+        agent_id,
+        template,
+        arguments,
+        status,
+        result,
+        base,
+        version,
+        started,
+        finished,
+    ) = row
+    return StepInfo(
+        workflow,
+        number,
+        key,
+        agent_id,
+        template,
+        json.loads(arguments),
+        status,
+        json.loads(result) if result is not None else None,
+        base,
+        version,
+        _time(started),
+        _time(finished) if finished is not None else None,
+    )
+
+
+def _step_number(conn: apsw.Connection, workflow: str, key: str) -> int:
+    """The step's number: kept if the key was started before, else the next one."""
+    row = conn.execute(
+        """
+        SELECT coalesce(
+            (SELECT number FROM workflow_steps WHERE workflow = ?1 AND step_key = ?2),
+            (SELECT coalesce(max(number), 0) + 1 FROM workflow_steps WHERE workflow = ?1))
+        """,
+        (workflow, key),
+    ).fetchone()
+    return int(row[0])
 
 
 _HANDOFF_SELECT = """
@@ -632,6 +853,10 @@ def _dumps_message(agent_id: str, message: Mapping[str, Any]) -> str:
 
 def _time(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
+
+
+def _no_workflow(workflow: str, path: str) -> str:
+    return f"no workflow {workflow!r} in {path}; Store.workflows() lists the journals it holds"
 
 
 def _no_agent(agent_id: str, path: str) -> str:
