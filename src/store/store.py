@@ -754,15 +754,15 @@ def _step(row: tuple[Any, ...]) -> StepInfo:
 
 def _step_number(conn: apsw.Connection, workflow: str, key: str) -> int:
     """The step's number: kept if the key was started before, else the next one."""
-    row = conn.execute(
+    number = conn.execute(
         """
         SELECT coalesce(
             (SELECT number FROM workflow_steps WHERE workflow = ?1 AND step_key = ?2),
             (SELECT coalesce(max(number), 0) + 1 FROM workflow_steps WHERE workflow = ?1))
         """,
         (workflow, key),
-    ).fetchone()
-    return int(row[0])
+    ).get
+    return int(number)  # type: ignore[arg-type]
 
 
 _HANDOFF_SELECT = """
