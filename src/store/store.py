@@ -762,7 +762,7 @@ def _step_number(conn: apsw.Connection, workflow: str, key: str) -> int:
         """,
         (workflow, key),
     ).get
-    return int(number)  # type: ignore[arg-type]
+    return int(number)
 
 
 _HANDOFF_SELECT = """
