@@ -1,6 +1,6 @@
 """Durable, crash-safe state for effectful LLM agents, on SQLite."""
 
-from .agents import PersistentAgent, ephemeral
+from .agents import PersistentAgent, RecallTools, ephemeral
 from .errors import (
     AgentInUseError,
     DatabaseBusyError,
@@ -12,12 +12,13 @@ from .errors import (
     StateSerializationError,
     WorkflowDivergedError,
 )
-from .handlers import PersistenceHandler
+from .handlers import CompactionHandler, PersistenceHandler, summarize_context
 from .store import AgentRecord, Handoff, Store, VersionInfo
 
 __all__ = [
     "AgentInUseError",
     "AgentRecord",
+    "CompactionHandler",
     "DatabaseBusyError",
     "DurableError",
     "Handoff",
@@ -26,10 +27,12 @@ __all__ = [
     "NotOurDatabaseError",
     "PersistenceHandler",
     "PersistentAgent",
+    "RecallTools",
     "SchemaTooNewError",
     "StateSerializationError",
     "Store",
     "VersionInfo",
     "WorkflowDivergedError",
     "ephemeral",
+    "summarize_context",
 ]

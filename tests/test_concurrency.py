@@ -135,8 +135,11 @@ class TestTwoProcesses:
     def test_second_process_is_refused_and_other_agents_run(self, db_path: Path) -> None:
         """A process running agent X blocks X elsewhere but not agent Y."""
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(db_path)], cwd=ROOT, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-c", CHILD, str(db_path)],
+            cwd=ROOT,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         try:
             assert child.stdout is not None and child.stdin is not None

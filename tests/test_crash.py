@@ -238,6 +238,7 @@ def on_disk(db_path: Path) -> tuple[int, Handoff | None]:
 def commits(child: Child) -> list[tuple[float, int]]:
     """When the child reported each committed version, and which."""
     reported = [(at, line.split()) for at, line in child.transcript]
+    assert all(words for _, words in reported), child.transcript
     return [(at, int(words[1])) for at, words in reported if words[0] == "committed"]
 
 

@@ -2,5 +2,6 @@
 
 from .persistent import PersistentAgent
 from .state import ephemeral
+from .tools import RecallTools
 
-__all__ = ["PersistentAgent", "ephemeral"]
+__all__ = ["PersistentAgent", "RecallTools", "ephemeral"]

@@ -1,5 +1,6 @@
-"""effectful handlers: persistence (and, later, compaction and the workflow journal)."""
+"""effectful handlers: persistence with its workflow journal, and compaction."""
 
+from .compaction import CompactionHandler, summarize_context
 from .persistence import PersistenceHandler
 
-__all__ = ["PersistenceHandler"]
+__all__ = ["CompactionHandler", "PersistenceHandler", "summarize_context"]

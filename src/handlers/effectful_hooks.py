@@ -1,4 +1,4 @@
-"""The two places we reach into effectful 0.4's LLM internals, kept in one file.
+"""Where we depend on how effectful 0.4 represents agents and histories, in one file.
 
 Importing ``effectful.handlers.llm.completions`` imports litellm (seconds), so it
 happens on the first turn, never when effectful_durable is imported.
@@ -6,10 +6,35 @@ happens on the first turn, never when effectful_durable is imported.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from effectful.handlers.llm import Template
+
 type Interpretation = Mapping[Any, Callable[..., Any]]
+
+
+def bound_agent[A](template: Template[..., Any], kind: type[A]) -> A | None:
+    """The agent of type ``kind`` a template is bound to, if any.
+
+    effectful binds a template method to its agent by putting the instance in the
+    first map of the template's context and sharing the agent's ``__history__``.
+    """
+    history = getattr(template, "__history__", None)
+    if history is None:
+        return None
+    for value in template.__context__.maps[0].values():
+        if isinstance(value, kind) and getattr(value, "__history__", None) is history:
+            return value
+    return None
+
+
+def set_history(agent: Any, messages: Sequence[Mapping[str, Any]]) -> None:
+    """Replace the agent's history in place (templates hold a reference to it)."""
+    history: OrderedDict[str, Any] = agent.__history__
+    history.clear()
+    history.update((message["id"], message) for message in messages)
 
 
 def keep_own_history() -> Interpretation:

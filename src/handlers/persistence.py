@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +17,13 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 
 from ..agents.persistent import PersistentAgent
 from ..agents.state import dump_state, restore_state
-from ..store import Durability, Handoff, Store
+from ..agents.tools import search_compacted
+from ..errors import DurableError
+from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import ActiveHistory, plan_change
 from ..store.ids import validate_agent_id
-from .effectful_hooks import keep_own_history, system_note
+from .effectful_hooks import bound_agent, keep_own_history, set_history, system_note
+from .effects import Compacted, history_compacted
 from .journal import Journal, Step
 
 
@@ -44,6 +46,7 @@ class _Turn:
     earlier: Handoff | None = None
     uncommitted_history: list[Any] = field(default_factory=list)
     uncommitted_state: str | None = None
+    compacted: Compacted | None = None
 
 
 class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
@@ -136,7 +139,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
 
     @implements(Template.__apply__)  # type: ignore[untyped-decorator]
     def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
-        agent = _bound_agent(template)
+        agent = bound_agent(template, PersistentAgent)
         turns = self._turns()
         if agent is not None and any(turn.agent is agent for turn in turns):
             return fwd()  # a nested call on the same agent belongs to its turn
@@ -175,6 +178,36 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 self._turns().pop()
         return result
 
+    @implements(history_compacted)  # type: ignore[untyped-decorator]
+    def _history_compacted(self, agent: Any, compacted: Compacted) -> None:
+        if not isinstance(agent, PersistentAgent):
+            fwd()
+            return None
+        turn = next((t for t in self._turns() if t.agent is agent), None)
+        if turn is not None:
+            turn.compacted = compacted  # committed with the turn, as the next version
+            return None
+        with self.store.agent_lock(agent.agent_id, wait=self.wait):
+            committed = _committed(agent)
+            if committed is None or committed.history.messages != compacted.before:
+                msg = (
+                    f"compaction of {agent.agent_id!r} happened on a history that is not "
+                    "its last commit; install CompactionHandler inside PersistenceHandler"
+                )
+                raise DurableError(msg)
+            compaction, history = _compaction(committed.history, agent, compacted)
+            version = self.store.commit_compaction(
+                agent.agent_id, base_version=committed.version, compaction=compaction
+            )
+            _set_committed(agent, _Committed(self._database, version, history, committed.state))
+        return None
+
+    @implements(search_compacted)  # type: ignore[untyped-decorator]
+    def _search_compacted(self, agent: Any, query: str, limit: int) -> list[dict[str, Any]]:
+        if not isinstance(agent, PersistentAgent):
+            return fwd()  # type: ignore[no-any-return]
+        return self.store.search_compacted(agent.agent_id, query, limit)
+
     def _turns(self) -> list[_Turn]:
         turns: list[_Turn] | None = getattr(self._local, "turns", None)
         if turns is None:
@@ -208,7 +241,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         loaded = self.store.load_agent(agent.agent_id)
         committed = _Committed(self._database, loaded.version, loaded.history, loaded.state)
         if loaded.version or not keep_memory:
-            _set_history(agent, loaded.history.messages)
+            set_history(agent, loaded.history.messages)
             if loaded.state is not None:
                 restore_state(agent, loaded.state)
         _set_committed(agent, committed)
@@ -230,7 +263,12 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         if self.journal is not None and turn.step is not None:
             step = (self.journal.workflow, turn.step.key)
             result_json = self.journal.encode(turn.step, result)
-        change, history = plan_change(committed.history, list(agent.__history__.values()))
+        compaction = None
+        if turn.compacted is None:
+            change, history = plan_change(committed.history, list(agent.__history__.values()))
+        else:
+            change, history = plan_change(committed.history, turn.compacted.before)
+            compaction, history = _compaction(history, agent, turn.compacted)
         detail = {"recovered": _handoff_summary(turn.earlier)} if turn.earlier else None
         version = self.store.commit_turn(
             agent.agent_id,
@@ -241,6 +279,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             detail=detail,
             step=step,
             result=result_json,
+            compaction=compaction,
         )
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)
@@ -252,11 +291,11 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         if committed is not None and _committed(agent) is committed:
             # The turn did not commit: roll the agent in memory back.
             if committed.version:
-                _set_history(agent, committed.history.messages)
+                set_history(agent, committed.history.messages)
                 if committed.state is not None:
                     restore_state(agent, committed.state)
             else:
-                _set_history(agent, turn.uncommitted_history)
+                set_history(agent, turn.uncommitted_history)
                 if turn.uncommitted_state is not None:
                     restore_state(agent, turn.uncommitted_state)
         self._record_failure(agent, turn, error)
@@ -269,15 +308,20 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             self.journal.log(None, turn.step, "failed")
 
 
-def _bound_agent(template: Template[..., Any]) -> PersistentAgent | None:
-    """The PersistentAgent a template is bound to, if any."""
-    history = getattr(template, "__history__", None)
-    if history is None:
-        return None
-    for value in template.__context__.maps[0].values():
-        if isinstance(value, PersistentAgent) and value.__history__ is history:
-            return value
-    return None
+def _compaction(
+    before: ActiveHistory, agent: PersistentAgent, compacted: Compacted
+) -> tuple[Compaction, ActiveHistory]:
+    """The compaction to commit, from the committed history just before it."""
+    change, after = plan_change(before, list(agent.__history__.values()))
+    compaction = Compaction(
+        change=change,
+        summary_id=str(compacted.summary["id"]),
+        first_position=before.positions[compacted.first],
+        last_position=before.positions[compacted.last],
+        messages=compacted.last - compacted.first + 1,
+        summarizer=compacted.summarizer,
+    )
+    return compaction, after
 
 
 def _committed(agent: PersistentAgent) -> _Committed | None:
@@ -287,12 +331,6 @@ def _committed(agent: PersistentAgent) -> _Committed | None:
 
 def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
     agent.__dict__["__durable__"] = committed
-
-
-def _set_history(agent: PersistentAgent, messages: list[Any]) -> None:
-    history: OrderedDict[str, Any] = agent.__history__
-    history.clear()
-    history.update((message["id"], message) for message in messages)
 
 
 def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -3,6 +3,7 @@
 from .connection import Durability, connect
 from .records import (
     AgentRecord,
+    Compaction,
     Handoff,
     LoadedAgent,
     StepInfo,
@@ -14,6 +15,7 @@ from .store import Store
 
 __all__ = [
     "AgentRecord",
+    "Compaction",
     "Durability",
     "Handoff",
     "LoadedAgent",

@@ -23,7 +23,7 @@ CREATE TABLE agents (
 CREATE TABLE versions (
     agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
     version      INTEGER NOT NULL,
-    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork')),
+    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork', 'compaction')),
     template     TEXT,
     state        TEXT,
     added        INTEGER NOT NULL,
@@ -73,6 +73,20 @@ CREATE TABLE workflow_steps (
     PRIMARY KEY (workflow, step_key)
 ) STRICT;
 CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
+CREATE TABLE compactions (
+    agent_id       TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version        INTEGER NOT NULL,
+    summary_id     TEXT NOT NULL,
+    first_position REAL NOT NULL,
+    last_position  REAL NOT NULL,
+    messages       INTEGER NOT NULL,
+    summarizer     TEXT NOT NULL,
+    PRIMARY KEY (agent_id, version)
+) STRICT, WITHOUT ROWID;
+CREATE VIRTUAL TABLE compacted_text USING fts5 (
+    text, agent_id UNINDEXED, position UNINDEXED, version UNINDEXED,
+    tokenize = 'porter unicode61'
+);
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1,)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from .history import ActiveHistory
+from .history import ActiveHistory, HistoryChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,18 @@ class Handoff:
     pid: int
     started_at: datetime
     ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A compaction to commit: its history change and the range the summary replaces."""
+
+    change: HistoryChange
+    summary_id: str
+    first_position: float
+    last_position: float
+    messages: int
+    summarizer: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,13 @@ CREATE TABLE agents (
     updated_at REAL NOT NULL
 ) STRICT;
 
--- One row per committed version: a turn, a rollback or a fork.
+-- One row per committed version: a turn, a rollback, a fork or a compaction.
 -- state is the JSON object of the agent's persisted fields, or NULL when
 -- unchanged since the previous version (read the newest non-NULL one).
 CREATE TABLE versions (
     agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
     version      INTEGER NOT NULL,
-    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork')),
+    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork', 'compaction')),
     template     TEXT,
     state        TEXT,
     added        INTEGER NOT NULL,
@@ -89,3 +89,25 @@ CREATE TABLE workflow_steps (
 ) STRICT;
 
 CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
+
+-- One row per compaction: the summary message that replaced a run of older
+-- messages in the active history, and the position range those originals
+-- occupy. The originals stay in messages (removed_in = version), readable and
+-- searchable through compacted_text; rolling back before the compaction brings
+-- them back.
+CREATE TABLE compactions (
+    agent_id       TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version        INTEGER NOT NULL,
+    summary_id     TEXT NOT NULL,
+    first_position REAL NOT NULL,
+    last_position  REAL NOT NULL,
+    messages       INTEGER NOT NULL,
+    summarizer     TEXT NOT NULL,
+    PRIMARY KEY (agent_id, version)
+) STRICT, WITHOUT ROWID;
+
+-- Full-text index of compacted messages, for agents to recall them.
+CREATE VIRTUAL TABLE compacted_text USING fts5 (
+    text, agent_id UNINDEXED, position UNINDEXED, version UNINDEXED,
+    tokenize = 'porter unicode61'
+);

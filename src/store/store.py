@@ -27,6 +27,7 @@ from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
 from .records import (
     AgentRecord,
+    Compaction,
     Handoff,
     LoadedAgent,
     StepInfo,
@@ -118,24 +119,76 @@ class Store:
             for agent_id, version, created, updated, messages in rows
         ]
 
-    def history(self, agent_id: str, version: int | None = None) -> list[dict[str, Any]]:
-        """The agent's messages, in order, at ``version`` (default: the latest).
+    def history(
+        self, agent_id: str, version: int | None = None, *, include_compacted: bool = False
+    ) -> list[dict[str, Any]]:
+        """The agent's active messages, in order, at ``version`` (default: the latest).
+
+        With ``include_compacted``, the originals that compactions replaced are
+        included too, in their places, so nothing the agent ever saw is missing.
+        Each of them carries ``"durable": {"compacted_in": <version>}``, and each
+        summary ``"durable": {"summary_of": <number of messages>}``.
 
         Raises:
             NotFoundError: No such agent or version.
         """
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
-            bodies = conn.execute(
+            if not include_compacted:
+                bodies = conn.execute(
+                    """
+                    SELECT body FROM messages
+                     WHERE agent_id = ?1 AND added_in <= ?2
+                       AND (removed_in IS NULL OR removed_in > ?2)
+                     ORDER BY position
+                    """,
+                    (agent_id, version),
+                )
+                return _decode_messages(body for (body,) in bodies)
+            rows: list[tuple[Any, ...]] = conn.execute(
                 """
-                SELECT body FROM messages
-                 WHERE agent_id = ?1 AND added_in <= ?2
-                   AND (removed_in IS NULL OR removed_in > ?2)
-                 ORDER BY position
+                SELECT m.body, c.version, s.messages FROM messages AS m
+                  LEFT JOIN compactions AS c
+                    ON c.agent_id = m.agent_id AND c.version = m.removed_in
+                   AND m.position BETWEEN c.first_position AND c.last_position
+                  LEFT JOIN compactions AS s
+                    ON s.agent_id = m.agent_id AND s.version = m.added_in
+                   AND s.summary_id = m.message_id
+                 WHERE m.agent_id = ?1 AND m.added_in <= ?2
+                   AND (m.removed_in IS NULL OR m.removed_in > ?2 OR c.version IS NOT NULL)
+                 ORDER BY m.position, m.added_in
                 """,
                 (agent_id, version),
-            )
-            return _decode_messages(body for (body,) in bodies)
+            ).fetchall()
+        messages = _decode_messages(body for body, _, _ in rows)
+        for message, (_, compacted_in, summary_of) in zip(messages, rows, strict=True):
+            if compacted_in is not None:
+                message["durable"] = {"compacted_in": compacted_in}
+            elif summary_of is not None:
+                message["durable"] = {"summary_of": summary_of}
+        return messages
+
+    def search_compacted(self, agent_id: str, query: str, limit: int = 5) -> list[dict[str, Any]]:
+        """Compacted messages of the agent that match ``query``, best match first.
+
+        Every word of ``query`` must occur (stemmed, case-insensitive), through
+        SQLite's FTS5 full-text index.
+        """
+        words = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
+        if not words:
+            return []
+        bodies = self._connection().execute(
+            """
+            SELECT m.body FROM compacted_text AS t
+              JOIN messages AS m
+                ON m.agent_id = t.agent_id AND m.position = t.position
+               AND m.removed_in = t.version
+             WHERE compacted_text MATCH ?2 AND t.agent_id = ?1
+             ORDER BY t.rank LIMIT ?3
+            """,
+            (agent_id, words, limit),
+        )
+        return _decode_messages(body for (body,) in bodies)
 
     def state(self, agent_id: str, version: int | None = None) -> dict[str, Any]:
         """The agent's persisted fields as JSON values, at ``version`` (default: latest).
@@ -292,6 +345,7 @@ class Store:
             if not found and not conn.changes():
                 raise NotFoundError(_no_agent(agent_id, self.path))
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
+            conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
 
     # -- workflows -------------------------------------------------------------
 
@@ -511,6 +565,7 @@ class Store:
         detail: Mapping[str, Any] | None = None,
         step: tuple[str, str] | None = None,
         result: str | None = None,
+        compaction: Compaction | None = None,
     ) -> int:
         """Commit one turn in one transaction and clear its handoff.
 
@@ -523,64 +578,27 @@ class Store:
             detail: Extra facts to record with the version.
             step: ``(workflow, step key)`` to mark done, when the turn is a step.
             result: The step's result as JSON.
+            compaction: A compaction made at the end of the turn; it becomes the
+                next version, in the same transaction.
 
         Returns:
-            The new version.
+            The last new version.
 
         Raises:
             StateSerializationError: A message cannot be stored as JSON.
             AgentInUseError: The agent was changed by a writer that bypassed its lock.
         """
         new = base_version + 1
-        added = [
-            (
-                agent_id,
-                position,
-                new,
-                message.get("id"),
-                message.get("role", ""),
-                _dumps_message(agent_id, message),
-            )
-            for position, message in change.added
-        ]
         with self._writing() as conn:
-            current = _current_version(conn, agent_id) or 0
-            if current != base_version:
-                holder = f"a writer that committed version {current} during this turn"
-                raise AgentInUseError(agent_id, holder)
-            now = time.time()
-            conn.execute(
-                """
-                INSERT INTO agents VALUES (?1, ?2, ?3, ?3)
-                ON CONFLICT (agent_id) DO UPDATE SET version = ?2, updated_at = ?3
-                """,
-                (agent_id, new, now),
-            )
-            for low, high in change.removed:
-                conn.execute(
-                    """
-                    UPDATE messages SET removed_in = ?4
-                     WHERE agent_id = ?1 AND removed_in IS NULL
-                       AND position BETWEEN ?2 AND ?3
-                    """,
-                    (agent_id, low, high, new),
-                )
-            conn.executemany(
-                """
-                INSERT INTO messages (agent_id, position, added_in, message_id, role, body)
-                VALUES (?, ?, ?, ?, ?, ?)
-                """,
-                added,
-            )
-            self._insert_version(
+            self._check_base(conn, agent_id, base_version)
+            self._write_version(
                 conn,
                 agent_id,
                 new,
                 kind="turn",
                 template=template,
+                change=change,
                 state=state,
-                added=len(added),
-                removed=change.removed_count,
                 detail=detail,
             )
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
@@ -591,9 +609,25 @@ class Store:
                            finished_at = ?
                      WHERE workflow = ? AND step_key = ?
                     """,
-                    (result, new, now, *step),
+                    (result, new, time.time(), *step),
                 )
+            if compaction is not None:
+                new += 1
+                self._write_compaction(conn, agent_id, new, compaction)
         return new
+
+    def commit_compaction(
+        self, agent_id: str, *, base_version: int, compaction: Compaction
+    ) -> int:
+        """Commit a compaction made after the agent's turn had committed, as its own version.
+
+        Returns:
+            The new version.
+        """
+        with self._writing() as conn:
+            self._check_base(conn, agent_id, base_version)
+            self._write_compaction(conn, agent_id, base_version + 1, compaction)
+        return base_version + 1
 
     def fail_turn(self, agent_id: str, error: str, *, step: tuple[str, str] | None = None) -> None:
         """Mark the agent's running handoff, and its journal step, as failed."""
@@ -662,6 +696,115 @@ class Store:
             msg = f"agent {agent_id!r} has no version {version}; it has versions 1 to {current}"
             raise NotFoundError(msg)
         return version
+
+    def _check_base(self, conn: apsw.Connection, agent_id: str, base_version: int) -> None:
+        current = _current_version(conn, agent_id) or 0
+        if current != base_version:
+            holder = f"a writer that committed version {current} during this turn"
+            raise AgentInUseError(agent_id, holder)
+
+    def _write_version(
+        self,
+        conn: apsw.Connection,
+        agent_id: str,
+        version: int,
+        *,
+        kind: str,
+        template: str | None,
+        change: HistoryChange,
+        state: str | None,
+        detail: Mapping[str, Any] | None,
+    ) -> None:
+        """Apply one history change as ``version`` and record the version."""
+        added = [
+            (
+                agent_id,
+                position,
+                version,
+                message.get("id"),
+                message.get("role", ""),
+                _dumps_message(agent_id, message),
+            )
+            for position, message in change.added
+        ]
+        conn.execute(
+            """
+            INSERT INTO agents VALUES (?1, ?2, ?3, ?3)
+            ON CONFLICT (agent_id) DO UPDATE SET version = ?2, updated_at = ?3
+            """,
+            (agent_id, version, time.time()),
+        )
+        for low, high in change.removed:
+            conn.execute(
+                """
+                UPDATE messages SET removed_in = ?4
+                 WHERE agent_id = ?1 AND removed_in IS NULL AND position BETWEEN ?2 AND ?3
+                """,
+                (agent_id, low, high, version),
+            )
+        conn.executemany(
+            """
+            INSERT INTO messages (agent_id, position, added_in, message_id, role, body)
+            VALUES (?, ?, ?, ?, ?, ?)
+            """,
+            added,
+        )
+        self._insert_version(
+            conn,
+            agent_id,
+            version,
+            kind=kind,
+            template=template,
+            state=state,
+            added=len(added),
+            removed=change.removed_count,
+            detail=detail,
+        )
+
+    def _write_compaction(
+        self, conn: apsw.Connection, agent_id: str, version: int, compaction: Compaction
+    ) -> None:
+        self._write_version(
+            conn,
+            agent_id,
+            version,
+            kind="compaction",
+            template=compaction.summarizer,
+            change=compaction.change,
+            state=None,
+            detail={"summary_id": compaction.summary_id, "messages": compaction.messages},
+        )
+        conn.execute(
+            "INSERT INTO compactions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                agent_id,
+                version,
+                compaction.summary_id,
+                compaction.first_position,
+                compaction.last_position,
+                compaction.messages,
+                compaction.summarizer,
+            ),
+        )
+        # Index the text of the originals, for RecallTools: text blocks, plain
+        # content and tool-call arguments.
+        conn.execute(
+            """
+            INSERT INTO compacted_text (text, agent_id, position, version)
+            SELECT concat_ws(
+                       ' ',
+                       CASE json_type(body, '$.content')
+                       WHEN 'array' THEN (
+                           SELECT group_concat(json_extract(value, '$.text'), ' ')
+                             FROM json_each(body, '$.content'))
+                       ELSE json_extract(body, '$.content') END,
+                       json_extract(body, '$.tool_calls')),
+                   agent_id, position, removed_in
+              FROM messages
+             WHERE agent_id = ?1 AND removed_in = ?2 AND position BETWEEN ?3 AND ?4
+            """,
+            (agent_id, version, compaction.first_position, compaction.last_position),
+        )
 
     def _insert_version(
         self,

@@ -93,7 +93,13 @@ class TestReplay:
 
     def test_structured_results_come_back_typed(self, db_path: Path) -> None:
         """int, list, TypedDict, dataclass and pydantic results replay with their types."""
-        answers = [3, ["x", "y"], {"low": 1, "high": 2}, Verdict(True, ["fine"]), Report(title="t", score=0.5)]
+        answers = [
+            3,
+            ["x", "y"],
+            {"low": 1, "high": 2},
+            Verdict(True, ["fine"]),
+            Report(title="t", score=0.5),
+        ]
 
         def run(llm: FakeLLM) -> list[object]:
             with persisted(db_path, llm, workflow="typed"):
@@ -108,7 +114,10 @@ class TestReplay:
     def test_unstorable_result_type_fails_before_the_model_is_called(self, db_path: Path) -> None:
         """A step whose return type cannot be JSON is refused before it costs a call."""
         llm = FakeLLM(["never"])
-        with persisted(db_path, llm, workflow="bad"), pytest.raises(StateSerializationError, match="return"):
+        with (
+            persisted(db_path, llm, workflow="bad"),
+            pytest.raises(StateSerializationError, match="return"),
+        ):
             Analyst(agent_id="analyst").handle("x")
         assert llm.call_count == 0
 
@@ -136,10 +145,15 @@ class TestReplay:
         program(db_path, FakeLLM())
         outcomes = [(r.step_key, r.outcome) for r in caplog.records]  # type: ignore[attr-defined]
         assert outcomes == [
-            ("alice#0", "live"), ("alice#0", "done"),
-            ("bob#0", "live"), ("bob#0", "done"),
-            ("alice#1", "live"), ("alice#1", "done"),
-            ("alice#0", "replayed"), ("bob#0", "replayed"), ("alice#1", "replayed"),
+            ("alice#0", "live"),
+            ("alice#0", "done"),
+            ("bob#0", "live"),
+            ("bob#0", "done"),
+            ("alice#1", "live"),
+            ("alice#1", "done"),
+            ("alice#0", "replayed"),
+            ("bob#0", "replayed"),
+            ("alice#1", "replayed"),
         ]
 
 
@@ -194,7 +208,11 @@ class TestResume:
 
     def test_nested_step_is_replayed_when_its_parent_runs_again(self, db_path: Path) -> None:
         """If the parent failed after the nested agent committed, the nested turn replays."""
-        researcher_first = [ToolCall("delegate", {"question": "facts?"}), "the facts", RuntimeError("crash")]
+        researcher_first = [
+            ToolCall("delegate", {"question": "facts?"}),
+            "the facts",
+            RuntimeError("crash"),
+        ]
 
         def run(llm: FakeLLM) -> str:
             with persisted(db_path, llm, workflow="nested"):
@@ -217,12 +235,23 @@ class TestManagement:
         """workflows() counts steps by status; steps() lists them in order."""
         program(db_path, FakeLLM(respond=echo))
         [info] = Store(db_path).workflows()
-        assert (info.workflow, info.steps, info.done, info.running, info.failed) == ("wf", 3, 3, 0, 0)
+        assert (info.workflow, info.steps, info.done, info.running, info.failed) == (
+            "wf",
+            3,
+            3,
+            0,
+            0,
+        )
         steps = Store(db_path).steps("wf")
         assert [(s.number, s.agent_id, s.template, s.version) for s in steps] == [
-            (1, "alice", "ask", 1), (2, "bob", "ask", 1), (3, "alice", "ask", 2),
+            (1, "alice", "ask", 1),
+            (2, "bob", "ask", 1),
+            (3, "alice", "ask", 2),
         ]
-        assert steps[1].arguments == {"question": "b?"} and steps[1].result == "re: Answer the question: b?"
+        assert (
+            steps[1].arguments == {"question": "b?"}
+            and steps[1].result == "re: Answer the question: b?"
+        )
 
     def test_reset_reruns_later_steps_without_duplicates(self, db_path: Path) -> None:
         """reset_workflow(k) keeps steps before k and re-runs k and later afresh."""
@@ -233,7 +262,9 @@ class TestManagement:
         assert llm.call_count == 2
         store = Store(db_path)
         for agent_id in ("alice", "bob"):
-            users = [m["content"][0]["text"] for m in store.history(agent_id) if m["role"] == "user"]
+            users = [
+                m["content"][0]["text"] for m in store.history(agent_id) if m["role"] == "user"
+            ]
             assert len(users) == len(set(users))
         assert [s.status for s in store.steps("wf")] == ["done"] * 3
 

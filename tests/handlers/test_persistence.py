@@ -68,7 +68,10 @@ class TestRestore:
             """
         )
         out = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
             cwd=Path(__file__).parents[2],
         ).stdout
         assert out.strip() == "1 ['keep me'] assistant:remembered"
@@ -113,7 +116,9 @@ class TestRestore:
             bot.ask("one")
             loads = []
             original = persistence.store.load_agent
-            persistence.store.load_agent = lambda agent_id: loads.append(agent_id) or original(agent_id)  # type: ignore[method-assign]
+            persistence.store.load_agent = lambda agent_id: (
+                loads.append(agent_id) or original(agent_id)
+            )  # type: ignore[method-assign]
             bot.ask("two")
         assert loads == []
 
@@ -169,7 +174,9 @@ class TestCommit:
 
 
 class TestFailedTurn:
-    @pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()], ids=["exception", "ctrl-c"])
+    @pytest.mark.parametrize(
+        "error", [RuntimeError("boom"), KeyboardInterrupt()], ids=["exception", "ctrl-c"]
+    )
     def test_memory_returns_to_last_commit(self, db_path: Path, error: BaseException) -> None:
         """A turn that raises leaves history and fields exactly as last committed."""
         llm = FakeLLM(["a", ToolCall("remember", {"note": "lost"}), error])
@@ -208,14 +215,17 @@ class TestFailedTurn:
             bot.ask("three")
         notes = ["did not complete" in str(call.messages[0]["content"]) for call in llm.calls]
         assert notes == [False, True, False]
-        assert "`ask` called with {\"question\":\"one\"}" in str(llm.calls[1].messages[0])
+        assert '`ask` called with {"question":"one"}' in str(llm.calls[1].messages[0])
         store = Store(db_path)
         assert store.handoffs() == []
-        assert store.versions("bot")[0].detail["recovered"]["error"] == "RuntimeError: provider down"
+        assert (
+            store.versions("bot")[0].detail["recovered"]["error"] == "RuntimeError: provider down"
+        )
         assert all("did not complete" not in str(m) for m in store.history("bot"))
 
     def test_unserialisable_state_fails_the_turn_and_writes_nothing(self, db_path: Path) -> None:
         """A field that cannot be stored raises StateSerializationError naming it."""
+
         @dataclasses.dataclass
         class Holder(Assistant):
             handle: object = None
@@ -272,7 +282,9 @@ class TestNesting:
 
 class TestStacking:
     @pytest.mark.parametrize("order", ["retry-outside", "retry-inside"])
-    def test_malformed_replies_pruned_by_retry_are_not_persisted(self, db_path: Path, order: str) -> None:
+    def test_malformed_replies_pruned_by_retry_are_not_persisted(
+        self, db_path: Path, order: str
+    ) -> None:
         """With RetryLLMHandler in either order, only the good reply is committed."""
 
         @dataclasses.dataclass
@@ -285,7 +297,9 @@ class TestStacking:
         llm = FakeLLM([Raw("{not json"), 3])
         persistence = PersistenceHandler(db_path)
         handlers = (
-            [RetryLLMHandler(), persistence] if order == "retry-outside" else [persistence, RetryLLMHandler()]
+            [RetryLLMHandler(), persistence]
+            if order == "retry-outside"
+            else [persistence, RetryLLMHandler()]
         )
         with running(llm, *handlers):
             counter = Counter(agent_id="counter")

@@ -62,7 +62,8 @@ edits = st.lists(
 
 def edited(old: list[dict[str, Any]], plan: list[tuple[str, int]]) -> list[dict[str, Any]]:
     new: list[dict[str, Any]] = [message() for _ in range(plan[0][1])] if plan else []
-    for msg, (action, inserted) in zip(old, itertools.chain(plan, itertools.repeat(("keep", 0)))):
+    padded = itertools.chain(plan, itertools.repeat(("keep", 0)))
+    for msg, (action, inserted) in zip(old, padded, strict=False):
         if action == "keep":
             new.append(msg)
         elif action == "rewrite":

@@ -15,9 +15,7 @@ from effectful_durable.store.migrations import (
 
 
 def schema_of(conn: apsw.Connection) -> list[tuple[str, str, str]]:
-    return conn.execute(
-        "SELECT type, name, sql FROM sqlite_schema ORDER BY type, name"
-    ).fetchall()
+    return conn.execute("SELECT type, name, sql FROM sqlite_schema ORDER BY type, name").fetchall()
 
 
 def normalised(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

@@ -125,13 +125,17 @@ class TestForkAndDelete:
         store.fork("bot", None, "keep")
         store.delete("bot")
         assert [a.agent_id for a in store.agents()] == ["keep"]
-        assert persisted_rows(three_turns, "SELECT count(*) FROM messages WHERE agent_id='bot'") == [(0,)]
+        assert persisted_rows(
+            three_turns, "SELECT count(*) FROM messages WHERE agent_id='bot'"
+        ) == [(0,)]
         with pytest.raises(NotFoundError):
             store.delete("bot")
 
 
 class TestTransactions:
-    @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt], ids=["exception", "ctrl-c"])
+    @pytest.mark.parametrize(
+        "error", [RuntimeError, KeyboardInterrupt], ids=["exception", "ctrl-c"]
+    )
     def test_failed_commit_writes_nothing(self, db_path: Path, error: type[BaseException]) -> None:
         """An error inside the commit transaction rolls every row of it back."""
         store = Store(db_path)
