@@ -90,8 +90,13 @@ class FakeModel:
 
 
 def say(*words: object) -> None:
-    """Tell the parent one event, at once."""
-    print(*words, flush=True)
+    """Tell the parent one event, as one line in one write.
+
+    One ``write(2)`` of less than PIPE_BUF bytes reaches the pipe whole or not at all,
+    so a kill never leaves half a line. ``print`` may not do that: under
+    PYTHONUNBUFFERED it writes each word and separator separately.
+    """
+    os.write(sys.stdout.fileno(), (" ".join(map(str, words)) + "\n").encode())
 
 
 def on_disk_version(store: Store) -> int:

@@ -1,10 +1,11 @@
 """The multi-agent example (examples/multi_agent) runs offline, builds a working textkit,
 replays every step on a re-run, and resumes after Ctrl-C.
 
-Each demo run is a child process that pays ~4 s to import litellm, so the runs are
-shared through module-scoped fixtures.
+Each demo run is a child process that pays seconds to import litellm, so the four runs
+happen once, two at a time, in a module-scoped fixture.
 """
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -13,39 +14,82 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
 DEMO = Path(__file__).parents[1] / "examples" / "multi_agent" / "workflow.py"
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="presses Ctrl-C with SIGINT"),
+]
 
 
-def demo_command(folder: Path, *options: str) -> list[str]:
-    """The command that runs the demo offline into ``folder``."""
+@dataclasses.dataclass
+class Outcome:
+    """How a demo run ended: its exit status and its output (stdout and stderr)."""
+
+    returncode: int
+    output: str
+
+
+@dataclasses.dataclass
+class Runs:
+    """Four demo runs: into ``built`` (once, then again), and into another folder
+    (interrupted with Ctrl-C, then resumed)."""
+
+    built: Path
+    first: Outcome
+    first_files: dict[str, bytes]
+    again: Outcome
+    again_files: dict[str, bytes]
+    stopped: Outcome
+    resumed: Outcome
+    resumed_files: dict[str, bytes]
+
+
+def start(folder: Path, *options: str) -> subprocess.Popen[str]:
+    """Start the demo, offline, with its database and project folder in ``folder``."""
     db, project = folder / "demo.db", folder / "project"
-    return [sys.executable, str(DEMO), "--db", str(db), "--out", str(project), *options]
-
-
-def run_demo(folder: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    """Run the demo to the end and capture its output."""
-    return subprocess.run(
-        demo_command(folder, *options), capture_output=True, text=True, env=ENV, timeout=300
+    return subprocess.Popen(
+        [sys.executable, str(DEMO), "--db", str(db), "--out", str(project), *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
     )
 
 
-def model_calls(stdout: str) -> int:
+def finish(child: subprocess.Popen[str], before: str = "") -> Outcome:
+    """Wait for the demo to end."""
+    output, _ = child.communicate(timeout=300)
+    return Outcome(child.returncode, before + output)
+
+
+def interrupt(child: subprocess.Popen[str], pattern: str) -> Outcome:
+    """Press Ctrl-C as soon as the demo prints a line matching ``pattern``."""
+    assert child.stdout is not None
+    lines = []
+    for line in child.stdout:
+        lines.append(line)
+        if re.match(pattern, line):
+            child.send_signal(signal.SIGINT)
+            break
+    return finish(child, "".join(lines))
+
+
+def model_calls(output: str) -> int:
     """The number on the demo's last ``model calls: N`` line."""
-    found = re.findall(r"^model calls: (\d+)$", stdout, re.MULTILINE)
-    assert found, stdout
+    found = re.findall(r"^model calls: (\d+)$", output, re.MULTILINE)
+    assert found, output
     return int(found[-1])
 
 
-def journal(stdout: str) -> list[tuple[str, str]]:
-    """The journal lines of the output, as (outcome, step key)."""
-    return re.findall(r"^\s*(live|replayed|failed)  (\S+) ", stdout, re.MULTILINE)
+def journal(output: str) -> dict[str, str]:
+    """The journal lines of the output: step key -> its last outcome."""
+    lines = re.findall(r"^\s*(live|replayed|failed)  (\S+) ", output, re.MULTILINE)
+    return {key: outcome for outcome, key in lines}
 
 
 def snapshot(project: Path) -> dict[str, bytes]:
@@ -58,41 +102,47 @@ def snapshot(project: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One uninterrupted run into a fresh folder, and the files it wrote."""
-    folder = tmp_path_factory.mktemp("built")
-    result = run_demo(folder)
-    return {"folder": folder, "result": result, "files": snapshot(folder / "project")}
-
-
-@pytest.fixture(scope="module")
-def rerun(built: dict[str, Any]) -> dict[str, Any]:
-    """The same command again, after the first run finished."""
-    result = run_demo(built["folder"])
-    return {"result": result, "files": snapshot(built["folder"] / "project")}
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The four runs, two children at a time (each pays seconds to import litellm)."""
+    built, stopped = tmp_path_factory.mktemp("built"), tmp_path_factory.mktemp("stopped")
+    first_child = start(built)
+    # Stop the second run once coder-1 has finished its first module.
+    stopped_outcome = interrupt(start(stopped, "--slow", "0.2"), r"\s*live  coder-1#1 ")
+    first = finish(first_child)
+    first_files = snapshot(built / "project")
+    again_child, resumed_child = start(built), start(stopped)
+    again, resumed = finish(again_child), finish(resumed_child)
+    return Runs(
+        built,
+        first,
+        first_files,
+        again,
+        snapshot(built / "project"),
+        stopped_outcome,
+        resumed,
+        snapshot(stopped / "project"),
+    )
 
 
 class TestFirstRun:
-    def test_exits_zero_having_run_every_step_live(self, built: dict[str, Any]) -> None:
+    def test_exits_zero_having_run_every_step_live(self, runs: Runs) -> None:
         """A fresh run succeeds, runs every step live and exercises the review-fix loop."""
-        result = built["result"]
-        assert result.returncode == 0, result.stdout + result.stderr
-        steps = journal(result.stdout)
-        assert {outcome for outcome, _ in steps} == {"live"}
-        assert {key for _, key in steps} >= {"architect#0", "coder-1#0", "coder-2#0", "reviewer#0"}
-        assert "sent redact back" in result.stdout
-        assert model_calls(result.stdout) > 0
+        assert runs.first.returncode == 0, runs.first.output
+        steps = journal(runs.first.output)
+        assert set(steps.values()) == {"live"}
+        assert {"architect#0", "coder-1#0", "coder-2#0", "reviewer#0"} <= steps.keys()
+        assert "sent redact back" in runs.first.output
+        assert model_calls(runs.first.output) > 0
 
-    def test_writes_a_textkit_whose_own_tests_pass(self, built: dict[str, Any]) -> None:
+    def test_writes_a_textkit_whose_own_tests_pass(self, runs: Runs) -> None:
         """The generated package and tests exist, and pytest passes in that folder."""
-        project = built["folder"] / "project"
         for name in ("slugify", "wrap", "redact"):
-            assert f"textkit/{name}.py" in built["files"]
-            assert f"tests/test_{name}.py" in built["files"]
-        assert "textkit/__init__.py" in built["files"]
+            assert f"textkit/{name}.py" in runs.first_files
+            assert f"tests/test_{name}.py" in runs.first_files
+        assert "textkit/__init__.py" in runs.first_files
         tests = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-            cwd=project,
+            cwd=runs.built / "project",
             capture_output=True,
             text=True,
             env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"},
@@ -103,71 +153,51 @@ class TestFirstRun:
 
 
 class TestRerun:
-    def test_replays_every_step_without_a_model_call(
-        self, built: dict[str, Any], rerun: dict[str, Any]
-    ) -> None:
+    def test_replays_every_step_without_a_model_call(self, runs: Runs) -> None:
         """Running again after completion replays every step and calls no model."""
-        result = rerun["result"]
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert model_calls(result.stdout) == 0
-        first_steps = {key for _, key in journal(built["result"].stdout)}
-        assert set(journal(result.stdout)) == {("replayed", key) for key in first_steps}
+        assert runs.again.returncode == 0, runs.again.output
+        assert model_calls(runs.again.output) == 0
+        first_steps = journal(runs.first.output).keys()
+        assert journal(runs.again.output) == dict.fromkeys(first_steps, "replayed")
 
-    def test_leaves_the_files_as_they_were(
-        self, built: dict[str, Any], rerun: dict[str, Any]
-    ) -> None:
+    def test_leaves_the_files_as_they_were(self, runs: Runs) -> None:
         """The re-run ends with byte-identical files."""
-        assert rerun["files"] == built["files"]
+        assert runs.again_files == runs.first_files
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
 class TestCtrlC:
-    def test_next_run_resumes_and_ends_the_same(
-        self, tmp_path: Path, built: dict[str, Any]
-    ) -> None:
-        """After Ctrl-C mid-run, the next run replays what finished and builds the same files."""
-        child = subprocess.Popen(
-            demo_command(tmp_path, "--slow", "0.2"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=ENV,
-        )
-        assert child.stdout is not None
-        seen = []
-        for line in child.stdout:  # stop it once coder-1 has finished its first module
-            seen.append(line)
-            if re.match(r"\s*live  coder-1#1 ", line):
-                child.send_signal(signal.SIGINT)
-                break
-        seen.append(child.stdout.read())
-        assert child.wait(timeout=60) == 130, "".join(seen)
-        assert "interrupted" in "".join(seen)
+    def test_stops_with_status_130(self, runs: Runs) -> None:
+        """Ctrl-C mid-run stops every thread, fails the running steps, and exits 130."""
+        assert runs.stopped.returncode == 130, runs.stopped.output
+        assert "interrupted" in runs.stopped.output
+        assert "failed" in journal(runs.stopped.output).values()
 
-        resumed = run_demo(tmp_path)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        outcomes = dict((key, outcome) for outcome, key in journal(resumed.stdout))
-        assert outcomes["architect#0"] == outcomes["coder-1#0"] == "replayed"
-        assert outcomes["coder-1#1"] == "live"
-        assert model_calls(resumed.stdout) < model_calls(built["result"].stdout)
-        assert snapshot(tmp_path / "project") == built["files"]
+    def test_next_run_resumes_and_ends_the_same(self, runs: Runs) -> None:
+        """The next run replays what finished, redoes the rest, and writes the same files."""
+        assert runs.resumed.returncode == 0, runs.resumed.output
+        steps = journal(runs.resumed.output)
+        assert steps["architect#0"] == steps["coder-1#0"] == "replayed"
+        assert steps["coder-1#1"] == "live"
+        assert model_calls(runs.resumed.output) < model_calls(runs.first.output)
+        assert runs.resumed_files == runs.first_files
+
+
+@pytest.fixture(scope="module")
+def workflow() -> ModuleType:
+    """examples/multi_agent/workflow.py, imported without running it."""
+    sys.path.insert(0, str(DEMO.parent))  # for its sibling offline_model.py
+    try:
+        spec = importlib.util.spec_from_file_location("multi_agent_workflow", DEMO)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(DEMO.parent))
+    return module
 
 
 class TestFileTools:
-    @pytest.fixture(scope="class")
-    def workflow(self) -> ModuleType:
-        """examples/multi_agent/workflow.py, imported without running it."""
-        sys.path.insert(0, str(DEMO.parent))  # for its sibling offline_model.py
-        try:
-            spec = importlib.util.spec_from_file_location("multi_agent_workflow", DEMO)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-        finally:
-            sys.path.remove(str(DEMO.parent))
-        return module
-
     @pytest.mark.parametrize(
         "path", ["../escape.py", "/etc/passwd", "textkit/../../escape.py", ".", "link/x.py"]
     )

@@ -39,7 +39,7 @@ class _Committed:
 
 @dataclass
 class _Turn:
-    agent: PersistentAgent | None
+    agent: PersistentAgent
     template: str
     step: Step | None
     committed: _Committed | None = None
@@ -143,27 +143,29 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         turns = self._turns()
         if agent is not None and any(turn.agent is agent for turn in turns):
             return fwd()  # a nested call on the same agent belongs to its turn
-        if agent is None and (turns or self.journal is None):
-            return fwd()  # not ours
+        if agent is not None:
+            validate_agent_id(agent.agent_id)
+        journal = self.journal if agent is not None or not turns else None
+        if agent is None and journal is None:
+            return fwd()  # a free template, and not a workflow step: not ours
         name = getattr(template, "__name__", type(template).__name__)
         arguments = _arguments(template, args, kwargs)
         step = None
-        if self.journal is not None:
-            agent_id = validate_agent_id(agent.agent_id) if agent is not None else None
+        if journal is not None:
             parent = turns[-1].step if turns else None
-            step = self.journal.next_step(template, name, arguments, agent_id, parent)
-            replayed, result = self.journal.replay(step, nested=bool(turns))
+            agent_id = agent.agent_id if agent is not None else None
+            step = journal.next_step(template, name, arguments, agent_id, parent)
+            replayed, result = journal.replay(step, nested=bool(turns))
             if replayed:
                 return result
-        if agent is None:
-            assert self.journal is not None and step is not None
-            result = fwd()  # a free template as a workflow step: record its result
-            self.journal.record(step, result)
-            return result
-        return self._run_turn(agent, _Turn(agent, name, step), arguments)
+        if agent is not None:
+            return self._run_turn(agent, _Turn(agent, name, step), arguments)
+        result = fwd()  # a free template as a workflow step: no agent to commit
+        if journal is not None and step is not None:
+            journal.record(step, result)
+        return result
 
     def _run_turn(self, agent: PersistentAgent, turn: _Turn, arguments: Any) -> Any:
-        validate_agent_id(agent.agent_id)
         with self.store.agent_lock(agent.agent_id, wait=self.wait):
             self._begin(agent, turn, arguments)
             self._turns().append(turn)

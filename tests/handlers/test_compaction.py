@@ -301,3 +301,37 @@ def test_compaction_keeps_any_conversation_valid(
     assert is_valid_conversation(after)
     assert len(after) <= len(conversation)
     assert after[0] == conversation[0]
+
+
+def test_compacted_context_loads_in_a_new_process(db_path: Path) -> None:
+    """A fresh interpreter loads [system, summary, recent] and never calls the summariser."""
+    import subprocess
+    import sys
+    import textwrap
+
+    model = Model()
+    with running(model.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3))):
+        ask_many(Assistant(agent_id="bot"), 4)
+    script = textwrap.dedent(
+        f"""
+        import os
+        os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+        from effectful_durable import CompactionHandler, PersistenceHandler
+        from effectful_durable.testing import FakeLLM
+        from tests.helpers import Assistant, running, texts
+        llm = FakeLLM(["fresh answer"])
+        compaction = CompactionHandler(max_messages=8, keep_recent=3)
+        with running(llm, PersistenceHandler({str(db_path)!r}), compaction):
+            Assistant(agent_id="bot").ask("question 4")
+        sent = texts(llm.calls[0].messages)
+        print(llm.call_count, len(sent), "SUMMARY 1" in sent[1])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    ).stdout
+    assert out.split() == ["1", "6", "True"]  # system, summary, 3 kept, the new question
