@@ -13,7 +13,7 @@ from .errors import (
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
-from .store import AgentRecord, Handoff, Store, VersionInfo
+from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
 
 __all__ = [
     "AgentInUseError",
@@ -30,9 +30,11 @@ __all__ = [
     "RecallTools",
     "SchemaTooNewError",
     "StateSerializationError",
+    "StepInfo",
     "Store",
     "VersionInfo",
     "WorkflowDivergedError",
+    "WorkflowInfo",
     "ephemeral",
     "summarize_context",
 ]

@@ -74,8 +74,9 @@ class Raw:
 
 
 type Reply = str | Raw | ToolCall | list[ToolCall] | tuple[ToolCall, ...] | BaseException | object
-"""One model answer: text, a value for a structured template, a :class:`ToolCall`
-or a sequence of them, a :class:`Raw` content string, or an exception to raise."""
+"""One scripted model answer. It is text, a value for a structured template, a
+:class:`ToolCall` or a sequence of them, a :class:`Raw` content string, or an
+exception to raise."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +133,7 @@ class FakeLLM(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
         respond: Computes the reply to each request the script does not cover.
     """
 
+    #: Every request the fake model received, in order.
     calls: list[FakeCall]
 
     def __init__(

@@ -199,7 +199,7 @@ def workflow() -> ModuleType:
 
 class TestFileTools:
     @pytest.mark.parametrize(
-        "path", ["../escape.py", "/etc/passwd", "textkit/../../escape.py", ".", "link/x.py"]
+        "path", ["../escape.py", "{tmp}/escape.py", "textkit/../../escape.py", ".", "link/x.py"]
     )
     def test_refuse_paths_outside_the_project(
         self, workflow: ModuleType, tmp_path: Path, path: str
@@ -209,11 +209,13 @@ class TestFileTools:
         project.mkdir()
         (project / "link").symlink_to(tmp_path)
         coder = workflow.Coder(agent_id="coder-test", project=project)
+        path = path.format(tmp=tmp_path)  # "{tmp}/…" is an absolute path outside the project
         with pytest.raises(ValueError, match="not a file inside the project folder"):
             coder.write_file(path, "print('hi')\n")
         with pytest.raises(ValueError, match="not a file inside the project folder"):
             coder.read_file(path)
         assert not (tmp_path / "escape.py").exists()
+        assert not (tmp_path / "x.py").exists()
 
     def test_write_then_read_inside_the_project(
         self, workflow: ModuleType, tmp_path: Path

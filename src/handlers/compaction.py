@@ -19,8 +19,6 @@ from .effects import Compacted, history_compacted
 
 logger = logging.getLogger("effectful_durable.compaction")
 
-type Message = Mapping[str, Any]
-
 SUMMARY_PREFIX = "Summary of the earlier conversation, written by you for yourself:\n"
 
 
@@ -41,7 +39,7 @@ summarize_context.__system_prompt__ = (
 )
 
 
-def approximate_tokens(messages: Sequence[Message]) -> int:
+def approximate_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     """A network-free token estimate: about four characters of JSON per token."""
     return (
         sum(
@@ -67,15 +65,17 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
     stay in the database, searchable with :class:`~effectful_durable.RecallTools`,
     and a new process loads the compacted context without summarising again.
 
-    Install it inside PersistenceHandler (after it in the ``with``) so that the
-    compaction commits in the same transaction as the turn that crossed the
-    budget; outside it, the compaction commits as its own version right after::
+    Install it just before PersistenceHandler in the ``with``, so that the
+    persistence handler sees each call first and the compaction commits in the same
+    transaction as the turn that crossed the budget (as the next version). Listed
+    after it, the compaction runs once the turn has committed, and commits as its
+    own version right after::
 
         with (
             handler(LiteLLMProvider(model="gpt-4o-mini")),
             handler(RetryLLMHandler()),
-            handler(PersistenceHandler("state.db")),
             handler(CompactionHandler(max_messages=40, keep_recent=10)),
+            handler(PersistenceHandler("state.db")),
         ):
             bot.ask("What did we decide yesterday?")
 
@@ -99,8 +99,8 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         max_messages: int | None = None,
         max_tokens: int | None = None,
         keep_recent: int = 10,
-        summarizer: Template[[str], str] = summarize_context,
-        count_tokens: Callable[[Sequence[Message]], int] = approximate_tokens,
+        summarizer: Callable[[str], str] = summarize_context,
+        count_tokens: Callable[[Sequence[Mapping[str, Any]]], int] = approximate_tokens,
     ) -> None:
         super().__init__()
         if max_messages is None and max_tokens is None:
@@ -137,7 +137,7 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         self.compact(agent)
         return result
 
-    def over_budget(self, messages: Sequence[Message]) -> bool:
+    def over_budget(self, messages: Sequence[Mapping[str, Any]]) -> bool:
         """Whether ``messages`` exceed the message or token budget."""
         if self.max_messages is not None and len(messages) > self.max_messages:
             return True
@@ -188,7 +188,7 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         return True
 
 
-def valid_cut(messages: Sequence[Message], start: int, preferred: int) -> int | None:
+def valid_cut(messages: Sequence[Mapping[str, Any]], start: int, preferred: int) -> int | None:
     """The first message to keep: ``preferred``, or the nearest valid cut.
 
     A cut summarises ``messages[start:cut]``. It is valid if that is at least two
@@ -204,7 +204,7 @@ def valid_cut(messages: Sequence[Message], start: int, preferred: int) -> int | 
     return next((cut for cut in candidates if not invalid[cut]), None)
 
 
-def _cuts_splitting_tool_calls(messages: Sequence[Message]) -> list[bool]:
+def _cuts_splitting_tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[bool]:
     """For each cut 0..len, whether it would keep a tool result but not its request."""
     requested_at = {
         call.get("id"): index
@@ -227,7 +227,7 @@ def _cuts_splitting_tool_calls(messages: Sequence[Message]) -> list[bool]:
     return invalid
 
 
-def render_transcript(messages: Sequence[Message]) -> str:
+def render_transcript(messages: Sequence[Mapping[str, Any]]) -> str:
     """The messages as plain text for the summariser, one block per message."""
     lines = []
     for message in messages:

@@ -47,6 +47,7 @@ class _Turn:
     uncommitted_history: list[Any] = field(default_factory=list)
     uncommitted_state: str | None = None
     compacted: Compacted | None = None
+    step_number: int | None = None
 
 
 class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
@@ -75,10 +76,10 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
     outermost template call is a numbered step whose result is recorded in the
     turn's own commit, and running the same program again replays the steps that
     are done (no model call, no new messages) and runs the first unfinished one.
-    Steps are keyed by agent and per-agent call order (see
-    :class:`~effectful_durable.handlers.journal.Journal`), so each agent's calls
-    must come in the same order on every run; calls on different agents may
-    interleave freely across threads.
+    Steps are keyed by agent and per-agent call order (``coder-1#0``,
+    ``coder-1#1``; a call nested in another step's turn extends that step's key),
+    so each agent's calls must come in the same order on every run; calls on
+    different agents may interleave freely across threads.
 
     Args:
         db: SQLite file (created if missing, refused if not ours) or an open Store.
@@ -194,7 +195,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             if committed is None or committed.history.messages != compacted.before:
                 msg = (
                     f"compaction of {agent.agent_id!r} happened on a history that is not "
-                    "its last commit; install CompactionHandler inside PersistenceHandler"
+                    "its last commit; list CompactionHandler before PersistenceHandler"
                 )
                 raise DurableError(msg)
             compaction, history = _compaction(committed.history, agent, compacted)
@@ -221,22 +222,23 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         start = self.store.begin_turn(
             agent.agent_id, template=turn.template, arguments=arguments, step=step
         )
+        turn.step_number = start.step_number
         if self.journal is not None and turn.step is not None:
-            self.journal.log(start.step_number, turn.step, "live")
+            self.journal.log(turn.step_number, turn.step, "live")
         try:
             committed = _committed(agent)
             if committed is None or committed.database != self._database:
                 committed = self._load(agent, keep_memory=start.version == 0)
             elif committed.version != start.version:
                 committed = self._load(agent, keep_memory=False)  # another writer moved it
+            if committed.version == 0:
+                # Never committed: a failure goes back to what the user built in memory.
+                turn.uncommitted_history = list(agent.__history__.values())
+                turn.uncommitted_state = dump_state(agent)
         except BaseException as error:
             self._record_failure(agent, turn, error)
             raise
         turn.committed, turn.earlier = committed, start.earlier
-        if committed.version == 0:
-            # Never committed: a failure goes back to what the user built in memory.
-            turn.uncommitted_history = list(agent.__history__.values())
-            turn.uncommitted_state = dump_state(agent)
 
     def _load(self, agent: PersistentAgent, *, keep_memory: bool) -> _Committed:
         """Install the committed agent; a new one keeps its memory if ``keep_memory``."""
@@ -286,7 +288,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)
         if self.journal is not None and turn.step is not None:
-            self.journal.log(None, turn.step, "done")
+            self.journal.log(turn.step_number, turn.step, "done")
 
     def _abort(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
         committed = turn.committed
@@ -307,7 +309,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         with contextlib.suppress(Exception):  # never mask the turn's own error
             self.store.fail_turn(agent.agent_id, f"{type(error).__name__}: {error}", step=step)
         if self.journal is not None and turn.step is not None:
-            self.journal.log(None, turn.step, "failed")
+            self.journal.log(turn.step_number, turn.step, "failed")
 
 
 def _compaction(

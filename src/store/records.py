@@ -24,13 +24,14 @@ class AgentRecord:
 class VersionInfo:
     """One committed version of an agent.
 
-    ``kind`` is ``"turn"``, ``"rollback"`` or ``"fork"``; ``added`` and ``removed``
-    count the messages the version added to and removed from the active history.
+    ``kind`` is ``"turn"``, ``"rollback"``, ``"fork"`` or ``"compaction"``; ``added``
+    and ``removed`` count the messages the version added to and removed from the
+    active history.
     """
 
     agent_id: str
     version: int
-    kind: Literal["turn", "rollback", "fork"]
+    kind: Literal["turn", "rollback", "fork", "compaction"]
     template: str | None
     added: int
     removed: int

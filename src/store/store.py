@@ -42,10 +42,12 @@ _HOST = socket.gethostname()
 class Store:
     """The durable log of every agent in one SQLite database file.
 
-    Reads (``agents``, ``history``, ``state``, ``versions``, ``handoffs``) see the
-    last committed versions. Maintenance (``rollback``, ``fork``, ``delete``) takes
-    the agent's lock, so it never races a running turn. Each thread gets its own
-    connection; close the store when done, or use it as a context manager.
+    Reads (``agents``, ``history``, ``state``, ``versions``, ``handoffs``,
+    ``search_compacted``, ``workflows``, ``steps``) see the last committed versions.
+    Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``) takes the
+    agent's lock, so it never races a running turn. The remaining methods are the
+    turn protocol PersistenceHandler uses. Each thread gets its own connection;
+    close the store when done, or use it as a context manager.
 
     Args:
         path: SQLite file; created if missing, refused if it is not ours.
@@ -675,6 +677,9 @@ class Store:
                 yield conn
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e
+        except apsw.ReadOnlyError as e:
+            msg = f"{self.path} is open read-only; open Store({self.path!r}) to change it"
+            raise DurableError(msg) from e
 
     @contextmanager
     def _reading(self) -> Iterator[apsw.Connection]:

@@ -42,9 +42,11 @@ class Model:
         return f"re: {text}"
 
 
-def stack(db_path: Path, compaction: CompactionHandler, order: str = "inside") -> list[Any]:
+def stack(db_path: Path, compaction: CompactionHandler, order: str = "in-turn") -> list[Any]:
+    """Handlers after the fake model; "in-turn" lists compaction first, so persistence
+    sees each call first and commits the compaction with the turn."""
     persistence = PersistenceHandler(db_path)
-    return [persistence, compaction] if order == "inside" else [compaction, persistence]
+    return [compaction, persistence] if order == "in-turn" else [persistence, compaction]
 
 
 def ask_many(bot: Any, count: int, start: int = 0) -> None:
@@ -111,7 +113,7 @@ class TestBudget:
 
 
 class TestLossless:
-    @pytest.mark.parametrize("order", ["inside", "outside"])
+    @pytest.mark.parametrize("order", ["in-turn", "after-turn"])
     def test_compaction_survives_a_new_handler_without_resummarising(
         self, db_path: Path, order: str
     ) -> None:
