@@ -15,7 +15,8 @@ with one command per line on stdin, and it answers with one line per event on st
 Turn k asks ``turn k``. The fake model answers deterministically: it calls the agent's
 ``bump`` tool, which increments the persisted ``count`` field, then answers ``answer k``.
 The test module imports ``Counter``, ``FakeModel`` and ``question`` from here to continue
-the same agent in its own process.
+the same agent in its own process. (effectful sends this docstring to the model too, as
+the first part of the agent's system prompt: templates prompt with their module's doc.)
 """
 
 import os

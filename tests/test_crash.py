@@ -1,19 +1,19 @@
 """Crash tests for DESIGN promise 1, with real processes killed by SIGKILL.
 
 Promise 1: no committed turn is ever lost, and no partial turn is ever visible; kill -9
-at any point leaves the database at the last committed version and integrity_check passes.
+at any point leaves the database at the last committed version, and integrity_check passes.
 
-``tests/crash_child.py`` runs turns of one agent (a persisted ``count`` that a tool bumps
-once per turn) on a real SQLite file under PersistenceHandler and a fake model. These tests
-SIGKILL it inside a turn, after its handoff row is committed, and at random moments of a
-50-turn conversation. After each kill they read the file through independent connections
-and check four things. ``PRAGMA integrity_check`` is ok. The versions are 1..v with no gaps
-and no row of a later version exists. The active history is exactly v whole turns. The
-persisted counter is v. Then the agent continues from v, and its next turn is told about
-the turn that was cut off once and records the recovery.
+How: ``tests/crash_child.py`` runs turns of one agent on a real SQLite file
+(PersistenceHandler over a fake model); each turn's tool bumps a persisted counter. The
+tests SIGKILL it inside a turn just after its handoff row commits, and at random moments
+of a 50-turn conversation. After each kill they read the file through connections of
+their own, never the child's memory: integrity_check is ok; the versions are 1..v with no
+gap and no row of a later version exists; the active history is exactly v whole turns; the
+counter is v; every commit the child reported is there. Then the agent goes on from v,
+its next turn is told once about the turn that was cut off, and its version records that.
 
-A child pays seconds to import litellm, so each child serves many turns over stdin/stdout,
-and the next children start importing while the current one runs.
+Importing litellm costs a child seconds, so each child serves many turns over
+stdin/stdout, and the next child starts importing while the current one runs.
 """
 
 import collections
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -297,6 +297,7 @@ class Recovery:
 
     db_path: Path
     llm: FakeLLM
+    handoffs_after_retry: list[Handoff]
 
 
 @pytest.fixture(scope="class")
@@ -306,9 +307,11 @@ def recovery(crash: Crash, tmp_path_factory: pytest.TempPathFactory) -> Recovery
     llm = FakeLLM(respond=FakeModel())
     bot = Counter(agent_id=AGENT_ID)
     with persisted(db_path, llm, durability=crash.durability):
-        for turn in (COMMITTED + 1, COMMITTED + 2):
-            bot.ask(question(turn))
-    return Recovery(db_path, llm)
+        bot.ask(question(COMMITTED + 1))
+        with Store(db_path, readonly=True) as store:
+            handoffs_after_retry = store.handoffs()
+        bot.ask(question(COMMITTED + 2))
+    return Recovery(db_path, llm, handoffs_after_retry)
 
 
 @pytest.mark.slow
@@ -332,6 +335,8 @@ class TestKillInsideTurn:
     def test_next_turn_sees_committed_history_only(self, recovery: Recovery) -> None:
         """The first request after the crash holds the committed turns and the new question."""
         first = recovery.llm.calls[0].messages
+        assert first[0]["role"] == "system"
+        assert first[0]["content"][0]["text"] == SYSTEM_PROMPT
         assert texts(first[1:]) == whole_turns(COMMITTED)[1:] + [
             f"user:Answer: {question(COMMITTED + 1)}"
         ]
@@ -347,6 +352,7 @@ class TestKillInsideTurn:
 
     def test_recovery_clears_handoff_and_is_recorded(self, recovery: Recovery) -> None:
         """After the retried turn commits, the handoff is gone and its version records it."""
+        assert recovery.handoffs_after_retry == []
         version, handoff = on_disk(recovery.db_path)
         assert (version, handoff) == (COMMITTED + 2, None)
         with Store(recovery.db_path, readonly=True) as store:
@@ -367,56 +373,83 @@ SEED = 20240601
 MAX_KILLS = 20  # each kill costs a child start (seconds); one more child then finishes
 
 
+@dataclass
+class Kills:
+    """What the random kills hit, and how fast the children ran turns."""
+
+    versions: list[int] = field(default_factory=list)  # on disk after each kill
+    inside_turn: int = 0  # kills that left the turn's handoff running
+    unreported: int = 0  # kills after a commit and before the child reported it
+    pace: list[float] = field(default_factory=lambda: [0.020])  # seconds per turn seen
+
+    def delay(self, rng: random.Random) -> float:
+        """A random moment within the next turn and a quarter, at the recent pace."""
+        return rng.uniform(0, 1.25) * statistics.median(self.pace[-9:])
+
+    def summary(self, starts: int) -> str:
+        return (
+            f"{len(self.versions)} kills ({self.inside_turn} inside a turn, {self.unreported}"
+            f" between a commit and its report), {starts} child starts, median turn"
+            f" {statistics.median(self.pace) * 1000:.0f} ms; versions after the kills:"
+            f" {self.versions}"
+        )
+
+
+def kill_at_random(child: Child, rng: random.Random, kills: Kills, version: int) -> int:
+    """Let the child run the rest of the conversation, SIGKILL it at a random moment.
+
+    The kill comes after 0-3 reported commits and a random part of a turn. A turn takes
+    ~20 ms on an idle machine and several times that on a busy one, so the delay follows
+    the pace measured so far: a fixed 0-80 ms window would land four turns in on one
+    machine and always inside the first turn on another.
+
+    Returns:
+        The last version the child reported committed.
+    """
+    child.send(f"run {TURNS - version}")
+    for _ in range(min(rng.randint(0, 3), TURNS - version - 1)):
+        child.expect("committed")
+    time.sleep(kills.delay(rng))
+    child.kill()
+    reported = commits(child)
+    kills.pace += [b - a for (a, _), (b, _) in itertools.pairwise(reported)]
+    return reported[-1][1] if reported else version
+
+
 @pytest.mark.slow
 class TestRandomKills:
     """A 50-turn conversation whose process is SIGKILLed again and again at random moments."""
 
     def test_every_kill_leaves_whole_committed_turns(self, db_path: Path, tmp_path: Path) -> None:
-        """After every kill the file holds whole committed turns, and the next run goes on.
-
-        Each child is told to run the remaining turns and killed after a random number
-        of reported commits (0-3) plus a random delay of up to 1.25 turns. A turn takes
-        ~20 ms on an idle machine and several times that on a busy one, so the delay is
-        scaled by the pace the children showed so far: a fixed 0-80 ms window would land
-        ~4 turns in on one machine and inside the first turn on another.
-        """
+        """After every kill the file holds whole committed turns, and the next run goes on."""
         rng = random.Random(SEED)
-        Store(db_path).close()  # create the schema once, before children race to open it
-        pace = [0.020]  # seconds between two reported commits, as measured
-        after_kills: list[int] = []  # the version on disk after each kill
-        cut_off = 0  # kills that left a turn's handoff running
+        kills = Kills()
         recovered: set[int] = set()  # versions that must record a recovered handoff
+        Store(db_path).close()  # create the schema once, before children race to open it
         version = 0
         with Children(db_path, tmp_path / "logs", budget=MAX_KILLS + 1) as children:
-            while version < TURNS:
+            while version < TURNS and len(kills.versions) < MAX_KILLS:
                 child = children.next()
                 assert child.open() == version  # the next run continues from the file
-                child.send(f"run {TURNS - version}")
-                if len(after_kills) == MAX_KILLS:
-                    assert child.expect("done") == [str(TURNS)]
-                    version, _ = on_disk(db_path)
-                    break
-                for _ in range(min(rng.randint(0, 3), TURNS - version - 1)):
-                    child.expect("committed")
-                time.sleep(rng.uniform(0, 1.25) * statistics.median(pace[-9:]))
-                child.kill()
-                reported = commits(child)
-                last_reported = reported[-1][1] if reported else version
+                reported = kill_at_random(child, rng, kills, version)
                 version, handoff = on_disk(db_path)
-                after_kills.append(version)
                 # No turn the child saw committed is lost; at most one was not reported yet.
-                assert last_reported <= version <= last_reported + 1
+                assert reported <= version <= reported + 1
+                kills.versions.append(version)
+                kills.unreported += version - reported
                 if handoff is not None:
-                    cut_off += 1
+                    kills.inside_turn += 1
                     recovered.add(handoff.base_version + 1)
-                pace += [b - a for (a, _), (b, _) in itertools.pairwise(reported)]
-        assert version == TURNS
+            if version < TURNS:
+                child = children.next()
+                assert child.open() == version
+                child.send(f"run {TURNS - version}")
+                assert child.expect("done") == [str(TURNS)]
+            starts = children.started
+        version, handoff = on_disk(db_path)
+        assert (version, handoff) == (TURNS, None)
         with Store(db_path, readonly=True) as store:
             infos = store.versions(AGENT_ID)
         assert {i.version for i in infos if i.detail} == recovered
         assert all(i.detail["recovered"]["status"] == "running" for i in infos if i.detail)
-        print(
-            f"\n{len(after_kills)} kills ({cut_off} inside a turn), {children.started} child"
-            f" starts; version after each kill: {after_kills};"
-            f" median turn {statistics.median(pace) * 1000:.0f} ms"
-        )
+        print("\n" + kills.summary(starts))

@@ -114,10 +114,37 @@ def _kept_pairs(old: ActiveHistory, new: list[Message], start: int) -> list[tupl
     for new_index in range(start, len(new)):
         message = new[new_index]
         old_index = by_id.get(message.get("id"))
-        if old_index is not None and old_index > last and old.messages[old_index] == message:
+        if (
+            old_index is not None
+            and old_index > last
+            and _equivalent(old.messages[old_index], message)
+        ):
             kept.append((new_index, old_index))
             last = old_index
     return kept
+
+
+def _equivalent(old: Message, new: Message) -> bool:
+    """Equal, ignoring the ``cache_control`` hints effectful adds to earlier messages.
+
+    effectful marks the last block of earlier messages for prompt caching on every
+    call; storing each marked copy again would double what a turn writes. The
+    stored row keeps the unmarked copy, which effectful marks again when it sends it.
+    """
+    return old == new or _without_cache_hints(old) == _without_cache_hints(new)
+
+
+def _without_cache_hints(message: Message) -> Message:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    blocks = [
+        {k: v for k, v in block.items() if k != "cache_control"}
+        if isinstance(block, dict)
+        else block
+        for block in content
+    ]
+    return {**message, "content": blocks}
 
 
 def _slots(low: float, high: float, freed: list[float], count: int) -> list[float] | None:

@@ -91,6 +91,22 @@ class TestPlanChange:
         assert change.removed_count == 1 and len(change.added) == 1
         assert after.positions == history.positions
 
+    def test_cache_hints_alone_are_not_a_change(self) -> None:
+        """A message that only gained effectful's cache_control hint keeps its row."""
+        old = [message() for _ in range(3)]
+        old[2]["content"] = [{"type": "text", "text": "tool result"}]
+        table = Table()
+        history = commit(table, ActiveHistory(), old)
+        hinted = {
+            **old[2],
+            "content": [
+                {"type": "text", "text": "tool result", "cache_control": {"type": "ephemeral"}}
+            ],
+        }
+        change, after = plan_change(history, [old[0], old[1], hinted, message()])
+        assert change.removed == [] and [m for _, m in change.added] == [after.messages[3]]
+        assert after.messages[2] is hinted
+
     def test_summary_replaces_a_range(self) -> None:
         """Replacing a run of messages with one summary removes a single range."""
         old = [message() for _ in range(10)]
