@@ -11,7 +11,6 @@ import os
 # litellm fetches a remote price list on import unless told to use its local copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import copy
 import dataclasses
 import json
 import threading
@@ -172,7 +171,8 @@ class FakeLLM(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
         messages = kwargs["messages"] if "messages" in kwargs else args[0]
         call = FakeCall(
             model=model,
-            messages=copy.deepcopy(list(messages)),
+            # effectful replaces messages rather than mutating them: a list copy suffices.
+            messages=list(messages),
             tools=[spec["function"]["name"] for spec in kwargs.get("tools") or ()],
             response_format=kwargs.get("response_format"),
         )

@@ -14,6 +14,7 @@ from effectful.ops.semantics import fwd
 from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 
+from ..agents.persistent import history_messages
 from .effectful_hooks import bound_agent, set_history
 from .effects import Compacted, history_compacted
 
@@ -149,7 +150,11 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         Returns:
             Whether the history was compacted.
         """
-        messages = list(agent.__history__.values())
+        history = agent.__history__
+        over_count = self.max_messages is not None and len(history) > self.max_messages
+        if not over_count and self.max_tokens is None:
+            return False  # the common case costs no pass over the history
+        messages = history_messages(history)
         if not self.over_budget(messages):
             return False
         start = 1 if messages and messages[0].get("role") == "system" else 0

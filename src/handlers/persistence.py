@@ -15,7 +15,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 
-from ..agents.persistent import PersistentAgent
+from ..agents.persistent import PersistentAgent, history_messages
 from ..agents.state import dump_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError
@@ -233,7 +233,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 committed = self._load(agent, keep_memory=False)  # another writer moved it
             if committed.version == 0:
                 # Never committed: a failure goes back to what the user built in memory.
-                turn.uncommitted_history = list(agent.__history__.values())
+                turn.uncommitted_history = history_messages(agent.__history__)
                 turn.uncommitted_state = dump_state(agent)
         except BaseException as error:
             self._record_failure(agent, turn, error)
@@ -269,7 +269,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             result_json = self.journal.encode(turn.step, result)
         compaction = None
         if turn.compacted is None:
-            change, history = plan_change(committed.history, list(agent.__history__.values()))
+            change, history = plan_change(committed.history, history_messages(agent.__history__))
         else:
             change, history = plan_change(committed.history, turn.compacted.before)
             compaction, history = _compaction(history, agent, turn.compacted)
@@ -316,7 +316,7 @@ def _compaction(
     before: ActiveHistory, agent: PersistentAgent, compacted: Compacted
 ) -> tuple[Compaction, ActiveHistory]:
     """The compaction to commit, from the committed history just before it."""
-    change, after = plan_change(before, list(agent.__history__.values()))
+    change, after = plan_change(before, history_messages(agent.__history__))
     compaction = Compaction(
         change=change,
         summary_id=str(compacted.summary["id"]),

@@ -46,7 +46,7 @@ def plan_change(old: ActiveHistory, new: Sequence[Message]) -> tuple[HistoryChan
     Returns:
         The change to commit and the active history after it.
     """
-    new = list(new)
+    new = new if isinstance(new, list) else list(new)
     start = _common_prefix(old.messages, new)
     if start == len(old.messages):
         # The common case: the turn only appended.
@@ -87,7 +87,7 @@ def plan_change(old: ActiveHistory, new: Sequence[Message]) -> tuple[HistoryChan
 def _common_prefix(old: list[Message], new: list[Message]) -> int:
     """Length of the longest common prefix, probing from the end."""
     n = min(len(old), len(new))
-    if old[:n] == new[:n]:
+    if (old if n == len(old) else old[:n]) == new[:n]:
         return n
     # Prefix equality is monotone: search back from n in growing steps, then bisect.
     equal, unequal, step = 0, n, 1

@@ -9,6 +9,7 @@ agent locked, and a lock that can be taken means nobody else is running that age
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -40,7 +41,7 @@ class AgentLocks:
     def __init__(self, lock_path: str) -> None:
         self._lock_path = lock_path
         self._fd: int | None = None
-        self._held: dict[str, str] = {}
+        self._held: dict[str, threading.Thread] = {}
         self._mutex = threading.Lock()
 
     @classmethod
@@ -71,11 +72,12 @@ class AgentLocks:
             with self._mutex:
                 holder = self._held.get(agent_id)
                 if holder is None and self._lock_os(agent_id):
-                    self._held[agent_id] = _this_thread()
+                    self._held[agent_id] = threading.current_thread()
                     return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AgentBusy(holder or "another process")
+                held_by = "another process" if holder is None else _describe(holder)
+                raise AgentBusy(held_by)
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_POLL_SECONDS)
 
@@ -106,13 +108,14 @@ class AgentLocks:
         return True
 
 
+@functools.lru_cache(maxsize=4096)
 def _offset(agent_id: str) -> int:
     digest = hashlib.blake2b(agent_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest) >> 2  # below 2**62, a valid off_t everywhere
 
 
-def _this_thread() -> str:
-    return f"thread {threading.current_thread().name!r} of this process"
+def _describe(thread: threading.Thread) -> str:
+    return f"thread {thread.name!r} of this process"
 
 
 os.register_at_fork(after_in_child=AgentLocks._forget_all)
