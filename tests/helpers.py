@@ -110,6 +110,7 @@ def persisted(db_path: Path, llm: FakeLLM, **options: Any) -> Iterator[Persisten
 def persisted_rows(db_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     """Query the database file through a fresh, independent connection."""
     conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
+    conn.set_busy_timeout(5000)  # a writer may be recovering the WAL of a killed process
     try:
         return conn.execute(sql, params).fetchall()
     finally:
