@@ -239,6 +239,19 @@ class Store:
         rows = self._connection().execute(f"{_HANDOFF_SELECT} ORDER BY agent_id")
         return [_handoff(row) for row in rows]
 
+    def check(self) -> dict[str, Any]:
+        """``PRAGMA integrity_check`` ("ok" when sound) and quick facts about the file."""
+        conn = self._connection()
+        facts: dict[str, Any] = {
+            "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
+            "schema": conn.pragma("user_version"),
+        }
+        for table in ("agents", "versions", "messages", "workflow_steps"):
+            facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
+        sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
+        facts["bytes"] = sum(sizes)
+        return facts
+
     # -- maintenance ---------------------------------------------------------
 
     def rollback(self, agent_id: str, version: int) -> int:
