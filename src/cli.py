@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import DurableError
 from .store import Store
+from .store.history import message_text
 
 PROG = "effectful-durable"
 
@@ -158,14 +159,7 @@ def _cell(value: Any) -> str:
 
 
 def _one_line(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = " ".join(str(block.get("text", "")) for block in content)
-    text = str(content or "")
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {})
-        text += f" -> {function.get('name')}({function.get('arguments')})"
-    return _shorten(" ".join(text.split()), 100)
+    return _shorten(" ".join(message_text(message).split()), 100)
 
 
 def _shorten(text: str, width: int) -> str:

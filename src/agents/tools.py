@@ -8,6 +8,7 @@ from effectful.handlers.llm import Tool
 from effectful.ops.types import Operation
 
 from ..errors import DurableError
+from ..store.history import message_text
 
 
 @Operation.define
@@ -42,15 +43,5 @@ class RecallTools:
         Give a few words the messages you need contain. Returns up to `limit`
         matching messages, best match first, as "role: text".
         """
-        return [_as_text(message) for message in search_compacted(self, query, limit)]
-
-
-def _as_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = " ".join(str(block.get("text", "")) for block in content)
-    calls = message.get("tool_calls") or []
-    called = " ".join(
-        f"[calls {c['function']['name']}({c['function']['arguments']})]" for c in calls
-    )
-    return f"{message.get('role')}: {' '.join(p for p in (str(content or ''), called) if p)}"
+        found = search_compacted(self, query, limit)
+        return [f"{message.get('role')}: {message_text(message)}" for message in found]

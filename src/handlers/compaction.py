@@ -15,6 +15,7 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 
 from ..agents.persistent import history_messages
+from ..store.history import message_text
 from .effectful_hooks import bound_agent, set_history
 from .effects import Compacted, history_compacted
 
@@ -234,17 +235,7 @@ def _cuts_splitting_tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[bo
 
 def render_transcript(messages: Sequence[Mapping[str, Any]]) -> str:
     """The messages as plain text for the summariser, one block per message."""
-    lines = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(str(block.get("text", "")) for block in content)
-        text = str(content or "")
-        for call in message.get("tool_calls") or []:
-            function = call.get("function", {})
-            text += f"\n-> calls {function.get('name')}({function.get('arguments')})"
-        lines.append(f"[{message.get('role')}] {text}".rstrip())
-    return "\n\n".join(lines)
+    return "\n\n".join(f"[{m.get('role')}] {message_text(m)}".rstrip() for m in messages)
 
 
 def _name(agent: Agent) -> str:

@@ -180,3 +180,15 @@ def _rewrite_from(
     added = [(base + 1 + i, m) for i, m in enumerate(new[start:])]
     after = ActiveHistory(new, old.positions[:start] + [p for p, _ in added])
     return HistoryChange(added, removed, len(tail)), after
+
+
+def message_text(message: Message) -> str:
+    """A message as plain text: its text blocks, then one line per tool call it makes."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(block.get("text", "")) for block in content)
+    lines = [str(content or "")]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {})
+        lines.append(f"-> calls {function.get('name')}({function.get('arguments')})")
+    return "\n".join(line for line in lines if line)
