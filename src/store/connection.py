@@ -59,7 +59,16 @@ def connect(
     try:
         apsw.bestpractice.connection_busy_timeout(conn, int(busy_timeout * 1000))
         apsw.bestpractice.connection_dqs(conn)
-        version = _identify(conn, path)
+        try:
+            version = _identify(conn, path)
+        except apsw.ReadOnlyError as e:
+            # A process died mid-write and left a hot journal that only a writer
+            # may roll back: sqlite.org/atomiccommit.html#hot_rollback_journals
+            msg = (
+                f"{path} holds an unfinished write from a process that died; open it "
+                "read-write once (Store(path)) to roll that write back, then read it"
+            )
+            raise DurableError(msg) from e
         if readonly:
             if version < SCHEMA_VERSION:
                 msg = (

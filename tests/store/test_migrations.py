@@ -120,3 +120,26 @@ def test_durability_sets_synchronous(db_path: Path, durability: str) -> None:
     with Store(db_path, durability=durability) as store:  # type: ignore[arg-type]
         level = store._connection().pragma("synchronous")
     assert level == {"normal": 1, "full": 2}[durability]
+
+
+def test_unfinished_write_gets_a_clear_readonly_error(tmp_path: Path) -> None:
+    """A hot journal left by a killed writer is explained on a read-only open, and a
+    read-write open rolls it back."""
+    import shutil
+
+    original, crashed = tmp_path / "a.db", tmp_path / "crashed.db"
+    Store(original).close()
+    conn = apsw.Connection(str(original))
+    conn.pragma("journal_mode", "delete")
+    conn.pragma("cache_size", 1)  # spill pages to the file mid-transaction
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("CREATE TABLE junk (x)")
+    conn.executemany("INSERT INTO junk VALUES (?)", [("x" * 500,)] * 2000)
+    for suffix in ("", "-journal"):  # the files as a SIGKILL would leave them
+        shutil.copy(f"{original}{suffix}", f"{crashed}{suffix}")
+    conn.execute("ROLLBACK")
+    with pytest.raises(DurableError, match="unfinished write"):
+        Store(crashed, readonly=True)
+    Store(crashed).close()
+    with Store(crashed, readonly=True) as store:
+        assert store.agents() == []
