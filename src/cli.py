@@ -1,6 +1,8 @@
 """The ``effectful-durable`` command: inspect and repair a database from the shell.
 
-It imports only the store, never effectful's LLM layer or litellm, so it starts fast.
+It imports only the store and the errors, never effectful's LLM layer or litellm, so
+it starts in a fraction of a second. Reads open the file read-only; nothing ever
+creates a database.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import DurableError
@@ -19,83 +21,159 @@ from .store import Store
 from .store.history import message_text
 
 PROG = "effectful-durable"
+_DESCRIPTION = "Inspect and repair an effectful-durable database without loading an LLM."
+
+# Tables fit a 100-column terminal: a cell is cut at 40 characters, and the last
+# column at what is left of the line (at least 40); --json prints everything.
+_LINE_WIDTH = 100
+_CELL_WIDTH = 40
+
+type _Run = Callable[[Store, argparse.Namespace], int]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code (0 ok, 1 error, 2 usage).
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``effectful-durable`` command line.
+
+    Every :class:`~effectful_durable.DurableError` (a file that is not ours, an
+    unknown agent, an agent in use, ...) becomes one line on stderr,
+    ``effectful-durable: error: <message>``, and exit code 1; no traceback.
+
+    Args:
+        argv: The arguments after the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit code: 0 on success, 1 on an error or a failed ``check``, 2 on a
+        usage error (including ``delete`` without ``--yes``), 130 on Ctrl-C.
+
+    Example::
+
+        $ effectful-durable history state.db support-bot --version 3
 
     .. versionadded:: 0.1.0
     """
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as stop:  # --help, or a usage error argparse already printed
+        return stop.code if isinstance(stop.code, int) else 2
     if args.command == "delete" and not args.yes:
-        print(
-            f"{PROG}: error: delete removes every version of {args.agent!r}; "
-            "pass --yes to confirm",
-            file=sys.stderr,
+        return _fail(
+            f"delete removes agent {args.agent!r} with all its versions and messages "
+            "for good; pass --yes to confirm",
+            code=2,
         )
-        return 2
-    if not os.path.exists(args.db):
-        print(f"{PROG}: error: no database at {args.db}", file=sys.stderr)
-        return 1
+    problem = _unusable(args.db)
+    if problem:
+        return _fail(problem)
+    run: _Run = args.run
     try:
         with Store(args.db, readonly=args.command in _READS) as store:
-            return int(args.run(store, args) or 0)
+            return run(store, args)
     except DurableError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 1
+        return _fail(str(error))
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
-        # The reader (`| head`) left: stop quietly, like other Unix tools.
+        # The reader (`| head`) left: stop quietly, like other Unix tools, and keep
+        # Python from failing again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _unusable(path: str) -> str | None:
+    """Why ``path`` cannot be opened without creating or changing it, or None."""
+    if not os.path.exists(path):
+        return f"no database at {path}: the file does not exist (nothing was created)"
+    if os.path.isdir(path):
+        return f"{path} is a directory; pass the path of a database file"
+    if os.path.getsize(path) == 0:
+        return f"{path} is an empty file, not an effectful-durable database yet"
+    return None
+
+
+def _fail(message: str, *, code: int = 1) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
 
 
 # -- reads ----------------------------------------------------------------------
 
 
-def _agents(store: Store, args: argparse.Namespace) -> None:
-    records = store.agents()
-    _show(args, records, ["agent_id", "version", "messages", "updated_at"])
+def _agents(store: Store, args: argparse.Namespace) -> int:
+    columns = ["agent_id", "version", "messages", "created_at", "updated_at"]
+    _show(args, store.agents(), columns)
+    return 0
 
 
-def _history(store: Store, args: argparse.Namespace) -> None:
+def _history(store: Store, args: argparse.Namespace) -> int:
     messages = store.history(args.agent, args.version, include_compacted=args.all)
     if args.json:
         _print_json(messages)
-        return
+        return 0
+    rows = []
     for message in messages:
-        mark = message.get("durable", {})
-        tag = (
-            f" [compacted in v{mark['compacted_in']}]"
-            if "compacted_in" in mark
-            else f" [summary of {mark['summary_of']}]"
-            if "summary_of" in mark
-            else ""
-        )
-        print(f"{message.get('role', '?'):>9}{tag}  {_one_line(message)}")
+        mark = message.get("durable") or {}
+        if "compacted_in" in mark:
+            note = f"[compacted in v{mark['compacted_in']}]"
+        elif "summary_of" in mark:
+            note = f"[summary of {mark['summary_of']}]"
+        else:
+            note = ""
+        rows.append([str(message.get("role", "?")), note, _cell(message_text(message))])
+    _print_rows(rows)
+    return 0
 
 
-def _state(store: Store, args: argparse.Namespace) -> None:
-    _print_json(store.state(args.agent, args.version))
+def _state(store: Store, args: argparse.Namespace) -> int:
+    state = store.state(args.agent, args.version)
+    if args.json:
+        _print_json(state)
+        return 0
+    rows = [["field", "value"]]
+    rows += [[name, _dumps(value)] for name, value in state.items()]
+    _print_rows(rows)
+    return 0
 
 
-def _versions(store: Store, args: argparse.Namespace) -> None:
-    columns = ["version", "kind", "template", "added", "removed", "state_changed", "committed_at"]
+def _versions(store: Store, args: argparse.Namespace) -> int:
+    columns = [
+        "version",
+        "kind",
+        "template",
+        "added",
+        "removed",
+        "state_changed",
+        "committed_at",
+        "detail",
+    ]
     _show(args, store.versions(args.agent), columns)
+    return 0
 
 
-def _handoffs(store: Store, args: argparse.Namespace) -> None:
-    columns = ["agent_id", "status", "template", "base_version", "pid", "started_at", "error"]
+def _handoffs(store: Store, args: argparse.Namespace) -> int:
+    columns = [
+        "agent_id",
+        "status",
+        "template",
+        "base_version",
+        "host",
+        "pid",
+        "started_at",
+        "error",
+    ]
     _show(args, store.handoffs(), columns)
+    return 0
 
 
-def _workflows(store: Store, args: argparse.Namespace) -> None:
-    columns = ["workflow", "steps", "done", "running", "failed", "updated_at"]
+def _workflows(store: Store, args: argparse.Namespace) -> int:
+    columns = ["workflow", "steps", "done", "running", "failed", "started_at", "updated_at"]
     _show(args, store.workflows(), columns)
+    return 0
 
 
-def _steps(store: Store, args: argparse.Namespace) -> None:
-    columns = ["number", "key", "template", "status", "version", "started_at", "finished_at"]
+def _steps(store: Store, args: argparse.Namespace) -> int:
+    columns = ["number", "key", "template", "status", "version", "finished_at", "result"]
     _show(args, store.steps(args.workflow), columns)
+    return 0
 
 
 def _check(store: Store, args: argparse.Namespace) -> int:
@@ -103,118 +181,178 @@ def _check(store: Store, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(facts)
     else:
-        for name, value in facts.items():
-            print(f"{name:>15}  {value}")
-    return 0 if facts["integrity"] == "ok" else 1
+        _print_rows([[name, _cell(value)] for name, value in facts.items()])
+    if facts["integrity"] != "ok":
+        return _fail(f"{store.path} failed PRAGMA integrity_check: {facts['integrity']}")
+    return 0
 
 
-_READS = {"agents", "history", "state", "versions", "handoffs", "workflows", "steps", "check"}
+_READS = frozenset(
+    {"agents", "history", "state", "versions", "handoffs", "workflows", "steps", "check"}
+)
 
 # -- maintenance ------------------------------------------------------------------
 
 
-def _rollback(store: Store, args: argparse.Namespace) -> None:
+def _rollback(store: Store, args: argparse.Namespace) -> int:
     version = store.rollback(args.agent, args.version)
-    print(f"{args.agent}: version {version} now equals version {args.version}")
+    print(f"{args.agent}: version {version} committed, equal to version {args.version}")
+    return 0
 
 
-def _fork(store: Store, args: argparse.Namespace) -> None:
+def _fork(store: Store, args: argparse.Namespace) -> int:
     record = store.fork(args.agent, args.version, args.new_id)
-    print(f"{record.agent_id}: version 1, {record.messages} messages, forked from {args.agent}")
+    detail = store.versions(record.agent_id)[0].detail or {}
+    print(
+        f"{record.agent_id}: version 1 committed, a copy of {args.agent} version "
+        f"{detail.get('version', args.version)} ({record.messages} messages)"
+    )
+    return 0
 
 
-def _delete(store: Store, args: argparse.Namespace) -> None:
+def _delete(store: Store, args: argparse.Namespace) -> int:
     store.delete(args.agent)
     print(f"{args.agent}: deleted")
+    return 0
 
 
-def _reset_workflow(store: Store, args: argparse.Namespace) -> None:
-    rolled_back = store.reset_workflow(args.workflow, args.from_step)
-    agents = ", ".join(rolled_back) or "none"
-    print(f"{args.workflow}: steps {args.from_step} and later forgotten; rolled back: {agents}")
+def _reset_workflow(store: Store, args: argparse.Namespace) -> int:
+    touched = store.reset_workflow(args.workflow, args.from_step)
+    print(f"{args.workflow}: steps {args.from_step} and later forgotten")
+    remaining = {record.agent_id for record in store.agents()}
+    for agent_id in touched:
+        # reset_workflow deletes an agent the workflow itself created (base version 0).
+        done = "rolled back" if agent_id in remaining else "deleted (the workflow created it)"
+        print(f"{agent_id}: {done}")
+    return 0
 
 
 # -- output -----------------------------------------------------------------------
 
 
 def _show(args: argparse.Namespace, records: Sequence[Any], columns: list[str]) -> None:
-    """Print records as JSON, or as a table of ``columns``."""
+    """Print dataclass records as JSON, or as a table of ``columns``."""
     if args.json:
-        _print_json([dataclasses.asdict(r) for r in records])
+        _print_json([dataclasses.asdict(record) for record in records])
         return
-    rows = [[_cell(getattr(r, c)) for c in columns] for r in records]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns)]
-    for row in [columns, *rows]:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    rows = [columns]
+    rows += [[_cell(getattr(record, column)) for column in columns] for record in records]
+    _print_rows(rows)
+
+
+def _print_rows(rows: Sequence[Sequence[str]]) -> None:
+    """Print rows of one-line cells, each column padded to its widest cell.
+
+    Empty columns are left out; long cells are cut to keep lines within _LINE_WIDTH.
+    """
+    if not rows:
+        return
+    cut = [[_shorten(cell, _CELL_WIDTH) for cell in row[:-1]] for row in rows]
+    widths = [max(len(row[i]) for row in cut) for i in range(len(cut[0]))]
+    last = max(_CELL_WIDTH, _LINE_WIDTH - sum(width + 2 for width in widths if width))
+    for row, full in zip(cut, rows, strict=True):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True) if width]
+        print("  ".join([*cells, _shorten(full[-1], last)]).rstrip())
 
 
 def _cell(value: Any) -> str:
+    """``value`` as text on one line: JSON for lists, ``key=value`` pairs for mappings."""
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, datetime):
-        return value.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    return _shorten(str(value), 60)
+        return _utc(value).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    if isinstance(value, Mapping):
+        text = " ".join(f"{key}={_scalar(item)}" for key, item in value.items())
+    elif isinstance(value, list):
+        text = _dumps(value)
+    else:
+        text = str(value)
+    return " ".join(text.split())
 
 
-def _one_line(message: dict[str, Any]) -> str:
-    return _shorten(" ".join(message_text(message).split()), 100)
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else _dumps(value)
 
 
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=_jsonable)
+
+
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+    print(json.dumps(value, indent=2, ensure_ascii=False, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return _utc(value).isoformat()
+    return repr(value)
 
 
 # -- arguments --------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=_DESCRIPTION,
+        epilog="Reads open DB read-only and take --json; no command creates DB.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, run: Callable[..., Any], help: str, *, json: bool = True) -> Any:
+    def command(name: str, run: _Run, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
-        sub.add_argument("db", help="the database file")
-        if json:
+        sub.add_argument("db", metavar="DB", help="the database file")
+        if name in _READS:
             sub.add_argument("--json", action="store_true", help="print JSON")
         sub.set_defaults(run=run)
         return sub
 
+    def agent(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("agent", metavar="AGENT", help="the agent id")
+
+    def at_version(sub: argparse.ArgumentParser, what: str) -> None:
+        sub.add_argument("--version", type=int, metavar="N", help=f"{what} (default: latest)")
+
     command("agents", _agents, "list the agents: version, active messages, last commit")
-    sub = command("history", _history, "print an agent's messages, one per line")
-    sub.add_argument("agent")
-    sub.add_argument("--version", type=int, help="at this version (default: latest)")
-    sub.add_argument("--all", action="store_true", help="include compacted originals")
-    sub = command("state", _state, "print an agent's persisted fields as JSON", json=False)
-    sub.add_argument("agent")
-    sub.add_argument("--version", type=int, help="at this version (default: latest)")
-    command("versions", _versions, "list an agent's versions").add_argument("agent")
+    sub = command("history", _history, "print an agent's messages, one line each")
+    agent(sub)
+    at_version(sub, "as of this version")
+    sub.add_argument(
+        "--all", action="store_true", help="include the originals compaction replaced"
+    )
+    sub = command("state", _state, "print an agent's persisted fields")
+    agent(sub)
+    at_version(sub, "as of this version")
+    agent(command("versions", _versions, "list an agent's committed versions"))
     command("handoffs", _handoffs, "list turns that started and did not commit")
-    command("workflows", _workflows, "list workflow journals and their step counts")
-    command("steps", _steps, "list a workflow's steps").add_argument("workflow")
+    command("workflows", _workflows, "list the workflow journals and their step counts")
+    sub = command("steps", _steps, "list a workflow's journal, step by step")
+    sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
     command("check", _check, "run PRAGMA integrity_check and print quick facts")
 
-    sub = command("rollback", _rollback, "commit a version equal to an older one", json=False)
-    sub.add_argument("agent")
-    sub.add_argument("version", type=int)
-    sub = command("fork", _fork, "copy an agent (at a version) into a new agent", json=False)
-    sub.add_argument("agent")
-    sub.add_argument("new_id")
-    sub.add_argument("--version", type=int, help="the version to copy (default: latest)")
-    sub = command("delete", _delete, "delete an agent and all its versions", json=False)
-    sub.add_argument("agent")
+    sub = command("rollback", _rollback, "commit a new version equal to an older one")
+    agent(sub)
+    sub.add_argument("version", type=int, metavar="VERSION", help="the version to return to")
+    sub = command("fork", _fork, "copy an agent, at a version, into a new agent")
+    agent(sub)
+    sub.add_argument("new_id", metavar="NEW_ID", help="the id of the copy")
+    at_version(sub, "the version to copy")
+    sub = command("delete", _delete, "delete an agent with all its versions, for good")
+    agent(sub)
     sub.add_argument("--yes", action="store_true", help="confirm the deletion")
-    sub = command(
-        "reset-workflow",
-        _reset_workflow,
-        "make a workflow redo its steps from one on",
-        json=False,
+    sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
+    sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
+    sub.add_argument(
+        "--from-step", type=int, default=1, metavar="N", help="first step to redo (default: 1)"
     )
-    sub.add_argument("workflow")
-    sub.add_argument("--from-step", type=int, default=1, help="first step to redo (default 1)")
     return parser

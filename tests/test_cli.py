@@ -1,145 +1,422 @@
-"""The effectful-durable command: every subcommand, its errors, and no litellm."""
+"""The effectful-durable command: every subcommand, its output, its errors, and no litellm."""
 
 import json
+import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from effectful_durable import Store
+from effectful_durable import CompactionHandler, PersistenceHandler, Store
 from effectful_durable.cli import main
-from effectful_durable.testing import FakeLLM
-from tests.helpers import Assistant, persisted
+from effectful_durable.testing import FakeCall, FakeLLM
+from tests.helpers import Assistant, persisted, running
 
 ROOT = Path(__file__).parents[1]
 
+READS = [
+    ["agents"],
+    ["history", "bot"],
+    ["history", "talker", "--all"],
+    ["state", "bot"],
+    ["versions", "bot"],
+    ["handoffs"],
+    ["workflows"],
+    ["steps", "wf"],
+    ["check"],
+]
+
+
+def reply(call: FakeCall) -> str:
+    text = call.last_user_text
+    return "SUMMARY of the chat" if "Summarise the conversation" in text else f"re: {text}"
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database built once: 'bot' at version 2, 'talker' compacted at version 5,
+    'planner' made by a one-step workflow 'wf', and a failed first turn of 'flaky'."""
+    path = tmp_path_factory.mktemp("cli") / "template.db"
+    with persisted(path, FakeLLM(["Paris.", "About two million."])):
+        bot = Assistant(agent_id="bot")
+        bot.ask("What is the capital of France?")
+        bot.turns = 2
+        bot.ask("How many people live there?")
+    persistence = PersistenceHandler(path)
+    try:
+        compaction = CompactionHandler(max_messages=8, keep_recent=3)
+        with running(FakeLLM(respond=reply), compaction, persistence):
+            talker = Assistant(agent_id="talker")
+            for n in range(4):
+                talker.ask(f"question {n}")
+    finally:
+        persistence.close()
+    with persisted(path, FakeLLM(["1. outline 2. draft"]), workflow="wf"):
+        Assistant(agent_id="planner").ask("Plan the weekly report")
+    with persisted(path, FakeLLM([RuntimeError("model down")])), pytest.raises(RuntimeError):
+        Assistant(agent_id="flaky").ask("hello?")
+    return path
+
 
 @pytest.fixture
-def db(db_path: Path) -> str:
-    """A database with agent 'bot' at version 2 and a one-step workflow 'wf'."""
-    with persisted(db_path, FakeLLM(["first answer", "second answer"])):
-        bot = Assistant(agent_id="bot")
-        bot.ask("first question")
-        bot.turns = 2
-        bot.ask("second question")
-    with persisted(db_path, FakeLLM(["planned"]), workflow="wf"):
-        Assistant(agent_id="planner").ask("plan it")
-    return str(db_path)
+def db(template_db: Path, tmp_path: Path) -> str:
+    """A fresh copy of the template database for one test."""
+    copy = tmp_path / "state.db"
+    for suffix in ("", "-wal"):  # the WAL too, should a reader have kept it alive
+        if Path(f"{template_db}{suffix}").exists():
+            shutil.copy(f"{template_db}{suffix}", f"{copy}{suffix}")
+    return str(copy)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the command in this process; return exit code, stdout and stderr."""
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-class TestReads:
-    def test_agents_table_and_json(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """agents prints one row per agent, or JSON records with --json."""
-        code, out, _ = run(capsys, "agents", db)
-        assert code == 0
-        assert out.splitlines()[0].split() == ["agent_id", "version", "messages", "updated_at"]
-        assert out.splitlines()[1].split()[:3] == ["bot", "2", "5"]
-        code, out, _ = run(capsys, "agents", db, "--json")
-        assert [a["agent_id"] for a in json.loads(out)] == ["bot", "planner"]
+def aligned(out: str) -> bool:
+    """Whether every cell of a printed table starts where its column's header does."""
+    lines = out.splitlines()
+    starts = [i for i, c in enumerate(lines[0]) if c != " " and (i == 0 or lines[0][i - 1] == " ")]
+    return all(
+        line[start] != " " and (start == 0 or line[start - 1] == " ")
+        for line in lines[1:]
+        for start in starts
+    )
 
-    def test_history_at_a_version(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """history prints one line per message, at the latest or a given version."""
-        _, out, _ = run(capsys, "history", db, "bot")
-        assert [line.split()[0] for line in out.splitlines()] == [
+
+def table(out: str) -> list[list[str]]:
+    """The whitespace-split cells of each printed line."""
+    return [line.split() for line in out.splitlines()]
+
+
+class TestReads:
+    def test_agents(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """agents prints a header and one aligned row per agent, times in UTC to the second."""
+        code, out, err = run(capsys, "agents", db)
+        assert code == 0 and err == ""
+        rows = table(out)
+        assert rows[0] == ["agent_id", "version", "messages", "created_at", "updated_at"]
+        assert [row[:3] for row in rows[1:]] == [
+            ["bot", "2", "5"],
+            ["planner", "1", "3"],
+            ["talker", "5", "5"],
+        ]
+        assert datetime.fromisoformat(rows[1][4]).microsecond == 0
+        assert rows[1][4].endswith("Z")
+        assert aligned(out)
+
+    def test_history(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """history prints one line per message: role, then its text on one line."""
+        code, out, _ = run(capsys, "history", db, "bot")
+        assert code == 0
+        lines = out.splitlines()
+        assert [line.split()[0] for line in lines] == [
             "system",
             "user",
             "assistant",
             "user",
             "assistant",
         ]
-        assert "second answer" in out
-        _, out, _ = run(capsys, "history", db, "bot", "--version", "1")
-        assert "second" not in out and len(out.splitlines()) == 3
+        assert lines[2].split(maxsplit=1)[1] == "Paris."
+        assert all(len(line) <= 100 for line in lines)
 
-    def test_state_versions_handoffs(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """state prints JSON fields; versions lists versions; handoffs is empty."""
+    def test_history_at_a_version(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """history --version N prints the messages as they were at version N."""
+        _, out, _ = run(capsys, "history", db, "bot", "--version", "1")
+        assert len(out.splitlines()) == 3 and "two million" not in out
+
+    def test_history_all_marks_compaction(
+        self, db: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """history --all adds the compacted originals and marks them and the summary."""
+        _, active, _ = run(capsys, "history", db, "talker")
+        _, everything, _ = run(capsys, "history", db, "talker", "--all")
+        assert "[compacted" not in active and len(active.splitlines()) == 5
+        lines = everything.splitlines()
+        assert len(lines) == 10
+        assert sum(line.split()[1:4] == ["[compacted", "in", "v5]"] for line in lines) == 5
+        [summary] = [line for line in lines if "[summary of 5]" in line]
+        role, text = summary.split("[summary of 5]")
+        assert role.strip() == "user" and text.strip().startswith("Summary of the earlier")
+        assert all(len(line) <= 100 for line in lines)
+
+    def test_state(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """state prints one field per line with its JSON value, at any version."""
+        _, out, _ = run(capsys, "state", db, "bot")
+        rows = {row[0]: " ".join(row[1:]) for row in table(out)[1:]}
+        assert rows["turns"] == "2" and rows["mood"] == '"calm"'
         _, out, _ = run(capsys, "state", db, "bot", "--version", "1")
-        assert json.loads(out)["turns"] == 0
-        _, out, _ = run(capsys, "versions", db, "bot")
-        assert [line.split()[:2] for line in out.splitlines()[1:]] == [
-            ["1", "turn"],
-            ["2", "turn"],
+        assert ["turns", "0"] in table(out)
+
+    def test_versions(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """versions lists kind, template, counts and the compaction's detail."""
+        _, out, _ = run(capsys, "versions", db, "talker")
+        rows = table(out)
+        assert aligned(out)
+        assert rows[0][:6] == ["version", "kind", "template", "added", "removed", "state_changed"]
+        assert [row[:5] for row in rows[1:]] == [
+            ["1", "turn", "ask", "3", "0"],
+            ["2", "turn", "ask", "2", "0"],
+            ["3", "turn", "ask", "2", "0"],
+            ["4", "turn", "ask", "2", "0"],
+            ["5", "compaction", "summarize_context", "1", "5"],
         ]
-        _, out, _ = run(capsys, "handoffs", db, "--json")
-        assert json.loads(out) == []
+        assert out.splitlines()[-1].split()[-1].startswith("summary_id=summary-")
+
+    def test_handoffs(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """handoffs shows the turn that failed, with its error."""
+        _, out, _ = run(capsys, "handoffs", db)
+        [header, row] = out.splitlines()
+        assert header.split()[:3] == ["agent_id", "status", "template"]
+        assert row.split()[:4] == ["flaky", "failed", "ask", "0"]
+        assert "model down" in row
 
     def test_workflows_and_steps(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """workflows counts steps; steps lists them with key and status."""
+        """workflows counts steps by status; steps lists key, status and result."""
         _, out, _ = run(capsys, "workflows", db)
-        assert out.splitlines()[1].split()[:3] == ["wf", "1", "1"]
-        _, out, _ = run(capsys, "steps", db, "wf", "--json")
-        [step] = json.loads(out)
-        assert (step["key"], step["status"], step["result"]) == ("planner#0", "done", "planned")
+        assert table(out)[1][:5] == ["wf", "1", "1", "0", "0"]
+        _, out, _ = run(capsys, "steps", db, "wf")
+        row = table(out)[1]
+        assert row[:5] == ["1", "planner#0", "ask", "done", "1"]
+        assert out.rstrip().endswith("1. outline 2. draft")
 
     def test_check(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """check reports integrity 'ok' and exits 0."""
-        code, out, _ = run(capsys, "check", db, "--json")
-        facts = json.loads(out)
-        assert code == 0 and facts["integrity"] == "ok" and facts["agents"] == 2
+        """check reports integrity ok, the schema, counts and the file size, and exits 0."""
+        code, out, _ = run(capsys, "check", db)
+        facts = dict(table(out))
+        assert code == 0 and facts["integrity"] == "ok"
+        assert (facts["agents"], facts["versions"]) == ("3", "8")
+        assert {"schema", "messages", "bytes"} <= facts.keys()
+
+    def test_check_failure_exits_1(
+        self, db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """check exits 1 and says why when the integrity check finds damage."""
+        damaged: dict[str, Any] = {"integrity": "*** in database main ***", "schema": 1}
+        monkeypatch.setattr(Store, "check", lambda self: damaged)
+        code, _, err = run(capsys, "check", db)
+        assert code == 1 and "failed PRAGMA integrity_check" in err
+
+    def test_reads_change_nothing(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """Every read command leaves the database file byte for byte as it was."""
+        before = Path(db).read_bytes()
+        for argv in READS:
+            assert run(capsys, argv[0], db, *argv[1:])[0] == 0, argv
+        assert Path(db).read_bytes() == before
+
+
+class TestJson:
+    @pytest.mark.parametrize("argv", READS, ids=[" ".join(argv) for argv in READS])
+    def test_every_read_prints_json(
+        self, db: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+    ) -> None:
+        """Every read command takes --json and prints one JSON document."""
+        code, out, _ = run(capsys, argv[0], db, *argv[1:], "--json")
+        assert code == 0
+        json.loads(out)
+
+    def test_records_and_times(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """Records print as objects with their fields, and datetimes as ISO strings in UTC."""
+        _, out, _ = run(capsys, "agents", db, "--json")
+        agents = json.loads(out)
+        assert [a["agent_id"] for a in agents] == ["bot", "planner", "talker"]
+        assert set(agents[0]) == {"agent_id", "version", "messages", "created_at", "updated_at"}
+        assert datetime.fromisoformat(agents[0]["updated_at"]).utcoffset() is not None
+        _, out, _ = run(capsys, "steps", db, "wf", "--json")
+        [step] = json.loads(out)
+        assert step["key"] == "planner#0" and step["result"] == "1. outline 2. draft"
+
+    def test_history_and_state(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """history --json prints the messages themselves; state --json the fields."""
+        _, out, _ = run(capsys, "history", db, "talker", "--all", "--json")
+        marks = [m.get("durable") for m in json.loads(out)]
+        assert marks.count({"compacted_in": 5}) == 5 and {"summary_of": 5} in marks
+        _, out, _ = run(capsys, "state", db, "bot", "--json")
+        assert json.loads(out)["notes"] == []
 
 
 class TestMaintenance:
-    def test_rollback_fork_delete(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """rollback, fork and delete change the database as Store would."""
-        assert run(capsys, "rollback", db, "bot", "1")[0] == 0
-        assert len(Store(db).history("bot")) == 3
-        code, out, _ = run(capsys, "fork", db, "bot", "twin", "--version", "2")
-        assert code == 0 and "twin: version 1, 5 messages" in out
-        assert run(capsys, "delete", db, "twin", "--yes")[0] == 0
-        assert [a.agent_id for a in Store(db).agents()] == ["bot", "planner"]
+    def test_rollback(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """rollback commits a new version equal to the old one and says so."""
+        code, out, _ = run(capsys, "rollback", db, "bot", "1")
+        assert code == 0 and out == "bot: version 3 committed, equal to version 1\n"
+        with Store(db, readonly=True) as store:
+            assert len(store.history("bot")) == 3
+            assert store.state("bot")["turns"] == 0
+        _, out, _ = run(capsys, "versions", db, "bot")
+        assert table(out)[-1][:2] == ["3", "rollback"] and table(out)[-1][-1] == "to=1"
+
+    def test_fork(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """fork copies an agent at a version, latest by default, into a new agent."""
+        code, out, _ = run(capsys, "fork", db, "bot", "twin")
+        assert code == 0
+        assert out == "twin: version 1 committed, a copy of bot version 2 (5 messages)\n"
+        _, out, _ = run(capsys, "fork", db, "bot", "early", "--version", "1")
+        assert out == "early: version 1 committed, a copy of bot version 1 (3 messages)\n"
+        with Store(db, readonly=True) as store:
+            assert store.history("twin") == store.history("bot")
+        _, out, _ = run(capsys, "versions", db, "early")
+        assert out.splitlines()[-1].endswith("from=bot version=1")
+
+    def test_delete(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """delete --yes removes the agent."""
+        code, out, _ = run(capsys, "delete", db, "bot", "--yes")
+        assert code == 0 and out == "bot: deleted\n"
+        with Store(db, readonly=True) as store:
+            assert [a.agent_id for a in store.agents()] == ["planner", "talker"]
 
     def test_delete_needs_yes(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """delete without --yes refuses with exit 2 and deletes nothing."""
-        code, _, err = run(capsys, "delete", db, "bot")
-        assert code == 2 and "--yes" in err
-        assert len(Store(db).agents()) == 2
+        """delete without --yes refuses with exit 2, a clear message, and no change."""
+        before = Path(db).read_bytes()
+        code, out, err = run(capsys, "delete", db, "bot")
+        assert code == 2 and out == ""
+        assert err.startswith("effectful-durable: error: delete removes agent 'bot'")
+        assert "--yes" in err
+        assert Path(db).read_bytes() == before
 
     def test_reset_workflow(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """reset-workflow forgets steps and names the agents it rolled back."""
+        """reset-workflow forgets the steps and removes the agent the workflow created."""
         code, out, _ = run(capsys, "reset-workflow", db, "wf")
-        assert code == 0 and "rolled back: planner" in out
-        assert Store(db).workflows() == []
+        assert code == 0
+        assert out.splitlines() == [
+            "wf: steps 1 and later forgotten",
+            "planner: deleted (the workflow created it)",
+        ]
+        with Store(db, readonly=True) as store:
+            assert store.workflows() == []
+
+    def test_reset_workflow_from_a_later_step(
+        self, db: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """reset-workflow --from-step past the last step touches no agent."""
+        code, out, _ = run(capsys, "reset-workflow", db, "wf", "--from-step", "2")
+        assert code == 0 and out == "wf: steps 2 and later forgotten\n"
+        with Store(db, readonly=True) as store:
+            assert len(store.steps("wf")) == 1
 
 
 class TestErrors:
     def test_garbage_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        """A file that is not a database is an error, and stays unchanged."""
+        """A file that is not a database is an error; it stays unchanged, nothing beside it."""
         garbage = tmp_path / "notes.txt"
-        garbage.write_text("not a database\n" * 100)
-        code, _, err = run(capsys, "agents", str(garbage))
-        assert code == 1 and "is not an effectful-durable database" in err
-        assert garbage.read_text() == "not a database\n" * 100
+        content = b"not a database\n" * 100
+        garbage.write_bytes(content)
+        for argv in (["agents"], ["check"], ["rollback", "bot", "1"]):
+            code, out, err = run(capsys, argv[0], str(garbage), *argv[1:])
+            assert code == 1 and out == ""
+            assert err.startswith("effectful-durable: error: ")
+            assert "is not an effectful-durable database" in err
+        assert garbage.read_bytes() == content
+        assert list(tmp_path.iterdir()) == [garbage]
 
+    @pytest.mark.parametrize(
+        "command", [["agents"], ["fork", "bot", "twin"]], ids=["read", "write"]
+    )
     def test_missing_file_is_not_created(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
     ) -> None:
-        """A read of a missing file says so and creates nothing."""
-        code, _, err = run(capsys, "agents", str(tmp_path / "missing.db"))
-        assert code == 1 and "no database at" in err
+        """A missing database file is an error that says so, and nothing is created."""
+        code, _, err = run(capsys, command[0], str(tmp_path / "missing.db"), *command[1:])
+        assert code == 1
+        assert err == (
+            f"effectful-durable: error: no database at {tmp_path / 'missing.db'}: "
+            "the file does not exist (nothing was created)\n"
+        )
         assert list(tmp_path.iterdir()) == []
 
-    def test_unknown_agent(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """An unknown agent is a one-line error, not a traceback."""
-        code, _, err = run(capsys, "versions", db, "nobody")
-        assert code == 1 and err.startswith("effectful-durable: error: no agent 'nobody'")
+    def test_directory_and_empty_file(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A directory or an empty file is a one-line error, and stays as it was."""
+        code, _, err = run(capsys, "agents", str(tmp_path))
+        assert code == 1 and "is a directory" in err
+        empty = tmp_path / "empty.db"
+        empty.touch()
+        code, _, err = run(capsys, "rollback", str(empty), "bot", "1")
+        assert code == 1 and "is an empty file" in err
+        assert empty.stat().st_size == 0 and list(tmp_path.iterdir()) == [empty]
 
-
-def test_command_never_imports_litellm(db: str) -> None:
-    """python -m effectful_durable runs without loading litellm."""
-    script = (
-        "import runpy, sys; sys.argv = ['effectful-durable', 'agents', sys.argv[1]]\n"
-        "try:\n    runpy.run_module('effectful_durable', run_name='__main__')\n"
-        "except SystemExit as exit:\n    assert exit.code == 0, exit.code\n"
-        "print('litellm' in sys.modules)"
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (["versions", "nobody"], "no agent 'nobody'"),
+            (["history", "bot", "--version", "9"], "agent 'bot' has no version 9"),
+            (["rollback", "bot", "7"], "agent 'bot' has no version 7"),
+            (["steps", "nope"], "no workflow 'nope'"),
+            (["fork", "bot", "talker"], "cannot fork into 'talker'"),
+            (["fork", "bot", ""], "invalid agent_id ''"),
+            (["delete", "nobody", "--yes"], "no agent 'nobody'"),
+        ],
+        ids=["agent", "version", "rollback", "workflow", "fork-exists", "fork-invalid", "delete"],
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, db], capture_output=True, text=True, check=True, cwd=ROOT
-    ).stdout
-    assert out.splitlines()[-1] == "False"
+    def test_not_found(
+        self, db: str, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    ) -> None:
+        """A DurableError is one line on stderr and exit code 1, not a traceback."""
+        code, out, err = run(capsys, argv[0], db, *argv[1:])
+        assert code == 1 and out == ""
+        assert err.startswith(f"effectful-durable: error: {message}")
+        assert len(err.splitlines()) == 1
+
+    def test_agent_in_use(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """A repair of an agent whose turn is running fails with AgentInUseError's message."""
+        with Store(db) as store, store.agent_lock("bot"):
+            code, _, err = run(capsys, "rollback", db, "bot", "1")
+        assert code == 1 and "agent 'bot' is in use" in err
+
+    @pytest.mark.parametrize(
+        "argv",
+        [[], ["history"], ["rollback", "x.db", "bot", "one"], ["bogus", "x.db"]],
+        ids=["nothing", "no-db", "bad-int", "unknown-command"],
+    )
+    def test_usage_errors_return_2(
+        self, capsys: pytest.CaptureFixture[str], argv: list[str]
+    ) -> None:
+        """A usage error prints argparse's message and returns 2 instead of exiting."""
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "usage: effectful-durable" in err
+
+    def test_help_returns_0(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--help lists every subcommand and returns 0."""
+        code, out, _ = run(capsys, "--help")
+        assert code == 0
+        for command in ("agents", "history", "check", "rollback", "fork", "reset-workflow"):
+            assert command in out
+
+
+class TestImports:
+    def test_command_never_imports_litellm(self, db: str) -> None:
+        """python -m effectful_durable runs without loading litellm or effectful's LLM layer."""
+        script = (
+            "import runpy, sys\n"
+            "sys.argv = ['effectful-durable', 'agents', sys.argv[1]]\n"
+            "try:\n"
+            "    runpy.run_module('effectful_durable', run_name='__main__')\n"
+            "except SystemExit as exit:\n"
+            "    assert exit.code == 0, exit.code\n"
+            "loaded = [m for m in sys.modules if m.startswith('litellm')\n"
+            "          or m == 'effectful.handlers.llm.completions']\n"
+            "print('loaded:', loaded)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script, db], capture_output=True, text=True, cwd=ROOT
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0].split()[:3] == ["agent_id", "version", "messages"]
+        assert result.stdout.splitlines()[-1] == "loaded: []"
+
+    def test_console_script(self, db: str) -> None:
+        """The installed effectful-durable script runs main and passes on its exit code."""
+        script = Path(sys.executable).parent / "effectful-durable"
+        if not script.exists():
+            pytest.skip("the console script is not installed in this environment")
+        ok = subprocess.run([script, "agents", db], capture_output=True, text=True)
+        assert ok.returncode == 0 and "planner" in ok.stdout
+        missing = subprocess.run([script, "state", db, "nobody"], capture_output=True, text=True)
+        assert missing.returncode == 1
+        assert missing.stderr.startswith("effectful-durable: error: no agent 'nobody'")

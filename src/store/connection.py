@@ -70,6 +70,9 @@ def connect(
             )
             raise DurableError(msg) from e
         if readonly:
+            if version == 0:
+                msg = f"{path} is empty: it holds no effectful-durable database yet"
+                raise DurableError(msg)
             if version < SCHEMA_VERSION:
                 msg = (
                     f"{path} uses schema {version}; open it once read-write to "
@@ -107,6 +110,9 @@ def write_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
 
 
 def _open(path: str, readonly: bool) -> apsw.Connection:
+    if os.path.isdir(path):
+        msg = f"cannot open database {path}: it is a directory. Pass the path of a file."
+        raise DurableError(msg)
     flags = (
         apsw.SQLITE_OPEN_READONLY
         if readonly
@@ -115,8 +121,7 @@ def _open(path: str, readonly: bool) -> apsw.Connection:
     try:
         return apsw.Connection(path, flags=flags)
     except apsw.CantOpenError as e:
-        reason = "it is a directory" if os.path.isdir(path) else str(e)
-        msg = f"cannot open database {path}: {reason}. Pass the path of a file."
+        msg = f"cannot open database {path}: {e}. Pass the path of a file you may read."
         raise DurableError(msg) from e
 
 
