@@ -4,6 +4,9 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,3 +134,15 @@ def texts(messages: list[dict[str, Any]]) -> list[str]:
             content = "".join(block.get("text", "") for block in content)
         out.append(f"{message['role']}:{content or ''}")
     return out
+
+
+def in_new_process(script: str) -> str:
+    """Run ``script`` in a fresh interpreter at the repository root; return its stdout."""
+    prelude = "import os\nos.environ['LITELLM_LOCAL_MODEL_COST_MAP'] = 'True'\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[1],
+    ).stdout

@@ -17,7 +17,7 @@ from effectful_durable import (
 )
 from effectful_durable.handlers.compaction import approximate_tokens, valid_cut
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, PlainBot, running, texts
+from tests.helpers import Assistant, PlainBot, in_new_process, running, texts
 
 
 @dataclasses.dataclass
@@ -307,17 +307,10 @@ def test_compaction_keeps_any_conversation_valid(
 
 def test_compacted_context_loads_in_a_new_process(db_path: Path) -> None:
     """A fresh interpreter loads [system, summary, recent] and never calls the summariser."""
-    import subprocess
-    import sys
-    import textwrap
-
     model = Model()
     with running(model.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3))):
         ask_many(Assistant(agent_id="bot"), 4)
-    script = textwrap.dedent(
-        f"""
-        import os
-        os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    script = f"""
         from effectful_durable import CompactionHandler, PersistenceHandler
         from effectful_durable.testing import FakeLLM
         from tests.helpers import Assistant, running, texts
@@ -328,12 +321,5 @@ def test_compacted_context_loads_in_a_new_process(db_path: Path) -> None:
         sent = texts(llm.calls[0].messages)
         print(llm.call_count, len(sent), "SUMMARY 1" in sent[1])
         """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).parents[2],
-    ).stdout
+    out = in_new_process(script)
     assert out.split() == ["1", "6", "True"]  # system, summary, 3 kept, the new question

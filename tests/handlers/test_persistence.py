@@ -2,9 +2,6 @@
 
 import dataclasses
 import datetime
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,6 +23,7 @@ from tests.helpers import (
     Mood,
     PlainBot,
     Preferences,
+    in_new_process,
     persisted,
     persisted_rows,
     running,
@@ -56,24 +54,14 @@ class TestRestore:
         with persisted(db_path, FakeLLM(["remembered"])):
             bot = Assistant(agent_id="bot", notes=["keep me"])
             bot.ask("hello")
-        script = textwrap.dedent(
-            f"""
-            import os
-            os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+        script = f"""
             from effectful_durable.testing import FakeLLM
             from tests.helpers import Assistant, persisted, texts
             with persisted({str(db_path)!r}, FakeLLM(["again"])) as p:
                 bot = Assistant(agent_id="bot")
                 print(p.load(bot), bot.notes, texts(list(bot.__history__.values()))[-1])
             """
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parents[2],
-        ).stdout
+        out = in_new_process(script)
         assert out.strip() == "1 ['keep me'] assistant:remembered"
 
     def test_typed_fields_round_trip(self, db_path: Path) -> None:
