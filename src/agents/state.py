@@ -33,11 +33,6 @@ def ephemeral(**field_options: Any) -> Any:
     return dataclasses.field(metadata=metadata, **field_options)
 
 
-def persisted_fields(cls: type) -> dict[str, Any]:
-    """The persisted fields of an agent class and their annotated types."""
-    return dict(_field_types(cls))
-
-
 _FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
