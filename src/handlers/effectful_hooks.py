@@ -53,32 +53,32 @@ def keep_own_history() -> Interpretation:
     return {_get_history: no_active_history}
 
 
-def system_note(note: str, applies: Callable[[], bool]) -> Interpretation:
-    """Append ``note`` to the system message of every model request while ``applies()``.
+def system_notes(notes: Callable[[], Sequence[str]]) -> Interpretation:
+    """Append ``notes()`` to the system message of every model request.
 
-    The note reaches the model without entering the agent's history.
+    The notes reach the model without entering the agent's history; they are
+    asked for anew at each request, so they can follow what the turn changes.
     """
     from effectful.handlers.llm.completions import completion
     from effectful.ops.semantics import fwd
 
-    def with_note(*args: Any, **kwargs: Any) -> Any:
+    def with_notes(*args: Any, **kwargs: Any) -> Any:
         messages = kwargs.get("messages")
-        if messages is None or not applies():
+        texts = notes() if messages is not None else ()
+        if not texts:
             return fwd()
-        return fwd(*args, **{**kwargs, "messages": _add_note(list(messages), note)})
+        return fwd(*args, **{**kwargs, "messages": _add_notes(list(messages), texts)})
 
-    return {completion: with_note}
+    return {completion: with_notes}
 
 
-def _add_note(messages: list[Any], note: str) -> list[Any]:
-    block = {"type": "text", "text": note}
+def _add_notes(messages: list[Any], notes: Sequence[str]) -> list[Any]:
+    blocks = [{"type": "text", "text": note} for note in notes]
     if messages and messages[0].get("role") == "system":
         system = messages[0]
         content = system.get("content")
-        blocks = (
-            [*content, block]
-            if isinstance(content, list)
-            else [{"type": "text", "text": str(content or "")}, block]
+        before = (
+            content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
         )
-        return [{**system, "content": blocks}, *messages[1:]]
-    return [{"role": "system", "content": [block]}, *messages]
+        return [{**system, "content": [*before, *blocks]}, *messages[1:]]
+    return [{"role": "system", "content": blocks}, *messages]

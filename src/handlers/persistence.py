@@ -22,7 +22,8 @@ from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import ActiveHistory, plan_change
 from ..store.ids import validate_agent_id
-from .effectful_hooks import bound_agent, keep_own_history, set_history, system_note
+from ..store.parts import TurnWrite
+from .effectful_hooks import bound_agent, keep_own_history, set_history, system_notes
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
 
@@ -48,6 +49,9 @@ class _Turn:
     uncommitted_state: str | None = None
     compacted: Compacted | None = None
     step_number: int | None = None
+    # What the turn staged besides messages and fields, by part ("memory", ...);
+    # committed in the turn's transaction, dropped with the turn if it fails.
+    staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
 class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
@@ -186,7 +190,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         if not isinstance(agent, PersistentAgent):
             fwd()
             return None
-        turn = next((t for t in self._turns() if t.agent is agent), None)
+        turn = self._turn_of(agent)
         if turn is not None:
             turn.compacted = compacted  # committed with the turn, as the next version
             return None
@@ -210,6 +214,10 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         if not isinstance(agent, PersistentAgent):
             return fwd()  # type: ignore[no-any-return]
         return self.store.search_compacted(agent.agent_id, query, limit)
+
+    def _turn_of(self, agent: PersistentAgent) -> _Turn | None:
+        """The turn of ``agent`` running in this thread, if any."""
+        return next((turn for turn in self._turns() if turn.agent is agent), None)
 
     def _turns(self) -> list[_Turn]:
         turns: list[_Turn] | None = getattr(self._local, "turns", None)
@@ -252,12 +260,16 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         return committed
 
     def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
-        """Keep nested agents' messages; tell the model about an unfinished turn."""
+        """Keep nested agents' messages; add the turn's notes to its system message."""
         interpretation = dict(keep_own_history())
-        if turn.earlier is not None:
-            note = _handoff_note(turn.earlier)
-            interpretation.update(system_note(note, lambda: self._turns()[-1] is turn))
+        interpretation.update(
+            system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
+        )
         return interpretation
+
+    def _system_notes(self, turn: _Turn) -> list[str]:
+        """What the model is told each request of ``turn``, outside its history."""
+        return [_handoff_note(turn.earlier)] if turn.earlier is not None else []
 
     def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
         committed = turn.committed
@@ -284,6 +296,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             step=step,
             result=result_json,
             compaction=compaction,
+            writes=list(turn.staged.values()),
         )
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 
 APPLICATION_ID = 0x45464455  # "EFDU": PRAGMA application_id of every file we create
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _V1 = """
 CREATE TABLE agents (
@@ -89,7 +89,16 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# Schema 2 adds what an agent keeps besides messages and fields. One section per
+# part, in the order of schema.sql.
+_V2_MEMORY = """
+"""
+_V2_WORKSPACE = """
+"""
+_V2_ALARMS = """
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS)
 
 
 def schema_sql() -> str:

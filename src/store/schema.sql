@@ -1,4 +1,4 @@
--- effectful-durable database schema, version 1.
+-- effectful-durable database schema, version 2.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
@@ -111,3 +111,9 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
     text, agent_id UNINDEXED, position UNINDEXED, version UNINDEXED,
     tokenize = 'porter unicode61'
 );
+
+-- == Memory: the keys an agent decided to keep (StateTools) ==
+
+-- == SQL workspace: the agent's own tables (SQLTools) ==
+
+-- == Alarms: scheduled actions of agents (AlarmTools, AgentRunner) ==

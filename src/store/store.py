@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +25,7 @@ from .connection import Durability, connect, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
+from .parts import TurnWrite, VersionedPart
 from .records import (
     AgentRecord,
     Compaction,
@@ -37,6 +38,10 @@ from .records import (
 )
 
 _HOST = socket.gethostname()
+
+# Every part of an agent's record besides messages and fields: rollback and fork
+# carry each of them (see parts.py).
+_PARTS: tuple[VersionedPart, ...] = ()
 
 
 class Store:
@@ -300,6 +305,8 @@ class Store:
                 removed=removed,
                 detail={"to": version},
             )
+            for part in _PARTS:
+                part.rollback(conn, agent_id, version, new)
             conn.execute(
                 "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ?",
                 (new, time.time(), agent_id),
@@ -345,6 +352,8 @@ class Store:
                 removed=0,
                 detail={"from": agent_id, "version": version},
             )
+            for part in _PARTS:
+                part.fork(conn, agent_id, version, new_agent_id)
         return next(a for a in self.agents() if a.agent_id == new_agent_id)
 
     def delete(self, agent_id: str) -> None:
@@ -359,6 +368,8 @@ class Store:
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
                 raise NotFoundError(_no_agent(agent_id, self.path))
+            for part in _PARTS:
+                part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
             conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
 
@@ -581,6 +592,7 @@ class Store:
         step: tuple[str, str] | None = None,
         result: str | None = None,
         compaction: Compaction | None = None,
+        writes: Sequence[TurnWrite] = (),
     ) -> int:
         """Commit one turn in one transaction and clear its handoff.
 
@@ -595,6 +607,8 @@ class Store:
             result: The step's result as JSON.
             compaction: A compaction made at the end of the turn; it becomes the
                 next version, in the same transaction.
+            writes: What the turn staged besides messages and fields (memory, SQL,
+                alarms), applied as part of the turn's version.
 
         Returns:
             The last new version.
@@ -616,6 +630,8 @@ class Store:
                 state=state,
                 detail=detail,
             )
+            for write in writes:
+                write.write(conn, agent_id, new)
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if step is not None:
                 conn.execute(
