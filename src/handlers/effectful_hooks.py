@@ -77,8 +77,7 @@ def _add_notes(messages: list[Any], notes: Sequence[str]) -> list[Any]:
     if messages and messages[0].get("role") == "system":
         system = messages[0]
         content = system.get("content")
-        before = (
-            content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
-        )
-        return [{**system, "content": [*before, *blocks]}, *messages[1:]]
+        if not isinstance(content, list):
+            content = [{"type": "text", "text": str(content or "")}]
+        return [{**system, "content": [*content, *blocks]}, *messages[1:]]
     return [{"role": "system", "content": blocks}, *messages]
