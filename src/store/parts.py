@@ -29,9 +29,7 @@ class VersionedPart(Protocol):
     ) -> None:
         """Make ``new_version`` hold what ``to_version`` held."""
 
-    def fork(
-        self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str
-    ) -> None:
+    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
         """Give ``new_agent_id`` (at version 1) what ``agent_id`` held at ``version``."""
 
     def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
