@@ -64,7 +64,9 @@ def system_notes(notes: Callable[[], Sequence[str]]) -> Interpretation:
 
     def with_notes(*args: Any, **kwargs: Any) -> Any:
         messages = kwargs.get("messages")
-        texts = notes() if messages is not None else ()
+        if messages is None:
+            return fwd()
+        texts = notes()
         if not texts:
             return fwd()
         return fwd(*args, **{**kwargs, "messages": _add_notes(list(messages), texts)})
