@@ -14,7 +14,7 @@ from effectful.ops.semantics import fwd
 from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 
-from ..agents.persistent import history_messages
+from ..agents.history import history_messages
 from ..store.history import message_text
 from .effectful_hooks import bound_agent, set_history
 from .effects import Compacted, history_compacted

@@ -15,15 +15,22 @@ from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 
-from ..agents.persistent import PersistentAgent, history_messages
+from ..agents.history import History, history_messages
+from ..agents.persistent import PersistentAgent
 from ..agents.state import dump_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
-from ..store.history import ActiveHistory, plan_change
+from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
 from ..store.ids import validate_agent_id
 from ..store.parts import TurnWrite
-from .effectful_hooks import bound_agent, keep_own_history, set_history, system_notes
+from .effectful_hooks import (
+    bound_agent,
+    keep_own_history,
+    set_history,
+    system_notes,
+    with_prompt_cache_hints,
+)
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
 
@@ -253,6 +260,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         loaded = self.store.load_agent(agent.agent_id)
         committed = _Committed(self._database, loaded.version, loaded.history, loaded.state)
         if loaded.version or not keep_memory:
+            loaded.history.messages[:] = with_prompt_cache_hints(loaded.history.messages)
             set_history(agent, loaded.history.messages)
             if loaded.state is not None:
                 restore_state(agent, loaded.state)
@@ -281,7 +289,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             result_json = self.journal.encode(turn.step, result)
         compaction = None
         if turn.compacted is None:
-            change, history = plan_change(committed.history, history_messages(agent.__history__))
+            change, history = _plan(committed.history, agent.__history__)
         else:
             change, history = plan_change(committed.history, turn.compacted.before)
             compaction, history = _compaction(history, agent, turn.compacted)
@@ -298,6 +306,8 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             compaction=compaction,
             writes=list(turn.staged.values()),
         )
+        if history is committed.history:
+            history.extend(change)  # a logged plan: true now that it is committed
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)
         if self.journal is not None and turn.step is not None:
@@ -315,6 +325,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 set_history(agent, turn.uncommitted_history)
                 if turn.uncommitted_state is not None:
                     restore_state(agent, turn.uncommitted_state)
+            _set_committed(agent, committed)
         self._record_failure(agent, turn, error)
 
     def _record_failure(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
@@ -341,13 +352,31 @@ def _compaction(
     return compaction, after
 
 
+def _plan(committed: ActiveHistory, history: Any) -> tuple[HistoryChange, ActiveHistory]:
+    """The turn's change, from the history's log when it has one, else by comparison.
+
+    A logged change comes back with ``committed`` itself as the history after it:
+    apply it with ``committed.extend(change)`` once the commit has succeeded.
+    """
+    changes = history.changes() if isinstance(history, History) else None
+    if changes is not None:
+        change = plan_logged(committed, history, changes.appended, changes.replaced)
+        if change is not None:
+            return change, committed
+    return plan_change(committed, history_messages(history))
+
+
 def _committed(agent: PersistentAgent) -> _Committed | None:
     committed: _Committed | None = agent.__dict__.get("__durable__")
     return committed
 
 
 def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
+    """Record that ``agent`` in memory is at ``committed``; its history logs from here."""
     agent.__dict__["__durable__"] = committed
+    history = agent.__history__
+    if isinstance(history, History):
+        history.mark_committed()
 
 
 def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
