@@ -182,7 +182,8 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             self._begin(agent, turn, arguments)
             self._turns().append(turn)
             try:
-                with handler(self._turn_interpretation(turn)):
+                interpretation = self._turn_interpretation(turn)
+                with handler(interpretation) if interpretation else contextlib.nullcontext():
                     result = fwd()
                 self._commit(agent, turn, result)
             except BaseException as error:
@@ -268,11 +269,15 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         return committed
 
     def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
-        """Keep nested agents' messages; add the turn's notes to its system message."""
+        """Keep nested agents' messages; add the turn's notes to its system message.
+
+        Only what the turn needs: a turn with no notes when it starts gets none.
+        """
         interpretation = dict(keep_own_history())
-        interpretation.update(
-            system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
-        )
+        if self._system_notes(turn):
+            interpretation.update(
+                system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
+            )
         return interpretation
 
     def _system_notes(self, turn: _Turn) -> list[str]:
