@@ -24,7 +24,7 @@ def msg(key: str, text: str = "", role: str = "user") -> dict[str, Any]:
 
 class TestLog:
     def test_copy_written_back_logs_appends_and_replacements(self) -> None:
-        """A copy edited and written back as effectful does logs exactly its appends and replacements."""
+        """A copy edited and written back, as effectful does, logs its appends and replacements."""
         history = History((k, msg(k)) for k in "abc")
         history.mark_committed()
         draft = history.copy()
@@ -138,7 +138,7 @@ def plain(messages: Any) -> list[Any]:
 def test_random_edits_anywhere_are_recorded_exactly(
     tmp_path: Path, seed: int, plan: list[tuple[int, int]]
 ) -> None:
-    """Random edits anywhere in a long history, during turns and between them, reach the database exactly."""
+    """Random edits anywhere in a long history, in turns and between them, reach the disk."""
     db = tmp_path / f"edits-{seed}.db"
     db.unlink(missing_ok=True)
     rng = random.Random(seed)
