@@ -70,8 +70,9 @@ class History(OrderedDict[str, Any]):
         return self._changes
 
     def copy(self) -> History:
-        draft = _Filling(self)
-        draft.__class__ = _LoggingCopy
+        filled: Any = _Filling(self)
+        filled.__class__ = _LoggingCopy
+        draft: _LoggingCopy = filled
         draft.origin, draft.generation, draft.log = self, self._generation, Changes()
         draft.reordered = self.reordered
         return draft
@@ -95,7 +96,7 @@ class History(OrderedDict[str, Any]):
         self._fill(other, kwargs)
         self.reordered = self.reordered or getattr(other, "reordered", False)
         if adopt:
-            before.merge(other.log)  # type: ignore[union-attr, arg-type]  # checked above
+            before.merge(other.log)  # type: ignore[union-attr]  # checked above
             self._touch(before)
         else:
             self._touch(None)
@@ -135,12 +136,12 @@ class History(OrderedDict[str, Any]):
 
     def _fill(self, other: Any, kwargs: dict[str, Any]) -> None:
         """``OrderedDict.update`` at C speed, bypassing our ``__setitem__``."""
-        cls = self.__class__
-        self.__class__ = _Filling
+        this: Any = self
+        cls, this.__class__ = this.__class__, _Filling
         try:
-            OrderedDict.update(self, other, **kwargs)
+            OrderedDict.update(this, other, **kwargs)
         finally:
-            self.__class__ = cls
+            this.__class__ = cls
 
 
 class _Filling(OrderedDict[str, Any]):

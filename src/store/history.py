@@ -11,6 +11,7 @@ prefix found by C-speed list comparisons.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,7 +99,7 @@ def plan_change(old: ActiveHistory, new: Sequence[Message]) -> tuple[HistoryChan
 
 def plan_logged(
     old: ActiveHistory,
-    current: Mapping[str, Message],
+    current: OrderedDict[str, Message],
     appended: Sequence[str],
     replaced: Sequence[str],
 ) -> HistoryChange | None:
@@ -110,7 +111,7 @@ def plan_logged(
     """
     if len(current) != len(old.messages) + len(appended):
         return None
-    if appended and next(reversed(current)) != appended[-1]:  # type: ignore[call-overload]
+    if appended and next(reversed(current)) != appended[-1]:
         return None
     swapped = []
     for key in replaced:
