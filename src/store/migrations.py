@@ -89,8 +89,10 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 );
 """
 
-# Schema 2 adds what an agent keeps besides messages and fields. One section per
-# part, in the order of schema.sql.
+# Schema 2 adds conversations (several histories per agent), then what an agent
+# keeps besides messages and fields. One section per part, in schema.sql's order.
+_V2_CONVERSATIONS = """
+"""
 _V2_MEMORY = """
 """
 _V2_WORKSPACE = """
@@ -98,7 +100,10 @@ _V2_WORKSPACE = """
 _V2_ALARMS = """
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS)
+MIGRATIONS: tuple[str, ...] = (
+    _V1,
+    _V2_CONVERSATIONS + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
+)
 
 
 def schema_sql() -> str:

@@ -112,6 +112,8 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
     tokenize = 'porter unicode61'
 );
 
+-- == Conversations: the histories of one agent ==
+
 -- == Memory: the keys an agent decided to keep (StateTools) ==
 
 -- == SQL workspace: the agent's own tables (SQLTools) ==
