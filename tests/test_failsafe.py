@@ -37,7 +37,7 @@ class TestQuarantine:
     def test_garbage_file_is_moved_aside_with_a_warning(
         self, db_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """The file keeps its bytes under a new name, the warning names it, a new database starts."""
+        """The file keeps its bytes under a new name, a warning names it, a new database starts."""
         db_path.write_bytes(b"not a database at all" * 100)
         with Store(db_path, on_unreadable="quarantine") as store:
             assert store.agents() == []
@@ -136,7 +136,7 @@ class TestInvalidState:
             bot.ask("hi")
 
     def test_default_is_a_clear_error(self, db_path: Path) -> None:
-        """By default, loading the changed class raises StateSerializationError naming the field."""
+        """By default, loading the changed class raises StateSerializationError for the field."""
         self.written_by_v1(db_path)
         with persisted(db_path, FakeLLM(respond=echo)) as persistence:
             with pytest.raises(StateSerializationError, match=r"due"):
@@ -145,7 +145,7 @@ class TestInvalidState:
     def test_invalid_field_takes_its_default_and_the_old_value_stays(
         self, db_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """With on_invalid_state="default" the field defaults, others load, and history keeps the old value."""
+        """With on_invalid_state="default" the field defaults; history keeps the old value."""
         caplog.set_level(logging.WARNING, logger="effectful_durable.state")
         self.written_by_v1(db_path)
         with persisted(db_path, FakeLLM(respond=echo), on_invalid_state="default"):

@@ -60,8 +60,9 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
     message written by ``summarizer``. At least ``keep_recent`` messages are always
     kept: when the cut would part a tool call from its result, it moves earlier,
     keeping more. If that leaves fewer than two messages to summarise, nothing
-    changes and a warning is logged. A later compaction folds the previous summary into the new one. If the
-    summariser fails, the history is left as it was and the error is logged.
+    changes and a warning is logged. A later compaction folds the previous
+    summary into the new one. If the summariser fails, the history is left as it
+    was and the error is logged.
 
     With :class:`~effectful_durable.PersistenceHandler`, the compaction is committed
     as data: the summary, the range it stands for and the summariser; the originals

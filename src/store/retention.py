@@ -59,9 +59,7 @@ def prune_store(
                 point = retention_point(
                     conn, one, current, keep_versions=keep_versions, cutoff=cutoff
                 )
-                deleted = prune_agent(
-                    conn, one, point, parts=parts, drop_compacted=drop_compacted
-                )
+                deleted = prune_agent(conn, one, point, parts=parts, drop_compacted=drop_compacted)
         except AgentInUseError:
             if agent_id is not None:
                 raise
@@ -203,9 +201,7 @@ def finished_journals(
 
 def delete_journals(conn: apsw.Connection, workflows: Iterable[str]) -> None:
     """Delete the whole journal of each workflow."""
-    conn.executemany(
-        "DELETE FROM workflow_steps WHERE workflow = ?", [(w,) for w in workflows]
-    )
+    conn.executemany("DELETE FROM workflow_steps WHERE workflow = ?", [(w,) for w in workflows])
 
 
 def cutoff_of(older_than: object, now: float) -> float:

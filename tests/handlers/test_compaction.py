@@ -15,7 +15,7 @@ from effectful_durable import (
     RecallTools,
     Store,
 )
-from effectful_durable.handlers.compaction import approximate_tokens, valid_cut
+from effectful_durable.handlers.compaction import valid_cut
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, PlainBot, in_new_process, running, texts
 
@@ -227,7 +227,7 @@ class TestValidCuts:
         assert valid_cut(messages, 1, 4) is None
 
     def test_cut_moves_earlier_to_keep_at_least_keep_recent(self) -> None:
-        """When the cut at keep_recent parts a tool exchange, more messages are kept, never fewer."""
+        """When the cut at keep_recent parts a tool exchange, more are kept, never fewer."""
         messages = [
             {"id": "s", "role": "system"},
             {"id": "u1", "role": "user"},
@@ -245,7 +245,7 @@ class TestValidCuts:
     def test_too_little_left_to_summarise_is_not_compacted(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """If keeping keep_recent intact leaves under two messages to summarise, nothing changes."""
+        """If keeping keep_recent leaves under two messages to summarise, nothing changes."""
         caplog.set_level(logging.WARNING, logger="effectful_durable.compaction")
         agent = PlainBot()
         for message in [

@@ -119,7 +119,7 @@ class TestPrune:
             assert store.rollback("bot", 7) == 9 and store.history("bot") == before[7][0]
 
     def test_older_than_and_both_rules(self, db_path: Path) -> None:
-        """older_than prunes versions committed before the moment; with keep_versions, both must agree."""
+        """older_than prunes versions committed before it; with keep_versions, both must agree."""
         run_turns(db_path, 4)
         moment = datetime.datetime.now(datetime.UTC)
         time.sleep(0.01)
@@ -220,7 +220,7 @@ class TestCompactionOriginals:
             assert store.search_compacted("bot", "zebra")
 
     def test_pruned_database_is_a_fraction_of_its_size(self, db_path: Path) -> None:
-        """prune(drop_compacted) plus vacuum leaves a fraction of the file; kept versions are exact."""
+        """prune(drop_compacted) and vacuum leave a fraction of the file; kept versions exact."""
         for n in range(6):
             llm = FakeLLM(respond=echo)
             compaction = CompactionHandler(max_messages=8, keep_recent=3, summarizer=lambda t: "S")
@@ -337,7 +337,10 @@ class TestVacuumAndWal:
         try:
             for version in range(1, 121):
                 body = "z" * (30_000_000 if version == 1 else 200_000)
-                messages = [*history.messages, {"id": f"m{version}", "role": "user", "content": body}]
+                messages = [
+                    *history.messages,
+                    {"id": f"m{version}", "role": "user", "content": body},
+                ]
                 change, history = plan_change(history, messages)
                 store.commit_turn(
                     "bot", base_version=version - 1, template="t", change=change, state=None
@@ -366,11 +369,16 @@ class TestBackup:
             version = 0
             try:
                 while not stop.is_set() or version < 20:
-                    messages = [*history.messages, {"id": f"{agent_id}-{version}",
-                                                     "role": "user", "content": "w" * 2000}]
+                    messages = [
+                        *history.messages,
+                        {"id": f"{agent_id}-{version}", "role": "user", "content": "w" * 2000},
+                    ]
                     change, history = plan_change(history, messages)
                     version = store.commit_turn(
-                        agent_id, base_version=version, template="t", change=change,
+                        agent_id,
+                        base_version=version,
+                        template="t",
+                        change=change,
                         state=f'{{"n": {version + 1}}}',
                     )
             except BaseException as error:  # surfaced by the assertion below
@@ -423,3 +431,32 @@ def test_prune_agent_is_a_noop_at_the_same_point(db_path: Path) -> None:
         assert (again.versions, again.messages, again.agents) == (0, 0, ())
         conn = store._connection()
         assert retention.kept_from(conn, "bot") == 4
+
+
+class TestReports:
+    """fork and reset_workflow say what they did."""
+
+    def test_fork_of_latest_names_the_version(self, db_path: Path) -> None:
+        """fork(agent, None, new) records which version it copied."""
+        run_turns(db_path, 3)
+        with Store(db_path) as store:
+            copy = store.fork("bot", None, "twin")
+            assert (copy.agent_id, copy.version, copy.source_id, copy.source_version) == (
+                "twin",
+                1,
+                "bot",
+                3,
+            )
+
+    def test_reset_workflow_dry_run_and_pruned_target(self, db_path: Path) -> None:
+        """A dry run changes nothing; a reset whose target version was pruned changes nothing."""
+        run_turns(db_path, 2)
+        run_turns(db_path, 3, workflow="wf")
+        with Store(db_path) as store:
+            plan = store.reset_workflow("wf", dry_run=True)
+            assert (plan.rolled_back, plan.deleted, plan.steps) == (("bot",), (), 3)
+            assert store.agents()[0].version == 5 and len(store.steps("wf")) == 3
+            store.prune(keep_versions=2)
+            with pytest.raises(NotFoundError, match="version 2 of agent 'bot' was pruned"):
+                store.reset_workflow("wf")
+            assert store.agents()[0].version == 5 and len(store.steps("wf")) == 3
