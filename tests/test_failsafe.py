@@ -62,6 +62,21 @@ class TestQuarantine:
         copy = apsw.Connection(str(aside))
         assert copy.execute("SELECT x FROM theirs").get == 42
 
+    def test_damaged_database_is_moved_aside(self, db_path: Path) -> None:
+        """One of our files whose schema page is overwritten is quarantined whole, not repaired."""
+        with Store(db_path) as store:
+            store.begin_turn("bot", template="t", arguments={})
+            store.vacuum()  # everything in the main file, nothing in the WAL
+        damaged = bytearray(db_path.read_bytes())
+        damaged[100:4096] = b"\xff" * (4096 - 100)  # page 1 past the header: sqlite_schema
+        db_path.write_bytes(bytes(damaged))
+        with pytest.raises(NotOurDatabaseError, match="damaged|not an SQLite"):
+            Store(db_path)
+        with Store(db_path, on_unreadable="quarantine") as store:
+            assert store.agents() == []
+        [aside] = [p for p in quarantined(db_path) if p.name[-4:] not in ("-wal", "-shm")]
+        assert aside.read_bytes() == bytes(damaged)
+
     def test_refuse_stays_the_default(self, db_path: Path) -> None:
         """Without the option a foreign file is refused and nothing is renamed."""
         db_path.write_bytes(b"garbage")

@@ -95,7 +95,8 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         keep_versions: Keep only each agent's latest ``keep_versions`` versions,
             pruning older ones in the commits of its turns (see
             :meth:`Store.prune <effectful_durable.Store.prune>`); between prunes an
-            agent holds fewer than ``keep_versions * 1.5`` versions. None keeps all.
+            agent holds at most ``keep_versions + keep_versions // 2`` versions
+            (one more after a compaction). None keeps all.
         on_unreadable: ``"quarantine"`` moves a file that is not a readable
             effectful-durable database aside and starts a new one (see
             :class:`~effectful_durable.Store`); ``"refuse"`` raises. Only with a path.

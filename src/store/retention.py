@@ -277,8 +277,8 @@ class PruneAsYouGo:
     """A TurnWrite that keeps an agent's last ``keep_versions`` versions, in the turn's commit.
 
     It prunes once ``max(1, keep_versions // 2)`` versions beyond ``keep_versions``
-    have piled up, so fewer than ``keep_versions + keep_versions // 2`` versions are
-    held between prunes, and each prune deletes only the rows the moved retention
+    have piled up, so at most ``keep_versions + every - 1`` versions
+    are held after a turn's commit (one more with a compaction), and each prune deletes only the rows the moved retention
     point pushed out (indexed ranges): a flat cost per turn, whatever the length
     of the history. Between prunes the cost is one indexed read.
     """

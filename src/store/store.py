@@ -54,8 +54,9 @@ class Store:
 
     Reads (``agents``, ``history``, ``state``, ``versions``, ``handoffs``,
     ``search_compacted``, ``workflows``, ``steps``) see the last committed versions.
-    Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``) takes the
-    agent's lock, so it never races a running turn. The remaining methods are the
+    Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``, ``prune``)
+    takes the agent's lock, so it never races a running turn; ``vacuum`` and
+    ``backup`` work on the whole file while turns go on. The remaining methods are the
     turn protocol PersistenceHandler uses. Each thread gets its own connection;
     close the store when done, or use it as a context manager.
 

@@ -244,9 +244,15 @@ class TestCompactionOriginals:
             for i, versions in kept.items():
                 for v, expected in versions.items():
                     assert (store.history(i, v), store.state(i, v)) == expected
-            # Originals of the kept versions' compactions stay searchable; older ones went.
+            # Originals of the kept versions' compactions stay searchable; older ones went,
+            # from the messages and from the full-text index.
             assert store.search_compacted("bot-0", "question 0") == []
             assert store.search_compacted("bot-0", "question 27")
+            assert persisted_rows(
+                db_path,
+                """SELECT count(*) FROM compacted_text AS t JOIN retention AS r
+                    ON r.agent_id = t.agent_id AND t.version <= r.kept_from""",
+            ) == [(0,)]
         assert integrity(db_path) == "ok"
 
 
