@@ -276,11 +276,12 @@ def _fsync_directory(directory: str) -> None:
 class PruneAsYouGo:
     """A TurnWrite that keeps an agent's last ``keep_versions`` versions, in the turn's commit.
 
-    It prunes once ``max(1, keep_versions // 2)`` versions beyond ``keep_versions``
-    have piled up, so at most ``keep_versions + every - 1`` versions
-    are held after a turn's commit (one more with a compaction), and each prune deletes only the rows the moved retention
-    point pushed out (indexed ranges): a flat cost per turn, whatever the length
-    of the history. Between prunes the cost is one indexed read.
+    It prunes once ``every = max(1, keep_versions // 2)`` versions beyond
+    ``keep_versions`` have piled up, so at most ``keep_versions + every - 1``
+    versions are held after a turn's commit (one more with a compaction), and each
+    prune deletes only the rows the moved retention point pushed out (indexed
+    ranges): a flat cost per turn, whatever the length of the history. Between
+    prunes the cost is one indexed read.
     """
 
     def __init__(self, keep_versions: int, parts: Sequence[VersionedPart]) -> None:
