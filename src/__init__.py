@@ -13,7 +13,17 @@ from .errors import (
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
-from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
+from .store import (
+    AgentRecord,
+    ForkedAgent,
+    Handoff,
+    PruneResult,
+    StepInfo,
+    Store,
+    VersionInfo,
+    WorkflowInfo,
+    WorkflowReset,
+)
 
 __all__ = [
     "AgentInUseError",
@@ -21,12 +31,14 @@ __all__ = [
     "CompactionHandler",
     "DatabaseBusyError",
     "DurableError",
+    "ForkedAgent",
     "Handoff",
     "InvalidAgentIdError",
     "NotFoundError",
     "NotOurDatabaseError",
     "PersistenceHandler",
     "PersistentAgent",
+    "PruneResult",
     "RecallTools",
     "SchemaTooNewError",
     "StateSerializationError",
@@ -35,6 +47,7 @@ __all__ = [
     "VersionInfo",
     "WorkflowDivergedError",
     "WorkflowInfo",
+    "WorkflowReset",
     "ephemeral",
     "summarize_context",
 ]

@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pydantic_core
 from effectful.handlers.llm import Template
@@ -99,6 +99,18 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         busy_timeout: Seconds to wait for another writer's lock. Only with a path.
         wait: Seconds a turn waits for its agent while another turn holds it.
         workflow: Name of the workflow whose step journal this run follows.
+        keep_versions: Keep only each agent's latest ``keep_versions`` versions,
+            pruning older ones in the commits of its turns (see
+            :meth:`Store.prune <effectful_durable.Store.prune>`); between prunes an
+            agent holds at most ``keep_versions + keep_versions // 2`` versions
+            (one more after a compaction). None keeps all.
+        on_unreadable: ``"quarantine"`` moves a file that is not a readable
+            effectful-durable database aside and starts a new one (see
+            :class:`~effectful_durable.Store`); ``"refuse"`` raises. Only with a path.
+        on_invalid_state: ``"default"`` gives a stored field that no longer
+            validates against the agent's class its default, with a warning (the
+            old value stays in the version history); ``"raise"`` raises
+            :class:`~effectful_durable.StateSerializationError`.
 
     Raises:
         WorkflowDivergedError: A step asks for another template or other arguments
@@ -115,14 +127,35 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         busy_timeout: float = 5.0,
         wait: float = 0.0,
         workflow: str | None = None,
+        keep_versions: int | None = None,
+        on_unreadable: Literal["refuse", "quarantine"] = "refuse",
+        on_invalid_state: Literal["raise", "default"] = "raise",
     ) -> None:
         super().__init__()
+        if keep_versions is not None and (
+            isinstance(keep_versions, bool)
+            or not isinstance(keep_versions, int)
+            or keep_versions < 1
+        ):
+            msg = f"keep_versions must be None or an integer >= 1, not {keep_versions!r}"
+            raise ValueError(msg)
+        if on_invalid_state not in ("raise", "default"):
+            msg = f"on_invalid_state must be 'raise' or 'default', not {on_invalid_state!r}"
+            raise ValueError(msg)
         self.store = (
             db
             if isinstance(db, Store)
-            else Store(db, durability=durability, busy_timeout=busy_timeout)
+            else Store(
+                db,
+                durability=durability,
+                busy_timeout=busy_timeout,
+                on_unreadable=on_unreadable,
+            )
         )
         self.wait = wait
+        self.keep_versions = keep_versions
+        self.on_invalid_state = on_invalid_state
+        self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
         self._database = os.path.realpath(self.store.path)
         self._local = threading.local()
@@ -141,7 +174,8 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
 
         Raises:
             InvalidAgentIdError: The agent's id is not valid.
-            StateSerializationError: A stored field no longer fits its type.
+            StateSerializationError: A stored field no longer fits its type (unless
+                ``on_invalid_state="default"``).
         """
         validate_agent_id(agent.agent_id)
         committed = _committed(agent)
@@ -264,7 +298,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             loaded.history.messages[:] = with_prompt_cache_hints(loaded.history.messages)
             set_history(agent, loaded.history.messages)
             if loaded.state is not None:
-                restore_state(agent, loaded.state)
+                restore_state(agent, loaded.state, on_invalid=self.on_invalid_state)
         _set_committed(agent, committed)
         return committed
 
@@ -309,7 +343,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             step=step,
             result=result_json,
             compaction=compaction,
-            writes=list(turn.staged.values()),
+            writes=[*turn.staged.values(), *self._pruning],
         )
         if history is committed.history:
             history.extend(change)  # a logged plan: true now that it is committed
@@ -325,7 +359,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             if committed.version:
                 set_history(agent, committed.history.messages)
                 if committed.state is not None:
-                    restore_state(agent, committed.state)
+                    restore_state(agent, committed.state, on_invalid=self.on_invalid_state)
             else:
                 set_history(agent, turn.uncommitted_history)
                 if turn.uncommitted_state is not None:
