@@ -6,6 +6,7 @@ from .errors import (
     DatabaseBusyError,
     DurableError,
     InvalidAgentIdError,
+    InvalidConversationIdError,
     NotFoundError,
     NotOurDatabaseError,
     SchemaTooNewError,
@@ -13,16 +14,26 @@ from .errors import (
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
-from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
+from .store import (
+    AgentRecord,
+    ConversationInfo,
+    Handoff,
+    StepInfo,
+    Store,
+    VersionInfo,
+    WorkflowInfo,
+)
 
 __all__ = [
     "AgentInUseError",
     "AgentRecord",
     "CompactionHandler",
+    "ConversationInfo",
     "DatabaseBusyError",
     "DurableError",
     "Handoff",
     "InvalidAgentIdError",
+    "InvalidConversationIdError",
     "NotFoundError",
     "NotOurDatabaseError",
     "PersistenceHandler",

@@ -4,6 +4,7 @@ from .connection import Durability, connect
 from .records import (
     AgentRecord,
     Compaction,
+    ConversationInfo,
     Handoff,
     LoadedAgent,
     StepInfo,
@@ -16,6 +17,7 @@ from .store import Store
 __all__ = [
     "AgentRecord",
     "Compaction",
+    "ConversationInfo",
     "Durability",
     "Handoff",
     "LoadedAgent",
