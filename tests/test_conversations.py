@@ -1,6 +1,7 @@
 """Conversations: several histories per agent, shared fields, versions across them."""
 
 import dataclasses
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -467,3 +468,53 @@ class TestSchema1Migration:
         assert questions(store.history("bot", conversation="new")) == ["fresh"]
         store.rollback("bot", 5)
         assert len(store.history("bot")) == 4
+
+
+class TestCommandLine:
+    """The command line lists, reads and deletes conversations."""
+
+    @pytest.fixture
+    def db(self, db_path: Path) -> str:
+        with persisted(db_path, FakeLLM(respond=echo)):
+            bot = Assistant(agent_id="bot")
+            bot.ask("d1")  # v1
+            with bot.conversation("alice"):
+                bot.ask("a1")  # v2
+                bot.ask("a2")  # v3
+        return str(db_path)
+
+    def test_conversations_lists_them(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """`conversations DB AGENT` prints a table, or JSON with --json, and --version."""
+        from effectful_durable.cli import main
+
+        assert main(["conversations", db, "bot"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split()[:4] == ["conversation", "messages", "created_in", "last_version"]
+        assert [line.split()[:4] for line in lines[1:]] == [
+            ["alice", "5", "2", "3"],
+            ["default", "3", "1", "1"],
+        ]
+        assert main(["conversations", db, "bot", "--json", "--version", "1"]) == 0
+        [only] = json.loads(capsys.readouterr().out)
+        assert (only["conversation"], only["messages"]) == ("default", 3)
+
+    def test_history_of_a_conversation(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """`history --conversation` reads that conversation; an unknown one is an error."""
+        from effectful_durable.cli import main
+
+        assert main(["history", db, "bot", "--conversation", "alice", "--json"]) == 0
+        assert questions(json.loads(capsys.readouterr().out)) == ["a1", "a2"]
+        assert main(["history", db, "bot", "--conversation", "bob"]) == 1
+        assert "no conversation 'bob'" in capsys.readouterr().err
+
+    def test_versions_and_delete(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """`delete-conversation` commits a version that `versions` shows with its conversation."""
+        from effectful_durable.cli import main
+
+        assert main(["delete-conversation", db, "bot", "alice"]) == 0
+        assert "version 4 committed without conversation 'alice'" in capsys.readouterr().out
+        assert main(["versions", db, "bot", "--json"]) == 0
+        last = json.loads(capsys.readouterr().out)[-1]
+        assert (last["kind"], last["conversation"], last["removed"]) == ("delete", "alice", 5)
+        assert main(["conversations", db, "bot"]) == 0
+        assert "alice" not in capsys.readouterr().out
