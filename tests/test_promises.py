@@ -71,5 +71,7 @@ class TestPromise6CostFollowsTheTurn:
             conn.exec_trace = None
             assert len(loaded.history.messages) == count
             [(query, bindings)] = [(s, b) for s, b in statements if "FROM messages" in s]
-            plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", bindings))
+            plan = " ".join(
+                row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", bindings)
+            )
             assert "USING INDEX messages_active" in plan and "SCAN" not in plan

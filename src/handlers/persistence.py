@@ -25,6 +25,7 @@ from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
 from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
 from ..store.parts import TurnWrite
+from .conversations import ConversationHandling
 from .effectful_hooks import (
     bound_agent,
     keep_own_history,
@@ -32,7 +33,6 @@ from .effectful_hooks import (
     system_notes,
     with_prompt_cache_hints,
 )
-from .conversations import ConversationHandling
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
 

@@ -266,7 +266,17 @@ class Store:
                 _time(committed),
                 conversation,
             )
-            for version, kind, template, added, removed, changed, detail, committed, conversation in rows
+            for (
+                version,
+                kind,
+                template,
+                added,
+                removed,
+                changed,
+                detail,
+                committed,
+                conversation,
+            ) in rows
         ]
 
     def handoffs(self) -> list[Handoff]:
