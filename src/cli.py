@@ -147,7 +147,9 @@ def _agents(store: Store, args: argparse.Namespace) -> int:
 
 
 def _history(store: Store, args: argparse.Namespace) -> int:
-    messages = store.history(args.agent, args.version, include_compacted=args.all)
+    messages = store.history(
+        args.agent, args.version, conversation=args.conversation, include_compacted=args.all
+    )
     if args.json:
         _print_json(messages)
         return 0
@@ -162,6 +164,12 @@ def _history(store: Store, args: argparse.Namespace) -> int:
             note = ""
         rows.append([str(message.get("role", "?")), note, _cell(message_text(message))])
     _print_rows(rows)
+    return 0
+
+
+def _conversations(store: Store, args: argparse.Namespace) -> int:
+    columns = ["conversation", "messages", "created_in", "last_version", "created_at"]
+    _show(args, store.conversations(args.agent, args.version), columns)
     return 0
 
 
@@ -180,6 +188,7 @@ def _versions(store: Store, args: argparse.Namespace) -> int:
     columns = [
         "version",
         "kind",
+        "conversation",
         "template",
         "added",
         "removed",
@@ -194,6 +203,7 @@ def _versions(store: Store, args: argparse.Namespace) -> int:
 def _handoffs(store: Store, args: argparse.Namespace) -> int:
     columns = [
         "agent_id",
+        "conversation",
         "status",
         "template",
         "base_version",
@@ -230,7 +240,17 @@ def _check(store: Store, args: argparse.Namespace) -> int:
 
 
 _READS = frozenset(
-    {"agents", "history", "state", "versions", "handoffs", "workflows", "steps", "check"}
+    {
+        "agents",
+        "history",
+        "conversations",
+        "state",
+        "versions",
+        "handoffs",
+        "workflows",
+        "steps",
+        "check",
+    }
 )
 _READ_ONLY = _READS | {"backup"}
 
@@ -248,6 +268,15 @@ def _fork(store: Store, args: argparse.Namespace) -> int:
     print(
         f"{record.agent_id}: version 1 committed, a copy of {record.source_id} version "
         f"{record.source_version} ({record.messages} messages)"
+    )
+    return 0
+
+
+def _delete_conversation(store: Store, args: argparse.Namespace) -> int:
+    version = store.delete_conversation(args.agent, args.conversation)
+    print(
+        f"{args.agent}: version {version} committed without conversation "
+        f"{args.conversation!r} (roll back to version {version - 1} to bring it back)"
     )
     return 0
 
@@ -410,6 +439,15 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--all", action="store_true", help="include the originals compaction replaced"
     )
+    sub.add_argument(
+        "--conversation",
+        default="default",
+        metavar="ID",
+        help="the conversation (default: the agent's default one)",
+    )
+    sub = command("conversations", _conversations, "list an agent's conversations")
+    agent(sub)
+    at_version(sub, "as of this version")
     sub = command("state", _state, "print an agent's persisted fields")
     agent(sub)
     at_version(sub, "as of this version")
@@ -427,6 +465,13 @@ def _parser() -> argparse.ArgumentParser:
     agent(sub)
     sub.add_argument("new_id", metavar="NEW_ID", help="the id of the copy")
     at_version(sub, "the version to copy")
+    sub = command(
+        "delete-conversation",
+        _delete_conversation,
+        "commit a version without one of an agent's conversations",
+    )
+    agent(sub)
+    sub.add_argument("conversation", metavar="CONVERSATION", help="the conversation id")
     sub = command("delete", _delete, "delete an agent with all its versions, for good")
     agent(sub)
     sub.add_argument("--yes", action="store_true", help="confirm the deletion")

@@ -76,6 +76,21 @@ class InvalidAgentIdError(DurableError, ValueError):
         super().__init__(msg)
 
 
+class InvalidConversationIdError(DurableError, ValueError):
+    """A conversation id is empty, too long, or holds non-printable characters.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, conversation: object, reason: str) -> None:
+        self.conversation = conversation
+        msg = (
+            f"invalid conversation id {conversation!r}: {reason}. A conversation id is a "
+            "non-empty string of at most 200 printable characters, such as 'c-42'."
+        )
+        super().__init__(msg)
+
+
 class StateSerializationError(DurableError, TypeError):
     """A value to persist cannot be stored as JSON; nothing was written."""
 

@@ -158,13 +158,21 @@ class TestReads:
         _, out, _ = run(capsys, "versions", db, "talker")
         rows = table(out)
         assert aligned(out)
-        assert rows[0][:6] == ["version", "kind", "template", "added", "removed", "state_changed"]
-        assert [row[:5] for row in rows[1:]] == [
-            ["1", "turn", "ask", "3", "0"],
-            ["2", "turn", "ask", "2", "0"],
-            ["3", "turn", "ask", "2", "0"],
-            ["4", "turn", "ask", "2", "0"],
-            ["5", "compaction", "summarize_context", "1", "5"],
+        assert rows[0][:7] == [
+            "version",
+            "kind",
+            "conversation",
+            "template",
+            "added",
+            "removed",
+            "state_changed",
+        ]
+        assert [row[:6] for row in rows[1:]] == [
+            ["1", "turn", "default", "ask", "3", "0"],
+            ["2", "turn", "default", "ask", "2", "0"],
+            ["3", "turn", "default", "ask", "2", "0"],
+            ["4", "turn", "default", "ask", "2", "0"],
+            ["5", "compaction", "default", "summarize_context", "1", "5"],
         ]
         assert out.splitlines()[-1].split()[-1].startswith("summary_id=summary-")
 
@@ -172,8 +180,8 @@ class TestReads:
         """handoffs shows the turn that failed, with its error."""
         _, out, _ = run(capsys, "handoffs", db)
         [header, row] = out.splitlines()
-        assert header.split()[:3] == ["agent_id", "status", "template"]
-        assert row.split()[:4] == ["flaky", "failed", "ask", "0"]
+        assert header.split()[:4] == ["agent_id", "conversation", "status", "template"]
+        assert row.split()[:5] == ["flaky", "default", "failed", "ask", "0"]
         assert "model down" in row
 
     def test_workflows_and_steps(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -472,9 +480,11 @@ class TestErrors:
         for command in (
             "agents",
             "history",
+            "conversations",
             "check",
             "rollback",
             "fork",
+            "delete-conversation",
             "reset-workflow",
             "prune",
             "vacuum",

@@ -47,23 +47,31 @@ class TestPromise6CostFollowsTheTurn:
         assert Store(db_path).versions("bot")[-1].added == 2
 
     def test_loading_reads_only_active_rows_through_the_index(self, db_path: Path) -> None:
-        """load_agent's message query is an index range read, not a table scan."""
+        """load_agent's message query is an index range read of one conversation, not a
+        table scan, however many other conversations the agent has."""
         with persisted(db_path, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             for turn in range(5):
                 bot.ask(f"q{turn}")
+            for other in ("c-1", "c-2"):
+                with bot.conversation(other):
+                    bot.ask(f"hello from {other}")
         store = Store(db_path)
-        statements: list[str] = []
+        statements: list[tuple[str, object]] = []
 
         def tracer(cursor: apsw.Cursor, sql: str, bindings: object) -> bool:
-            statements.append(sql)
+            statements.append((sql, bindings))
             return True
 
         conn = store._connection()
-        conn.exec_trace = tracer
-        loaded = store.load_agent("bot")
-        conn.exec_trace = None
-        assert len(loaded.history.messages) == 11
-        [query] = [s for s in statements if "FROM messages" in s]
-        plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", ("bot",)))
-        assert "USING INDEX messages_active" in plan and "SCAN" not in plan
+        for conversation, count in (("default", 11), ("c-1", 3)):
+            statements.clear()
+            conn.exec_trace = tracer
+            loaded = store.load_agent("bot", conversation)
+            conn.exec_trace = None
+            assert len(loaded.history.messages) == count
+            [(query, bindings)] = [(s, b) for s, b in statements if "FROM messages" in s]
+            plan = " ".join(
+                row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", bindings)
+            )
+            assert "USING INDEX messages_active" in plan and "SCAN" not in plan

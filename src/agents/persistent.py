@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
+import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from effectful.handlers.llm import Agent
 
-from ..store.ids import validate_agent_id
-from .history import History
+from ..errors import DurableError
+from ..store.ids import validate_agent_id, validate_conversation_id
+from . import conversations as _conversations
+from .history import History, replace_history
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -24,6 +29,15 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
     dataclass fields (except those marked :func:`~effectful_durable.ephemeral`)
     are restored on first use and committed after every turn. Values stored in the
     database win over constructor arguments; those only seed a new agent.
+
+    An agent holds any number of conversations, each with its own history,
+    compactions, crash handoff and workflow steps; its fields belong to the agent
+    and are shared by all of them. One that never names a conversation uses
+    ``"default"``. Switch for a block with :meth:`conversation`, for good with
+    :meth:`new_conversation`; :attr:`current_conversation` tells which is current.
+    A class may define the hooks ``on_new_conversation(conversation_id)``,
+    ``on_conversation_switched(previous, current)`` and
+    ``on_conversation_deleted(conversation_id)``; they run after the event.
 
     Args:
         agent_id: Non-empty, printable, at most 200 characters.
@@ -45,8 +59,12 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
                 raise NotHandled
 
         bot = Assistant(agent_id="assistant")
+        with bot.conversation("alice"):
+            bot.ask("Hello, I am Alice.")   # alice's history; topics are shared
 
     .. versionadded:: 0.1.0
+    .. versionchanged:: 0.2.0
+       Conversations.
     """
 
     agent_id: str
@@ -57,6 +75,114 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
 
     def __post_init__(self) -> None:
         validate_agent_id(self.agent_id)
+
+    @property
+    def current_conversation(self) -> str:
+        """The id of the conversation the agent's turns run in now.
+
+        .. versionadded:: 0.2.0
+        """
+        return _conversations.current_conversation(self)
+
+    @contextlib.contextmanager
+    def conversation(self, conversation_id: str) -> Iterator[str]:
+        """Run the block in ``conversation_id``, then switch back to the current one.
+
+        The conversation is created by its first turn if it is new, and resumed
+        with its history if not. Under PersistenceHandler the switch reads that
+        history from the database (one indexed read); without it, the agent keeps
+        the histories it leaves in memory::
+
+            with bot.conversation("c-42"):
+                bot.ask("Where were we?")
+
+        Yields:
+            ``conversation_id``.
+
+        Raises:
+            InvalidConversationIdError: ``conversation_id`` is not a valid id.
+            DurableError: Called during one of the agent's turns.
+
+        .. versionadded:: 0.2.0
+        """
+        previous = self.current_conversation
+        self._switch_to(conversation_id)
+        try:
+            yield conversation_id
+        finally:
+            self._switch_to(previous)
+
+    def new_conversation(self, conversation_id: str | None = None, *, clear: bool = False) -> str:
+        """Make ``conversation_id`` (a new unique id if None) the current conversation.
+
+        It stays current until the next switch. An existing conversation is
+        resumed with its history, unless ``clear``: then its history starts
+        empty, and the next turn in it removes its stored messages, as part of
+        that turn's version (so a rollback can bring them back). Calls
+        ``on_new_conversation(conversation_id)`` if the class defines it.
+
+        Returns:
+            The id of the conversation.
+
+        Raises:
+            InvalidConversationIdError: ``conversation_id`` is not a valid id.
+            DurableError: Called during one of the agent's turns.
+
+        .. versionadded:: 0.2.0
+        """
+        if conversation_id is None:
+            conversation_id = f"c-{uuid.uuid4().hex[:12]}"
+        self._switch_to(conversation_id)
+        if clear:
+            replace_history(self.__history__, [])
+            _conversations.parked(self).pop(conversation_id, None)
+            _conversations.mark_clear(self, conversation_id)
+        hook = getattr(self, "on_new_conversation", None)
+        if callable(hook):
+            hook(conversation_id)
+        return conversation_id
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        """Delete one of the agent's conversations (not the current one).
+
+        Under PersistenceHandler this commits a new version without it
+        (:meth:`Store.delete_conversation <effectful_durable.Store.delete_conversation>`):
+        its messages leave the active history, yet a rollback brings it back.
+        Calls ``on_conversation_deleted(conversation_id)`` if the class defines it.
+
+        Raises:
+            InvalidConversationIdError: ``conversation_id`` is not a valid id.
+            NotFoundError: The database holds no such conversation.
+            DurableError: It is the current conversation, or a turn is running.
+
+        .. versionadded:: 0.2.0
+        """
+        validate_conversation_id(conversation_id)
+        _conversations.check_not_in_turn(self, "delete a conversation")
+        if conversation_id == self.current_conversation:
+            msg = (
+                f"cannot delete conversation {conversation_id!r} of agent "
+                f"{self.agent_id!r}: it is the current one. Switch to another first."
+            )
+            raise DurableError(msg)
+        _conversations.delete_conversation(self, conversation_id)
+        if _conversations.clear_pending(self) == conversation_id:
+            _conversations.mark_clear(self, None)
+        hook = getattr(self, "on_conversation_deleted", None)
+        if callable(hook):
+            hook(conversation_id)
+
+    def _switch_to(self, conversation_id: str) -> None:
+        validate_conversation_id(conversation_id)
+        previous = self.current_conversation
+        if conversation_id == previous:
+            return
+        _conversations.check_not_in_turn(self, "switch the conversation")
+        _conversations.switch_conversation(self, previous, conversation_id)
+        _conversations.set_current_conversation(self, conversation_id)
+        hook = getattr(self, "on_conversation_switched", None)
+        if callable(hook):
+            hook(previous, conversation_id)
 
     @functools.cached_property
     def __system_prompt__(self) -> str:  # type: ignore[override]

@@ -13,6 +13,7 @@ from effectful.handlers.llm import Template
 
 from ..errors import StateSerializationError, WorkflowDivergedError
 from ..store import Store
+from ..store.ids import DEFAULT_CONVERSATION
 
 logger = logging.getLogger("effectful_durable.journal")
 
@@ -32,8 +33,9 @@ class Journal:
     """Numbers the steps of one workflow run and replays those already done.
 
     A step's key is its agent's id (or, for a template with no persistent agent,
-    the template's name) and how many steps of that agent came before it in this
-    run: ``coder-1#0``, ``coder-1#1``. A step started inside another step's turn
+    the template's name), with its conversation unless the default one, and how
+    many steps of that agent in that conversation came before it in this run:
+    ``coder-1#0``, ``coder-1#1``, ``coder-1@c-42#0``. A step started inside another step's turn
     (an agent called from a tool) extends that step's key: ``architect#0/coder-1#0``.
     Keys therefore depend only on the order of calls on each agent, not on how
     threads interleave calls on different agents.
@@ -55,14 +57,20 @@ class Journal:
         arguments: Any,
         agent_id: str | None,
         parent: Step | None,
+        conversation: str | None = None,
     ) -> Step:
-        """Number the next call on ``agent_id`` (or ``name``) under ``parent``.
+        """Number the next call on ``agent_id`` (or ``name``) in ``conversation`` under ``parent``.
+
+        Each conversation of an agent but the default one counts its own steps,
+        under the key ``agent@conversation``.
 
         Raises:
             StateSerializationError: The template's return type cannot be stored as
                 JSON, so the step could never be replayed.
         """
         owner = agent_id if agent_id is not None else name
+        if agent_id is not None and conversation not in (None, DEFAULT_CONVERSATION):
+            owner = f"{agent_id}@{conversation}"
         scope = f"{parent.key}/{owner}" if parent is not None else owner
         with self._lock:
             count = self._counts.get(scope, 0)

@@ -15,6 +15,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 
+from ..agents.conversations import current_conversation, set_current_conversation, set_in_turn
 from ..agents.history import History, history_messages
 from ..agents.persistent import PersistentAgent
 from ..agents.state import dump_state, restore_state
@@ -22,8 +23,9 @@ from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
-from ..store.ids import validate_agent_id
+from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
 from ..store.parts import TurnWrite
+from .conversations import ConversationHandling
 from .effectful_hooks import (
     bound_agent,
     keep_own_history,
@@ -41,8 +43,9 @@ class _Committed:
 
     database: str
     version: int
-    history: ActiveHistory
+    history: ActiveHistory  # of the conversation below
     state: str | None
+    conversation: str = DEFAULT_CONVERSATION
 
 
 @dataclass
@@ -50,9 +53,11 @@ class _Turn:
     agent: PersistentAgent
     template: str
     step: Step | None
+    conversation: str = DEFAULT_CONVERSATION
     committed: _Committed | None = None
     earlier: Handoff | None = None
-    uncommitted_history: list[Any] = field(default_factory=list)
+    # What a failed turn puts back when its conversation holds nothing committed.
+    uncommitted_history: list[Any] | None = None
     uncommitted_state: str | None = None
     compacted: Compacted | None = None
     step_number: int | None = None
@@ -61,7 +66,7 @@ class _Turn:
     staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
-class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+class PersistenceHandler(ConversationHandling, ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row
@@ -90,7 +95,14 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
     Steps are keyed by agent and per-agent call order (``coder-1#0``,
     ``coder-1#1``; a call nested in another step's turn extends that step's key),
     so each agent's calls must come in the same order on every run; calls on
-    different agents may interleave freely across threads.
+    different agents may interleave freely across threads. Each conversation of
+    an agent counts its own steps (``coder-1@c-42#0``).
+
+    Conversations: a turn runs in its agent's current conversation, loading that
+    conversation's history if the agent was last in another one; fields are the
+    agent's, shared by all its conversations. The agent's lock covers all its
+    conversations, so two turns of one agent never run at once, whatever their
+    conversations (see :doc:`/conversations`).
 
     Args:
         db: SQLite file (created if missing, refused if not ours) or an open Store.
@@ -179,8 +191,9 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         """
         validate_agent_id(agent.agent_id)
         committed = _committed(agent)
-        if committed is None or committed.database != self._database:
+        if not self._loaded_here(agent):
             committed = self._load(agent, keep_memory=True)
+        assert committed is not None
         return committed.version
 
     @implements(Template.__apply__)  # type: ignore[untyped-decorator]
@@ -200,12 +213,14 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         if journal is not None:
             parent = turns[-1].step if turns else None
             agent_id = agent.agent_id if agent is not None else None
-            step = journal.next_step(template, name, arguments, agent_id, parent)
+            conversation = current_conversation(agent) if agent is not None else None
+            step = journal.next_step(template, name, arguments, agent_id, parent, conversation)
             replayed, result = journal.replay(step, nested=bool(turns))
             if replayed:
                 return result
         if agent is not None:
-            return self._run_turn(agent, _Turn(agent, name, step), arguments)
+            turn = _Turn(agent, name, step, current_conversation(agent))
+            return self._run_turn(agent, turn, arguments)
         result = fwd()  # a free template as a workflow step: no agent to commit
         if journal is not None and step is not None:
             journal.record(step, result)
@@ -215,6 +230,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         with self.store.agent_lock(agent.agent_id, wait=self.wait):
             self._begin(agent, turn, arguments)
             self._turns().append(turn)
+            set_in_turn(agent, True)
             try:
                 interpretation = self._turn_interpretation(turn)
                 with handler(interpretation) if interpretation else contextlib.nullcontext():
@@ -224,6 +240,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 self._abort(agent, turn, error)
                 raise
             finally:
+                set_in_turn(agent, False)
                 self._turns().pop()
         return result
 
@@ -238,7 +255,11 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             return None
         with self.store.agent_lock(agent.agent_id, wait=self.wait):
             committed = _committed(agent)
-            if committed is None or committed.history.messages != compacted.before:
+            if (
+                committed is None
+                or committed.conversation != current_conversation(agent)
+                or committed.history.messages != compacted.before
+            ):
                 msg = (
                     f"compaction of {agent.agent_id!r} happened on a history that is not "
                     "its last commit; list CompactionHandler before PersistenceHandler"
@@ -246,16 +267,26 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 raise DurableError(msg)
             compaction, history = _compaction(committed.history, agent, compacted)
             version = self.store.commit_compaction(
-                agent.agent_id, base_version=committed.version, compaction=compaction
+                agent.agent_id,
+                base_version=committed.version,
+                compaction=compaction,
+                conversation=committed.conversation,
             )
-            _set_committed(agent, _Committed(self._database, version, history, committed.state))
+            _set_committed(
+                agent,
+                _Committed(
+                    self._database, version, history, committed.state, committed.conversation
+                ),
+            )
         return None
 
     @implements(search_compacted)  # type: ignore[untyped-decorator]
     def _search_compacted(self, agent: Any, query: str, limit: int) -> list[dict[str, Any]]:
         if not isinstance(agent, PersistentAgent):
             return fwd()  # type: ignore[no-any-return]
-        return self.store.search_compacted(agent.agent_id, query, limit)
+        return self.store.search_compacted(
+            agent.agent_id, query, limit, conversation=current_conversation(agent)
+        )
 
     def _turn_of(self, agent: PersistentAgent) -> _Turn | None:
         """The turn of ``agent`` running in this thread, if any."""
@@ -270,7 +301,11 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
     def _begin(self, agent: PersistentAgent, turn: _Turn, arguments: Any) -> None:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         start = self.store.begin_turn(
-            agent.agent_id, template=turn.template, arguments=arguments, step=step
+            agent.agent_id,
+            template=turn.template,
+            arguments=arguments,
+            step=step,
+            conversation=turn.conversation,
         )
         turn.step_number = start.step_number
         if self.journal is not None and turn.step is not None:
@@ -281,26 +316,68 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                 committed = self._load(agent, keep_memory=start.version == 0)
             elif committed.version != start.version:
                 committed = self._load(agent, keep_memory=False)  # another writer moved it
-            if committed.version == 0:
-                # Never committed: a failure goes back to what the user built in memory.
+            elif committed.conversation != turn.conversation:
+                committed = self._load(agent, keep_memory=True, history_only=True)
+            if not committed.history.positions:
+                # Nothing committed in this conversation: a failure goes back to
+                # what the user built in memory.
                 turn.uncommitted_history = history_messages(agent.__history__)
+            if committed.version == 0:
                 turn.uncommitted_state = dump_state(agent)
+            cleared = self._begin_conversation(agent)
+            if cleared is not None:
+                turn.uncommitted_history = cleared
         except BaseException as error:
             self._record_failure(agent, turn, error)
             raise
         turn.committed, turn.earlier = committed, start.earlier
 
-    def _load(self, agent: PersistentAgent, *, keep_memory: bool) -> _Committed:
-        """Install the committed agent; a new one keeps its memory if ``keep_memory``."""
-        loaded = self.store.load_agent(agent.agent_id)
-        committed = _Committed(self._database, loaded.version, loaded.history, loaded.state)
-        if loaded.version or not keep_memory:
+    def _load(
+        self, agent: PersistentAgent, *, keep_memory: bool, history_only: bool = False
+    ) -> _Committed:
+        """Install the committed agent in its current conversation.
+
+        What the database does not know (a new agent, a new conversation) keeps
+        what memory holds if ``keep_memory``. With ``history_only`` (the version is
+        the one in memory) the fields in memory are kept as they are.
+        """
+        conversation = current_conversation(agent)
+        loaded = self.store.load_agent(agent.agent_id, conversation)
+        if (
+            history_only
+            and (committed := _committed(agent))
+            and loaded.version != committed.version
+        ):
+            history_only = False  # another writer moved it since
+        state = loaded.state
+        if loaded.conversation_found or not keep_memory:
             loaded.history.messages[:] = with_prompt_cache_hints(loaded.history.messages)
             set_history(agent, loaded.history.messages)
-            if loaded.state is not None:
-                restore_state(agent, loaded.state, on_invalid=self.on_invalid_state)
+        if history_only:
+            state = committed.state  # type: ignore[union-attr]  # set above
+        elif loaded.version and loaded.state is not None:
+            restore_state(agent, loaded.state, on_invalid=self.on_invalid_state)
+        committed = _Committed(self._database, loaded.version, loaded.history, state, conversation)
         _set_committed(agent, committed)
         return committed
+
+    def _loaded_here(self, agent: PersistentAgent) -> bool:
+        committed = _committed(agent)
+        return committed is not None and committed.database == self._database
+
+    def _load_conversation(self, agent: PersistentAgent, conversation: str) -> None:
+        # The agent switches to ``conversation`` once this returns; load it as such.
+        previous = current_conversation(agent)
+        set_current_conversation(agent, conversation)
+        try:
+            self._load(agent, keep_memory=False, history_only=True)
+        finally:
+            set_current_conversation(agent, previous)
+
+    def _advanced(self, agent: PersistentAgent, version: int) -> None:
+        committed = _committed(agent)
+        if committed is not None and committed.version == version - 1:
+            committed.version = version  # our own change: memory still matches
 
     def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
         """Keep nested agents' messages; add the turn's notes to its system message.
@@ -344,11 +421,15 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
             result=result_json,
             compaction=compaction,
             writes=[*turn.staged.values(), *self._pruning],
+            conversation=committed.conversation,
         )
         if history is committed.history:
             history.extend(change)  # a logged plan: true now that it is committed
-        turn.committed = _Committed(self._database, version, history, state)
+        turn.committed = _Committed(
+            self._database, version, history, state, committed.conversation
+        )
         _set_committed(agent, turn.committed)
+        self._commit_conversation(agent)
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "done")
 
@@ -356,21 +437,23 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         committed = turn.committed
         if committed is not None and _committed(agent) is committed:
             # The turn did not commit: roll the agent in memory back.
-            if committed.version:
-                set_history(agent, committed.history.messages)
-                if committed.state is not None:
-                    restore_state(agent, committed.state, on_invalid=self.on_invalid_state)
-            else:
-                set_history(agent, turn.uncommitted_history)
-                if turn.uncommitted_state is not None:
-                    restore_state(agent, turn.uncommitted_state)
+            history = turn.uncommitted_history
+            set_history(agent, committed.history.messages if history is None else history)
+            state = committed.state if committed.version else turn.uncommitted_state
+            if state is not None:
+                restore_state(agent, state, on_invalid=self.on_invalid_state)
             _set_committed(agent, committed)
         self._record_failure(agent, turn, error)
 
     def _record_failure(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         with contextlib.suppress(Exception):  # never mask the turn's own error
-            self.store.fail_turn(agent.agent_id, f"{type(error).__name__}: {error}", step=step)
+            self.store.fail_turn(
+                agent.agent_id,
+                f"{type(error).__name__}: {error}",
+                step=step,
+                conversation=turn.conversation,
+            )
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "failed")
 

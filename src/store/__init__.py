@@ -4,6 +4,7 @@ from .connection import Durability, connect
 from .records import (
     AgentRecord,
     Compaction,
+    ConversationInfo,
     ForkedAgent,
     Handoff,
     LoadedAgent,
@@ -19,6 +20,7 @@ from .store import Store
 __all__ = [
     "AgentRecord",
     "Compaction",
+    "ConversationInfo",
     "Durability",
     "ForkedAgent",
     "Handoff",

@@ -1,10 +1,13 @@
-"""What makes a valid agent id."""
+"""What makes a valid agent id or conversation id."""
 
 from __future__ import annotations
 
-from ..errors import InvalidAgentIdError
+from ..errors import InvalidAgentIdError, InvalidConversationIdError
 
 MAX_AGENT_ID_LENGTH = 200
+
+# The conversation of an agent that never names one (and of every schema-1 row).
+DEFAULT_CONVERSATION = "default"
 
 
 def validate_agent_id(agent_id: object) -> str:
@@ -14,15 +17,35 @@ def validate_agent_id(agent_id: object) -> str:
         InvalidAgentIdError: It is not a non-empty string of at most 200 printable
             characters without leading or trailing whitespace.
     """
-    if not isinstance(agent_id, str):
-        raise InvalidAgentIdError(agent_id, f"it is a {type(agent_id).__name__}")
-    if not agent_id:
-        raise InvalidAgentIdError(agent_id, "it is empty")
-    if len(agent_id) > MAX_AGENT_ID_LENGTH:
-        reason = f"it is {len(agent_id)} characters long"
-        raise InvalidAgentIdError(agent_id, reason)
-    if not agent_id.isprintable():
-        raise InvalidAgentIdError(agent_id, "it holds non-printable characters")
-    if agent_id != agent_id.strip():
-        raise InvalidAgentIdError(agent_id, "it starts or ends with whitespace")
-    return agent_id
+    problem = _problem(agent_id)
+    if problem:
+        raise InvalidAgentIdError(agent_id, problem)
+    return agent_id  # type: ignore[return-value]  # _problem checked it is a str
+
+
+def validate_conversation_id(conversation: object) -> str:
+    """Return ``conversation`` if it is a valid conversation id (the rules of agent ids).
+
+    Raises:
+        InvalidConversationIdError: It is not a non-empty string of at most 200
+            printable characters without leading or trailing whitespace.
+    """
+    problem = _problem(conversation)
+    if problem:
+        raise InvalidConversationIdError(conversation, problem)
+    return conversation  # type: ignore[return-value]  # _problem checked it is a str
+
+
+def _problem(name: object) -> str | None:
+    """Why ``name`` is not a valid id, or None."""
+    if not isinstance(name, str):
+        return f"it is a {type(name).__name__}"
+    if not name:
+        return "it is empty"
+    if len(name) > MAX_AGENT_ID_LENGTH:
+        return f"it is {len(name)} characters long"
+    if not name.isprintable():
+        return "it holds non-printable characters"
+    if name != name.strip():
+        return "it starts or ends with whitespace"
+    return None

@@ -92,7 +92,143 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 # Schema 2 adds conversations (several histories per agent), what Store.prune
 # records, then what an agent keeps besides messages and fields. One section per
 # part, in schema.sql's order.
+#
+# Conversations change the keys of messages, handoffs and journal steps, and add
+# a column and a kind to versions. SQLite cannot alter a key, so those tables
+# are rebuilt by its documented procedure (sqlite.org/lang_altertable.html
+# #otheralter: new table, copy, drop, rename, recreate indexes), inside the
+# migration's one transaction; every schema-1 row lands in the conversation
+# 'default'. No table refers to the rebuilt ones, so foreign keys stay on.
 _V2_CONVERSATIONS = """
+-- The conversations of each agent, versioned as messages are: one exists at
+-- version v when a row has added_in <= v and removed_in NULL or > v. A row is
+-- added by the first commit in the conversation; deleting it (or rolling back
+-- to before it) sets removed_in.
+CREATE TABLE conversations (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    added_in     INTEGER NOT NULL,
+    removed_in   INTEGER CHECK (removed_in > added_in),
+    created_at   REAL NOT NULL,
+    PRIMARY KEY (agent_id, conversation, added_in)
+) STRICT;
+
+CREATE UNIQUE INDEX conversations_active ON conversations (agent_id, conversation)
+    WHERE removed_in IS NULL;
+
+INSERT INTO conversations (agent_id, conversation, added_in, created_at)
+SELECT agent_id, 'default', 1, created_at FROM agents;
+
+-- messages: the conversation joins the key; loading one conversation reads
+-- exactly its active rows through messages_active.
+CREATE TABLE messages_v2 (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    position     REAL NOT NULL,
+    added_in     INTEGER NOT NULL,
+    removed_in   INTEGER CHECK (removed_in > added_in),
+    message_id   TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (agent_id, conversation, position, added_in)
+) STRICT;
+
+INSERT INTO messages_v2
+SELECT agent_id, 'default', position, added_in, removed_in, message_id, role, body
+  FROM messages;
+
+DROP TABLE messages;
+
+ALTER TABLE messages_v2 RENAME TO messages;
+
+CREATE UNIQUE INDEX messages_active ON messages (agent_id, conversation, position)
+    WHERE removed_in IS NULL;
+
+-- versions: which conversation each version changed (NULL: all of them, as a
+-- rollback or a fork does), and the kind 'delete' for a deleted conversation.
+CREATE TABLE versions_v2 (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version      INTEGER NOT NULL,
+    kind         TEXT NOT NULL
+                 CHECK (kind IN ('turn', 'rollback', 'fork', 'compaction', 'delete')),
+    conversation TEXT,
+    template     TEXT,
+    state        TEXT,
+    added        INTEGER NOT NULL,
+    removed      INTEGER NOT NULL,
+    detail       TEXT,
+    committed_at REAL NOT NULL,
+    PRIMARY KEY (agent_id, version)
+) STRICT, WITHOUT ROWID;
+
+INSERT INTO versions_v2
+SELECT agent_id, version, kind,
+       CASE WHEN kind IN ('turn', 'compaction') THEN 'default' END,
+       template, state, added, removed, detail, committed_at
+  FROM versions;
+
+DROP TABLE versions;
+
+ALTER TABLE versions_v2 RENAME TO versions;
+
+-- handoffs: one per conversation, so a crash is told to the next turn of the
+-- conversation it cut off.
+CREATE TABLE handoffs_v2 (
+    agent_id     TEXT NOT NULL,
+    conversation TEXT NOT NULL,
+    base_version INTEGER NOT NULL,
+    template     TEXT NOT NULL,
+    arguments    TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('running', 'failed')),
+    error        TEXT,
+    interrupted  TEXT,
+    host         TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    started_at   REAL NOT NULL,
+    ended_at     REAL,
+    PRIMARY KEY (agent_id, conversation)
+) STRICT;
+
+INSERT INTO handoffs_v2
+SELECT agent_id, 'default', base_version, template, arguments, status, error,
+       interrupted, host, pid, started_at, ended_at
+  FROM handoffs;
+
+DROP TABLE handoffs;
+
+ALTER TABLE handoffs_v2 RENAME TO handoffs;
+
+-- workflow_steps: the conversation a step ran in (NULL for a free template).
+-- Steps are counted per agent and conversation: "coder-1#2", "coder-1@c-42#0".
+CREATE TABLE workflow_steps_v2 (
+    workflow     TEXT NOT NULL,
+    step_key     TEXT NOT NULL,
+    number       INTEGER NOT NULL,
+    agent_id     TEXT,
+    conversation TEXT,
+    template     TEXT NOT NULL,
+    arguments    TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+    result       TEXT,
+    base_version INTEGER,
+    version      INTEGER,
+    started_at   REAL NOT NULL,
+    finished_at  REAL,
+    PRIMARY KEY (workflow, step_key)
+) STRICT;
+
+INSERT INTO workflow_steps_v2
+SELECT workflow, step_key, number, agent_id,
+       CASE WHEN agent_id IS NOT NULL THEN 'default' END,
+       template, arguments, status, result, base_version, version, started_at,
+       finished_at
+  FROM workflow_steps;
+
+DROP TABLE workflow_steps;
+
+ALTER TABLE workflow_steps_v2 RENAME TO workflow_steps;
+
+CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
 """
 _V2_RETENTION = """
 CREATE TABLE retention (

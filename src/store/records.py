@@ -24,20 +24,45 @@ class AgentRecord:
 class VersionInfo:
     """One committed version of an agent.
 
-    ``kind`` is ``"turn"``, ``"rollback"``, ``"fork"`` or ``"compaction"``; ``added``
-    and ``removed`` count the messages the version added to and removed from the
-    active history.
+    ``kind`` is ``"turn"``, ``"rollback"``, ``"fork"``, ``"compaction"`` or
+    ``"delete"`` (a conversation deleted); ``added`` and ``removed`` count the
+    messages the version added to and removed from the active histories.
+    ``conversation`` is the conversation the version changed, or None for a
+    rollback or a fork, which take every conversation along.
+
+    .. versionchanged:: 0.2.0
+       ``conversation``, and the kind ``"delete"``.
     """
 
     agent_id: str
     version: int
-    kind: Literal["turn", "rollback", "fork", "compaction"]
+    kind: Literal["turn", "rollback", "fork", "compaction", "delete"]
     template: str | None
     added: int
     removed: int
     state_changed: bool
     detail: dict[str, Any] | None
     committed_at: datetime
+    conversation: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationInfo:
+    """One conversation of an agent, as of a version.
+
+    ``messages`` counts its active messages; ``created_in`` is the version its
+    first commit made (or the rollback that brought it back); ``last_version`` the
+    latest version whose turn, compaction or deletion changed it.
+
+    .. versionadded:: 0.2.0
+    """
+
+    agent_id: str
+    conversation: str
+    messages: int
+    created_in: int
+    last_version: int | None
+    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +71,11 @@ class Handoff:
 
     ``status`` is ``"running"`` while the turn runs and stays so if its process
     died; ``"failed"`` with ``error`` if it raised. ``interrupted`` is the earlier
-    handoff this turn was told about, if any.
+    handoff this turn was told about, if any. Each conversation of an agent has
+    its own handoff.
+
+    .. versionchanged:: 0.2.0
+       ``conversation``.
     """
 
     agent_id: str
@@ -60,6 +89,7 @@ class Handoff:
     pid: int
     started_at: datetime
     ended_at: datetime | None
+    conversation: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +116,13 @@ class TurnStart:
 
 @dataclass(frozen=True, slots=True)
 class LoadedAgent:
-    """What a handler needs to restore an agent: version, active history, state."""
+    """What a handler needs to restore an agent: version, one conversation's active
+    history, state, and whether that conversation exists at that version."""
 
     version: int
     history: ActiveHistory
     state: str | None
+    conversation_found: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +132,11 @@ class StepInfo:
     ``key`` identifies the step across runs (``"coder-1#2"``: the third call on
     agent coder-1; nested calls extend their parent's key). ``number`` orders
     steps by first start. ``result`` is the template's return value as JSON, set
-    once the step is ``"done"``; ``version`` is the agent version it committed.
+    once the step is ``"done"``; ``version`` is the agent version it committed;
+    ``conversation`` the agent's conversation it ran in (None for a free template).
+
+    .. versionchanged:: 0.2.0
+       ``conversation``.
     """
 
     workflow: str
@@ -115,6 +151,7 @@ class StepInfo:
     version: int | None
     started_at: datetime
     finished_at: datetime | None
+    conversation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,17 @@ CREATE TABLE agents (
     updated_at REAL NOT NULL
 ) STRICT;
 
--- One row per committed version: a turn, a rollback, a fork or a compaction.
+-- One row per committed version: a turn, a rollback, a fork, a compaction or
+-- the deletion of a conversation. conversation is the one the version changed
+-- (NULL for a rollback or a fork, which take every conversation along).
 -- state is the JSON object of the agent's persisted fields, or NULL when
 -- unchanged since the previous version (read the newest non-NULL one).
 CREATE TABLE versions (
     agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
     version      INTEGER NOT NULL,
-    kind         TEXT NOT NULL CHECK (kind IN ('turn', 'rollback', 'fork', 'compaction')),
+    kind         TEXT NOT NULL
+                 CHECK (kind IN ('turn', 'rollback', 'fork', 'compaction', 'delete')),
+    conversation TEXT,
     template     TEXT,
     state        TEXT,
     added        INTEGER NOT NULL,
@@ -29,31 +33,36 @@ CREATE TABLE versions (
     PRIMARY KEY (agent_id, version)
 ) STRICT, WITHOUT ROWID;
 
--- Append-only message log. A row is part of the active history from version
--- added_in until the version that removed it (removed_in; NULL while active).
--- Rows are deleted only by deleting the whole agent, or by Store.prune when
--- no kept version shows them, so every kept version's history reads back. position orders the history; among the
--- rows active at any one version, positions are unique.
+-- Append-only message log, one history per conversation of the agent. A row
+-- is part of the active history from version added_in until the version that
+-- removed it (removed_in; NULL while active). Rows are deleted only by deleting
+-- the whole agent, or by Store.prune when no kept version shows them, so every
+-- kept version's history reads back.
+-- position orders a conversation's history; among the rows of one conversation
+-- active at any one version, positions are unique.
 CREATE TABLE messages (
-    agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
-    position   REAL NOT NULL,
-    added_in   INTEGER NOT NULL,
-    removed_in INTEGER CHECK (removed_in > added_in),
-    message_id TEXT NOT NULL,
-    role       TEXT NOT NULL,
-    body       TEXT NOT NULL,
-    PRIMARY KEY (agent_id, position, added_in)
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    position     REAL NOT NULL,
+    added_in     INTEGER NOT NULL,
+    removed_in   INTEGER CHECK (removed_in > added_in),
+    message_id   TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (agent_id, conversation, position, added_in)
 ) STRICT;
 
--- Loading an agent reads exactly its active rows, in order, through this index.
-CREATE UNIQUE INDEX messages_active ON messages (agent_id, position)
+-- Loading a conversation reads exactly its active rows, in order, through this index.
+CREATE UNIQUE INDEX messages_active ON messages (agent_id, conversation, position)
     WHERE removed_in IS NULL;
 
--- The turn in flight or the last failed turn, per agent. Written and committed
--- when a turn starts, deleted by the turn's own commit: a row still 'running'
--- after its process died is a crash, and the next turn is told about it.
+-- The turn in flight or the last failed turn, per conversation of an agent.
+-- Written and committed when a turn starts, deleted by the turn's own commit: a
+-- row still 'running' after its process died is a crash, and the next turn in
+-- that conversation is told about it.
 CREATE TABLE handoffs (
-    agent_id     TEXT PRIMARY KEY NOT NULL,
+    agent_id     TEXT NOT NULL,
+    conversation TEXT NOT NULL,
     base_version INTEGER NOT NULL,
     template     TEXT NOT NULL,
     arguments    TEXT NOT NULL,
@@ -63,13 +72,15 @@ CREATE TABLE handoffs (
     host         TEXT NOT NULL,
     pid          INTEGER NOT NULL,
     started_at   REAL NOT NULL,
-    ended_at     REAL
+    ended_at     REAL,
+    PRIMARY KEY (agent_id, conversation)
 ) STRICT;
 
 -- The step journal of crash-resumable workflows. Each outermost template call
--- of a workflow run is a step, keyed by the agent and its sequence number
--- ("coder-1#2"; a call nested inside another step's turn extends that key:
--- "architect#0/reviewer#0"). A step's row is written 'running' with its turn's
+-- of a workflow run is a step, keyed by the agent, its conversation unless the
+-- default one, and its sequence number there ("coder-1#2", "coder-1@c-42#0"; a
+-- call nested inside another step's turn extends that key:
+-- "architect#0/reviewer#0"). conversation is NULL for a free template. A step's row is written 'running' with its turn's
 -- handoff and set 'done', with the template's result as JSON, in the turn's own
 -- commit, so a re-run replays it without calling the model.
 CREATE TABLE workflow_steps (
@@ -77,6 +88,7 @@ CREATE TABLE workflow_steps (
     step_key     TEXT NOT NULL,
     number       INTEGER NOT NULL,
     agent_id     TEXT,
+    conversation TEXT,
     template     TEXT NOT NULL,
     arguments    TEXT NOT NULL,
     status       TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
@@ -113,6 +125,23 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 );
 
 -- == Conversations: the histories of one agent ==
+
+-- The conversations of each agent, versioned as messages are: one exists at
+-- version v when a row has added_in <= v and removed_in NULL or > v. A row is
+-- added by the first commit in the conversation; deleting it (or rolling back
+-- to before it) sets removed_in. Messages, handoffs and journal steps name
+-- their conversation; an agent that never names one uses 'default'.
+CREATE TABLE conversations (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    added_in     INTEGER NOT NULL,
+    removed_in   INTEGER CHECK (removed_in > added_in),
+    created_at   REAL NOT NULL,
+    PRIMARY KEY (agent_id, conversation, added_in)
+) STRICT;
+
+CREATE UNIQUE INDEX conversations_active ON conversations (agent_id, conversation)
+    WHERE removed_in IS NULL;
 
 -- == Retention: what Store.prune removed, per agent ==
 

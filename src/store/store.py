@@ -22,15 +22,17 @@ from ..errors import (
     NotOurDatabaseError,
     StateSerializationError,
 )
+from . import conversations as _conversations
 from . import retention
 from .connection import Durability, connect, quarantine, write_transaction
 from .history import ActiveHistory, HistoryChange
-from .ids import validate_agent_id
+from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .locks import AgentBusy, AgentLocks
 from .parts import TurnWrite, VersionedPart
 from .records import (
     AgentRecord,
     Compaction,
+    ConversationInfo,
     ForkedAgent,
     Handoff,
     LoadedAgent,
@@ -46,7 +48,7 @@ _HOST = socket.gethostname()
 
 # Every part of an agent's record besides messages and fields: rollback and fork
 # carry each of them (see parts.py).
-_PARTS: tuple[VersionedPart, ...] = ()
+_PARTS: tuple[VersionedPart, ...] = (_conversations.Conversations(),)
 
 
 class Store:
@@ -158,29 +160,46 @@ class Store:
         ]
 
     def history(
-        self, agent_id: str, version: int | None = None, *, include_compacted: bool = False
+        self,
+        agent_id: str,
+        version: int | None = None,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        include_compacted: bool = False,
     ) -> list[dict[str, Any]]:
-        """The agent's active messages, in order, at ``version`` (default: the latest).
+        """One conversation's active messages, in order, at ``version`` (default: latest).
 
         With ``include_compacted``, the originals that compactions replaced are
         included too, in their places, so nothing the agent ever saw is missing.
         Each of them carries ``"durable": {"compacted_in": <version>}``, and each
         summary ``"durable": {"summary_of": <number of messages>}``.
 
+        Args:
+            agent_id: The agent.
+            version: The version to read; the latest by default.
+            conversation: The conversation; the default one unless named. The
+                default conversation of an agent that never used it is empty.
+            include_compacted: Include the originals compactions replaced.
+
         Raises:
-            NotFoundError: No such agent or version.
+            NotFoundError: No such agent or version, or no such conversation at
+                that version.
+
+        .. versionchanged:: 0.2.0
+           ``conversation``.
         """
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
+            self._checked_conversation(conn, agent_id, conversation, version)
             if not include_compacted:
                 bodies = conn.execute(
                     """
                     SELECT body FROM messages
-                     WHERE agent_id = ?1 AND added_in <= ?2
+                     WHERE agent_id = ?1 AND conversation = ?3 AND added_in <= ?2
                        AND (removed_in IS NULL OR removed_in > ?2)
                      ORDER BY position
                     """,
-                    (agent_id, version),
+                    (agent_id, version, conversation),
                 )
                 return _decode_messages(body for (body,) in bodies)
             rows: list[tuple[Any, ...]] = conn.execute(
@@ -192,11 +211,11 @@ class Store:
                   LEFT JOIN compactions AS s
                     ON s.agent_id = m.agent_id AND s.version = m.added_in
                    AND s.summary_id = m.message_id
-                 WHERE m.agent_id = ?1 AND m.added_in <= ?2
+                 WHERE m.agent_id = ?1 AND m.conversation = ?3 AND m.added_in <= ?2
                    AND (m.removed_in IS NULL OR m.removed_in > ?2 OR c.version IS NOT NULL)
                  ORDER BY m.position, m.added_in
                 """,
-                (agent_id, version),
+                (agent_id, version, conversation),
             ).fetchall()
         messages = _decode_messages(body for body, _, _ in rows)
         for message, (_, compacted_in, summary_of) in zip(messages, rows, strict=True):
@@ -206,11 +225,21 @@ class Store:
                 message["durable"] = {"summary_of": summary_of}
         return messages
 
-    def search_compacted(self, agent_id: str, query: str, limit: int = 5) -> list[dict[str, Any]]:
-        """Compacted messages of the agent that match ``query``, best match first.
+    def search_compacted(
+        self,
+        agent_id: str,
+        query: str,
+        limit: int = 5,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> list[dict[str, Any]]:
+        """Compacted messages of one conversation that match ``query``, best match first.
 
         Every word of ``query`` must occur (stemmed, case-insensitive), through
-        SQLite's FTS5 full-text index.
+        SQLite's FTS5 full-text index. Other conversations are never searched.
+
+        .. versionchanged:: 0.2.0
+           ``conversation``.
         """
         words = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
         if not words:
@@ -221,10 +250,10 @@ class Store:
               JOIN messages AS m
                 ON m.agent_id = t.agent_id AND m.position = t.position
                AND m.removed_in = t.version
-             WHERE compacted_text MATCH ?2 AND t.agent_id = ?1
+             WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
              ORDER BY t.rank LIMIT ?3
             """,
-            (agent_id, words, limit),
+            (agent_id, words, limit, conversation),
         )
         return _decode_messages(body for (body,) in bodies)
 
@@ -250,7 +279,7 @@ class Store:
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT version, kind, template, added, removed, state IS NOT NULL,
-                       detail, committed_at
+                       detail, committed_at, conversation
                   FROM versions WHERE agent_id = ? ORDER BY version
                 """,
                 (agent_id,),
@@ -266,13 +295,24 @@ class Store:
                 bool(changed),
                 json.loads(detail) if detail else None,
                 _time(committed),
+                conversation,
             )
-            for version, kind, template, added, removed, changed, detail, committed in rows
+            for (
+                version,
+                kind,
+                template,
+                added,
+                removed,
+                changed,
+                detail,
+                committed,
+                conversation,
+            ) in rows
         ]
 
     def handoffs(self) -> list[Handoff]:
         """Turns that started and did not commit: running, crashed or failed."""
-        rows = self._connection().execute(f"{_HANDOFF_SELECT} ORDER BY agent_id")
+        rows = self._connection().execute(f"{_HANDOFF_SELECT} ORDER BY agent_id, conversation")
         return [_handoff(row) for row in rows]
 
     def check(self) -> dict[str, Any]:
@@ -282,7 +322,7 @@ class Store:
             "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
             "schema": conn.pragma("user_version"),
         }
-        for table in ("agents", "versions", "messages", "workflow_steps"):
+        for table in ("agents", "conversations", "versions", "messages", "workflow_steps"):
             facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
@@ -291,9 +331,11 @@ class Store:
     # -- maintenance ---------------------------------------------------------
 
     def rollback(self, agent_id: str, version: int) -> int:
-        """Commit a new version whose history and state equal those of ``version``.
+        """Commit a new version whose histories and state equal those of ``version``.
 
-        Nothing is deleted: the versions in between stay readable.
+        Every conversation goes back: those created since are removed, those
+        deleted since come back, each with its messages as they were. Nothing is
+        deleted: the versions in between stay readable.
 
         Returns:
             The new version number.
@@ -316,9 +358,9 @@ class Store:
             removed = conn.changes()
             conn.execute(
                 """
-                INSERT INTO messages
-                    (agent_id, position, added_in, removed_in, message_id, role, body)
-                SELECT agent_id, position, ?3, NULL, message_id, role, body
+                INSERT INTO messages (agent_id, conversation, position, added_in,
+                    removed_in, message_id, role, body)
+                SELECT agent_id, conversation, position, ?3, NULL, message_id, role, body
                   FROM messages
                  WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
                 """,
@@ -345,7 +387,7 @@ class Store:
         return new
 
     def fork(self, agent_id: str, version: int | None, new_agent_id: str) -> ForkedAgent:
-        """Create ``new_agent_id`` with the history and state of ``agent_id`` at ``version``.
+        """Create ``new_agent_id`` with the conversations and state of ``agent_id`` at ``version``.
 
         Returns:
             The new agent, with the id and version it copies (``source_version`` is
@@ -368,9 +410,10 @@ class Store:
             conn.execute("INSERT INTO agents VALUES (?, 1, ?, ?)", (new_agent_id, now, now))
             conn.execute(
                 """
-                INSERT INTO messages
-                    (agent_id, position, added_in, removed_in, message_id, role, body)
-                SELECT ?3, position, 1, NULL, message_id, role, body FROM messages
+                INSERT INTO messages (agent_id, conversation, position, added_in,
+                    removed_in, message_id, role, body)
+                SELECT ?3, conversation, position, 1, NULL, message_id, role, body
+                  FROM messages
                  WHERE agent_id = ?1 AND added_in <= ?2
                    AND (removed_in IS NULL OR removed_in > ?2)
                 """,
@@ -508,6 +551,63 @@ class Store:
     def pruning(self, keep_versions: int) -> TurnWrite:
         """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""
         return retention.PruneAsYouGo(keep_versions, _PARTS)
+
+    # -- conversations -------------------------------------------------------
+
+    def conversations(self, agent_id: str, version: int | None = None) -> list[ConversationInfo]:
+        """The agent's conversations at ``version`` (default: the latest), by id.
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            return _conversations.listed(conn, agent_id, version)
+
+    def delete_conversation(self, agent_id: str, conversation: str) -> int:
+        """Delete one conversation of the agent, as a new version.
+
+        Its messages leave the active history and its handoff is dropped; fields,
+        memory and the other conversations are untouched. Nothing is destroyed:
+        :meth:`rollback` to an earlier version brings the conversation back, and
+        :meth:`history` still reads it at earlier versions. To free the space for
+        good, delete the whole agent (or prune old versions).
+
+        Returns:
+            The new version.
+
+        Raises:
+            NotFoundError: No such agent, or no such conversation now.
+            AgentInUseError: A turn of the agent is running.
+
+        .. versionadded:: 0.2.0
+        """
+        validate_conversation_id(conversation)
+        with self.agent_lock(agent_id), self._writing() as conn:
+            current = self._checked_version(conn, agent_id, None)
+            if not _conversations.exists(conn, agent_id, conversation, current):
+                raise NotFoundError(_no_conversation(agent_id, conversation, current))
+            new = current + 1
+            removed = _conversations.remove(conn, agent_id, conversation, new)
+            self._insert_version(
+                conn,
+                agent_id,
+                new,
+                kind="delete",
+                template=None,
+                state=None,
+                added=0,
+                removed=removed,
+                detail=None,
+                conversation=conversation,
+            )
+            conn.execute(
+                "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ?",
+                (new, time.time(), agent_id),
+            )
+        return new
 
     # -- workflows -------------------------------------------------------------
 
@@ -669,8 +769,12 @@ class Store:
         finally:
             self._locks.release(agent_id)
 
-    def load_agent(self, agent_id: str) -> LoadedAgent:
-        """The agent's committed version, active history and state (version 0 if new)."""
+    def load_agent(self, agent_id: str, conversation: str = DEFAULT_CONVERSATION) -> LoadedAgent:
+        """The agent's committed version, state, and one conversation's active history.
+
+        Version 0 if the agent is new; an empty history, not found, if the
+        conversation is.
+        """
         with self._reading() as conn:
             version = _current_version(conn, agent_id)
             if version is None:
@@ -678,14 +782,16 @@ class Store:
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT position, body FROM messages
-                 WHERE agent_id = ? AND removed_in IS NULL ORDER BY position
+                 WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
+                 ORDER BY position
                 """,
-                (agent_id,),
+                (agent_id, conversation),
             ).fetchall()
+            found = bool(rows) or _conversations.exists(conn, agent_id, conversation, version)
             state = _state_at(conn, agent_id, version)
         positions = [position for position, _ in rows]
         messages = _decode_messages(body for _, body in rows)
-        return LoadedAgent(version, ActiveHistory(messages, positions), state)
+        return LoadedAgent(version, ActiveHistory(messages, positions), state, found)
 
     def begin_turn(
         self,
@@ -694,11 +800,13 @@ class Store:
         template: str,
         arguments: Any,
         step: tuple[str, str] | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
     ) -> TurnStart:
         """Commit a handoff row for a turn that starts now (and its journal step).
 
         Args:
             agent_id: The agent.
+            conversation: The conversation the turn runs in; it has its own handoff.
             template: Name of the template the turn runs.
             arguments: The template's arguments, as JSON values.
             step: ``(workflow, step key)`` when the turn is a workflow step.
@@ -712,16 +820,20 @@ class Store:
         now = time.time()
         with self._writing() as conn:
             version = _current_version(conn, agent_id) or 0
-            row = conn.execute(f"{_HANDOFF_SELECT} WHERE agent_id = ?", (agent_id,)).fetchone()
+            row = conn.execute(
+                f"{_HANDOFF_SELECT} WHERE agent_id = ? AND conversation = ?",
+                (agent_id, conversation),
+            ).fetchone()
             earlier = _handoff(row) if row else None
             conn.execute(
                 """
-                INSERT OR REPLACE INTO handoffs (agent_id, base_version, template,
-                    arguments, status, interrupted, host, pid, started_at)
-                VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)
+                INSERT OR REPLACE INTO handoffs (agent_id, conversation, base_version,
+                    template, arguments, status, interrupted, host, pid, started_at)
+                VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
                 """,
                 (
                     agent_id,
+                    conversation,
                     version,
                     template,
                     arguments_json,
@@ -738,10 +850,21 @@ class Store:
                 conn.execute(
                     """
                     INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number,
-                        agent_id, template, arguments, status, base_version, started_at)
-                    VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)
+                        agent_id, conversation, template, arguments, status, base_version,
+                        started_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)
                     """,
-                    (workflow, key, number, agent_id, template, arguments_json, version, now),
+                    (
+                        workflow,
+                        key,
+                        number,
+                        agent_id,
+                        conversation,
+                        template,
+                        arguments_json,
+                        version,
+                        now,
+                    ),
                 )
         return TurnStart(version, earlier, number)
 
@@ -758,11 +881,14 @@ class Store:
         result: str | None = None,
         compaction: Compaction | None = None,
         writes: Sequence[TurnWrite] = (),
+        conversation: str = DEFAULT_CONVERSATION,
     ) -> int:
         """Commit one turn in one transaction and clear its handoff.
 
         Args:
             agent_id: The agent.
+            conversation: The conversation the turn ran in; ``change`` and
+                ``compaction`` apply to its history.
             base_version: The version the turn started from.
             template: Name of the template the turn ran.
             change: Messages the turn added and removed.
@@ -794,10 +920,14 @@ class Store:
                 change=change,
                 state=state,
                 detail=detail,
+                conversation=conversation,
             )
             for write in writes:
                 write.write(conn, agent_id, new)
-            conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
+            conn.execute(
+                "DELETE FROM handoffs WHERE agent_id = ? AND conversation = ?",
+                (agent_id, conversation),
+            )
             if step is not None:
                 conn.execute(
                     """
@@ -809,11 +939,16 @@ class Store:
                 )
             if compaction is not None:
                 new += 1
-                self._write_compaction(conn, agent_id, new, compaction)
+                self._write_compaction(conn, agent_id, new, compaction, conversation)
         return new
 
     def commit_compaction(
-        self, agent_id: str, *, base_version: int, compaction: Compaction
+        self,
+        agent_id: str,
+        *,
+        base_version: int,
+        compaction: Compaction,
+        conversation: str = DEFAULT_CONVERSATION,
     ) -> int:
         """Commit a compaction made after the agent's turn had committed, as its own version.
 
@@ -822,19 +957,26 @@ class Store:
         """
         with self._writing() as conn:
             self._check_base(conn, agent_id, base_version)
-            self._write_compaction(conn, agent_id, base_version + 1, compaction)
+            self._write_compaction(conn, agent_id, base_version + 1, compaction, conversation)
         return base_version + 1
 
-    def fail_turn(self, agent_id: str, error: str, *, step: tuple[str, str] | None = None) -> None:
-        """Mark the agent's running handoff, and its journal step, as failed."""
+    def fail_turn(
+        self,
+        agent_id: str,
+        error: str,
+        *,
+        step: tuple[str, str] | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> None:
+        """Mark the conversation's running handoff, and its journal step, as failed."""
         now = time.time()
         with self._writing() as conn:
             conn.execute(
                 """
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?
-                 WHERE agent_id = ? AND status = 'running'
+                 WHERE agent_id = ? AND conversation = ? AND status = 'running'
                 """,
-                (error, now, agent_id),
+                (error, now, agent_id, conversation),
             )
             if step is not None:
                 conn.execute(
@@ -902,6 +1044,15 @@ class Store:
             raise NotFoundError(msg)
         return version
 
+    def _checked_conversation(
+        self, conn: apsw.Connection, agent_id: str, conversation: str, version: int
+    ) -> None:
+        if conversation == DEFAULT_CONVERSATION:
+            return  # an agent that never used it has it empty
+        validate_conversation_id(conversation)
+        if not _conversations.exists(conn, agent_id, conversation, version):
+            raise NotFoundError(_no_conversation(agent_id, conversation, version))
+
     def _check_base(self, conn: apsw.Connection, agent_id: str, base_version: int) -> None:
         current = _current_version(conn, agent_id) or 0
         if current != base_version:
@@ -919,11 +1070,13 @@ class Store:
         change: HistoryChange,
         state: str | None,
         detail: Mapping[str, Any] | None,
+        conversation: str,
     ) -> None:
-        """Apply one history change as ``version`` and record the version."""
+        """Apply one conversation's history change as ``version`` and record the version."""
         added = [
             (
                 agent_id,
+                conversation,
                 position,
                 version,
                 message.get("id"),
@@ -939,18 +1092,21 @@ class Store:
             """,
             (agent_id, version, time.time()),
         )
+        _conversations.ensure(conn, agent_id, conversation, version)
         for low, high in change.removed:
             conn.execute(
                 """
                 UPDATE messages SET removed_in = ?4
-                 WHERE agent_id = ?1 AND removed_in IS NULL AND position BETWEEN ?2 AND ?3
+                 WHERE agent_id = ?1 AND conversation = ?5 AND removed_in IS NULL
+                   AND position BETWEEN ?2 AND ?3
                 """,
-                (agent_id, low, high, version),
+                (agent_id, low, high, version, conversation),
             )
         conn.executemany(
             """
-            INSERT INTO messages (agent_id, position, added_in, message_id, role, body)
-            VALUES (?, ?, ?, ?, ?, ?)
+            INSERT INTO messages (agent_id, conversation, position, added_in, message_id,
+                role, body)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
             """,
             added,
         )
@@ -964,10 +1120,16 @@ class Store:
             added=len(added),
             removed=change.removed_count,
             detail=detail,
+            conversation=conversation,
         )
 
     def _write_compaction(
-        self, conn: apsw.Connection, agent_id: str, version: int, compaction: Compaction
+        self,
+        conn: apsw.Connection,
+        agent_id: str,
+        version: int,
+        compaction: Compaction,
+        conversation: str,
     ) -> None:
         self._write_version(
             conn,
@@ -978,6 +1140,7 @@ class Store:
             change=compaction.change,
             state=None,
             detail={"summary_id": compaction.summary_id, "messages": compaction.messages},
+            conversation=conversation,
         )
         conn.execute(
             "INSERT INTO compactions VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -1006,9 +1169,16 @@ class Store:
                        json_extract(body, '$.tool_calls')),
                    agent_id, position, removed_in
               FROM messages
-             WHERE agent_id = ?1 AND removed_in = ?2 AND position BETWEEN ?3 AND ?4
+             WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
+               AND position BETWEEN ?3 AND ?4
             """,
-            (agent_id, version, compaction.first_position, compaction.last_position),
+            (
+                agent_id,
+                version,
+                compaction.first_position,
+                compaction.last_position,
+                conversation,
+            ),
         )
 
     def _insert_version(
@@ -1023,13 +1193,19 @@ class Store:
         added: int,
         removed: int,
         detail: Mapping[str, Any] | None,
+        conversation: str | None = None,
     ) -> None:
         conn.execute(
-            "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            """
+            INSERT INTO versions (agent_id, version, kind, conversation, template, state,
+                added, removed, detail, committed_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """,
             (
                 agent_id,
                 version,
                 kind,
+                conversation,
                 template,
                 state,
                 added,
@@ -1049,7 +1225,10 @@ class Store:
             row = (
                 self._connection()
                 .execute(
-                    "SELECT pid, host, template FROM handoffs WHERE agent_id = ?",
+                    """
+                    SELECT pid, host, template FROM handoffs
+                     WHERE agent_id = ? AND status = 'running' ORDER BY started_at DESC
+                    """,
                     (agent_id,),
                 )
                 .fetchone()
@@ -1064,7 +1243,7 @@ class Store:
 
 _STEP_SELECT = """
     SELECT workflow, number, step_key, agent_id, template, arguments, status, result,
-           base_version, version, started_at, finished_at
+           base_version, version, started_at, finished_at, conversation
       FROM workflow_steps
 """
 
@@ -1083,6 +1262,7 @@ def _step(row: tuple[Any, ...]) -> StepInfo:
         version,
         started,
         finished,
+        conversation,
     ) = row
     return StepInfo(
         workflow,
@@ -1097,6 +1277,7 @@ def _step(row: tuple[Any, ...]) -> StepInfo:
         version,
         _time(started),
         _time(finished) if finished is not None else None,
+        conversation,
     )
 
 
@@ -1115,7 +1296,7 @@ def _step_number(conn: apsw.Connection, workflow: str, key: str) -> int:
 
 _HANDOFF_SELECT = """
     SELECT agent_id, base_version, template, arguments, status, error, interrupted,
-           host, pid, started_at, ended_at
+           host, pid, started_at, ended_at, conversation
       FROM handoffs
 """
 
@@ -1133,6 +1314,7 @@ def _handoff(row: tuple[Any, ...]) -> Handoff:
         pid,
         started,
         ended,
+        conversation,
     ) = row
     return Handoff(
         agent_id,
@@ -1146,6 +1328,7 @@ def _handoff(row: tuple[Any, ...]) -> Handoff:
         pid,
         _time(started),
         _time(ended) if ended is not None else None,
+        conversation,
     )
 
 
@@ -1209,6 +1392,13 @@ def _time(seconds: float) -> datetime:
 
 def _no_workflow(workflow: str, path: str) -> str:
     return f"no workflow {workflow!r} in {path}; Store.workflows() lists the journals it holds"
+
+
+def _no_conversation(agent_id: str, conversation: str, version: int) -> str:
+    return (
+        f"agent {agent_id!r} has no conversation {conversation!r} at version {version}; "
+        "Store.conversations() lists the ones it has"
+    )
 
 
 def _no_agent(agent_id: str, path: str) -> str:

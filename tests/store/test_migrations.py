@@ -19,7 +19,12 @@ def schema_of(conn: apsw.Connection) -> list[tuple[str, str, str]]:
 
 
 def normalised(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    return [(kind, name, " ".join((sql or "").split())) for kind, name, sql in rows]
+    # A table rebuilt by a migration (ALTER TABLE ... RENAME TO) is stored as
+    # CREATE TABLE "name": the same table as schema.sql's CREATE TABLE name.
+    return [
+        (kind, name, " ".join((sql or "").replace(f'TABLE "{name}"', f"TABLE {name}").split()))
+        for kind, name, sql in rows
+    ]
 
 
 class TestSchema:
