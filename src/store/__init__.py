@@ -1,6 +1,7 @@
 """The durable log on SQLite. Knows nothing about effectful."""
 
 from .connection import Durability, connect
+from .memory import MemoryNote
 from .records import (
     AgentRecord,
     Compaction,
@@ -19,6 +20,7 @@ __all__ = [
     "Durability",
     "Handoff",
     "LoadedAgent",
+    "MemoryNote",
     "StepInfo",
     "Store",
     "TurnStart",

@@ -92,6 +92,17 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 # Schema 2 adds what an agent keeps besides messages and fields. One section per
 # part, in the order of schema.sql.
 _V2_MEMORY = """
+CREATE TABLE memory (
+    agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kind       TEXT NOT NULL CHECK (kind IN ('key', 'note')),
+    key        TEXT NOT NULL,
+    added_in   INTEGER NOT NULL,
+    removed_in INTEGER CHECK (removed_in > added_in),
+    value      TEXT NOT NULL,
+    PRIMARY KEY (agent_id, kind, key, added_in)
+) STRICT;
+CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
+    WHERE removed_in IS NULL;
 """
 _V2_WORKSPACE = """
 """

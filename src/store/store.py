@@ -25,6 +25,7 @@ from .connection import Durability, connect, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
+from .memory import KEY, NOTE, MemoryNote, MemoryPart, MemoryRows, memory_at, note_of
 from .parts import TurnWrite, VersionedPart
 from .records import (
     AgentRecord,
@@ -41,14 +42,15 @@ _HOST = socket.gethostname()
 
 # Every part of an agent's record besides messages and fields: rollback and fork
 # carry each of them (see parts.py).
-_PARTS: tuple[VersionedPart, ...] = ()
+_PARTS: tuple[VersionedPart, ...] = (MemoryPart(),)
 
 
 class Store:
     """The durable log of every agent in one SQLite database file.
 
-    Reads (``agents``, ``history``, ``state``, ``versions``, ``handoffs``,
-    ``search_compacted``, ``workflows``, ``steps``) see the last committed versions.
+    Reads (``agents``, ``history``, ``state``, ``memory``, ``memory_notes``,
+    ``versions``, ``handoffs``, ``search_compacted``, ``workflows``, ``steps``) see
+    the last committed versions.
     Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``) takes the
     agent's lock, so it never races a running turn. The remaining methods are the
     turn protocol PersistenceHandler uses. Each thread gets its own connection;
@@ -91,6 +93,7 @@ class Store:
         self._closed = False
         self._connection()  # fail here, not at the first turn, if the file is bad
         self._locks = AgentLocks.for_database(self.path)
+        self.memory_rows = MemoryRows(self._connection)  # current memory, for the handler
 
     def __repr__(self) -> str:
         return f"Store({self.path!r})"
@@ -208,6 +211,34 @@ class Store:
             state = _state_at(conn, agent_id, version)
         return json.loads(state) if state is not None else {}
 
+    def memory(self, agent_id: str, version: int | None = None) -> dict[str, Any]:
+        """The keys the agent stored in its memory, with their values, at ``version``.
+
+        Default: the latest version. Keys are in sorted order.
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            rows = memory_at(conn, agent_id, version, KEY)
+        return {key: json.loads(value) for key, value in rows}
+
+    def memory_notes(self, agent_id: str, version: int | None = None) -> list[MemoryNote]:
+        """The context notes the agent kept at ``version`` (default: latest), oldest first.
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            rows = memory_at(conn, agent_id, version, NOTE)
+        return [note_of(value) for _, value in rows]
+
     def versions(self, agent_id: str) -> list[VersionInfo]:
         """Every committed version of the agent, oldest first.
 
@@ -251,7 +282,7 @@ class Store:
             "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
             "schema": conn.pragma("user_version"),
         }
-        for table in ("agents", "versions", "messages", "workflow_steps"):
+        for table in ("agents", "versions", "messages", "workflow_steps", "memory"):
             facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
@@ -260,7 +291,7 @@ class Store:
     # -- maintenance ---------------------------------------------------------
 
     def rollback(self, agent_id: str, version: int) -> int:
-        """Commit a new version whose history and state equal those of ``version``.
+        """Commit a new version whose history, state and memory equal those of ``version``.
 
         Nothing is deleted: the versions in between stay readable.
 
@@ -314,7 +345,9 @@ class Store:
         return new
 
     def fork(self, agent_id: str, version: int | None, new_agent_id: str) -> AgentRecord:
-        """Create ``new_agent_id`` with the history and state of ``agent_id`` at ``version``.
+        """Create ``new_agent_id`` as a copy of ``agent_id`` at ``version``.
+
+        The copy gets the history, state and memory of that version.
 
         Raises:
             NotFoundError: No such agent or version.
