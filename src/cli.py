@@ -134,6 +134,31 @@ def _state(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory(store: Store, args: argparse.Namespace) -> int:
+    memory = store.memory(args.agent, args.version)
+    notes = store.memory_notes(args.agent, args.version)
+    if args.json:
+        _print_json(
+            {"keys": memory, "notes": [{"at": note.at, "text": note.text} for note in notes]}
+        )
+        return 0
+    rows = [["key", "bytes", "value"]]
+    for key, value in memory.items():
+        text = _dumps(value)
+        rows.append(
+            [
+                _cell(key),
+                str(len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())),
+                text,
+            ]
+        )
+    _print_rows(rows)
+    if notes:
+        print()
+        _print_rows([["note added", "text"]] + [[_cell(n.at), _cell(n.text)] for n in notes])
+    return 0
+
+
 def _versions(store: Store, args: argparse.Namespace) -> int:
     columns = [
         "version",
@@ -188,7 +213,17 @@ def _check(store: Store, args: argparse.Namespace) -> int:
 
 
 _READS = frozenset(
-    {"agents", "history", "state", "versions", "handoffs", "workflows", "steps", "check"}
+    {
+        "agents",
+        "history",
+        "state",
+        "memory",
+        "versions",
+        "handoffs",
+        "workflows",
+        "steps",
+        "check",
+    }
 )
 
 # -- maintenance ------------------------------------------------------------------
@@ -331,6 +366,9 @@ def _parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="include the originals compaction replaced"
     )
     sub = command("state", _state, "print an agent's persisted fields")
+    agent(sub)
+    at_version(sub, "as of this version")
+    sub = command("memory", _memory, "print the keys and context notes an agent kept")
     agent(sub)
     at_version(sub, "as of this version")
     agent(command("versions", _versions, "list an agent's committed versions"))
