@@ -53,11 +53,13 @@ class ChildError(AssertionError):
 class Child:
     """One ``crash_child.py`` process, whose stdout lines are read with deadlines."""
 
-    def __init__(self, db_path: Path, log_dir: Path, *, durability: str = "normal") -> None:
+    def __init__(
+        self, db_path: Path, log_dir: Path, *, durability: str = "normal", script: Path = CHILD
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._stderr_file = (log_dir / f"child-{time.monotonic_ns()}.stderr").open("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(db_path), "--durability", durability],
+            [sys.executable, str(script), str(db_path), "--durability", durability],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr_file,
@@ -141,8 +143,11 @@ class Child:
 class Children:
     """Children started ahead of need, so their imports overlap; all are killed on exit."""
 
-    def __init__(self, db_path: Path, log_dir: Path, *, budget: int, ahead: int = 1) -> None:
+    def __init__(
+        self, db_path: Path, log_dir: Path, *, budget: int, ahead: int = 1, script: Path = CHILD
+    ) -> None:
         self._db_path, self._log_dir = db_path, log_dir
+        self._script = script
         self._budget = budget
         self._ahead = ahead
         self._warming: collections.deque[Child] = collections.deque()
@@ -172,7 +177,7 @@ class Children:
 
     def _top_up(self) -> None:
         while len(self._warming) < self._ahead and len(self._started) < self._budget:
-            child = Child(self._db_path, self._log_dir)
+            child = Child(self._db_path, self._log_dir, script=self._script)
             self._started.append(child)
             self._warming.append(child)
 
