@@ -27,8 +27,7 @@ from hypothesis.stateful import (
 
 from effectful_durable.store.memory import MemoryPart
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
-from tests.agents.test_state_tools import Keeper
-from tests.helpers import integrity, persisted
+from tests.helpers import Keeper, integrity, persisted
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 # Mostly small ints, so that keys often get back a value they held (an unchanged put

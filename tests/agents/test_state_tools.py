@@ -8,36 +8,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from effectful.handlers.llm import Template, Tool
-from effectful.ops.types import NotHandled
 
 from effectful_durable import (
     DurableError,
     MemoryDigest,
     MemoryLimits,
     MemoryWriteError,
-    PersistentAgent,
-    StateTools,
     Store,
 )
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import integrity, persisted, persisted_rows
-
-
-@dataclasses.dataclass
-class Keeper(PersistentAgent, StateTools):
-    """You keep what you learn."""
-
-    @Tool.define
-    def note_by_code(self, key: str, value: int) -> str:
-        """Store a value through the developer's API."""
-        self.__memory__.put(key, value)
-        return "ok"
-
-    @Template.define
-    def ask(self, question: str) -> str:
-        """Answer: {question}"""
-        raise NotHandled
+from tests.helpers import Keeper, integrity, persisted, persisted_rows
 
 
 @dataclasses.dataclass
