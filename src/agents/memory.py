@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from effectful.handlers.llm import Tool
 from effectful.ops.types import Operation
@@ -112,8 +112,8 @@ class TurnMemory(MemoryChanges):
 
     def __init__(self) -> None:
         super().__init__()
-        self.existed: dict[tuple[Kind, str], bool] = {}  # committed, for keys the turn changed
         self.counts: dict[Kind, int] = {}  # committed counts, read once per turn
+        self.delta: dict[Kind, int] = {}  # what the staged changes add to those counts
         self.revision = 0  # bumped by every staged write
         self.digest: tuple[int, str | None] | None = None  # (revision, text) last rendered
 
@@ -201,7 +201,7 @@ class AgentMemory(Mapping[str, Any]):
             keys = keys[:limit]
         return [(key, *merged[key]) for key in keys]
 
-    def count(self, kind: Kind = KEY) -> int:
+    def count(self, kind: Literal["key", "note"] = "key") -> int:
         """How many keys (or, with ``"note"``, notes) the memory holds."""
         self._check_live()
         if self._turn is None:
@@ -209,12 +209,7 @@ class AgentMemory(Mapping[str, Any]):
         committed = self._turn.counts.get(kind)
         if committed is None:
             committed = self._turn.counts[kind] = self._rows.count(self.agent_id, kind)
-        delta = sum(
-            (value is not None) - self._turn.existed[change]
-            for change, value in self._turn.changes.items()
-            if change[0] == kind
-        )
-        return committed + delta
+        return committed + self._turn.delta.get(kind, 0)
 
     @property
     def notes(self) -> list[MemoryNote]:
@@ -367,11 +362,14 @@ class AgentMemory(Mapping[str, Any]):
 
     def _stage(self, kind: Kind, key: str, text: str | None) -> None:
         assert self._turn is not None
-        change = (kind, key)
-        if change not in self._turn.existed:
-            self._turn.existed[change] = self._rows.value(self.agent_id, kind, key) is not None
-        self._turn.changes[change] = text
-        self._turn.revision += 1
+        turn, change = self._turn, (kind, key)
+        if change in turn.changes:
+            before = turn.changes[change] is not None
+        else:
+            before = self._rows.value(self.agent_id, kind, key) is not None
+        turn.delta[kind] = turn.delta.get(kind, 0) + (text is not None) - before
+        turn.changes[change] = text
+        turn.revision += 1
 
     def _check_live(self) -> None:
         if not self._live():
