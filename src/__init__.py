@@ -1,12 +1,21 @@
 """Durable, crash-safe state for effectful LLM agents, on SQLite."""
 
-from .agents import PersistentAgent, RecallTools, ephemeral
+from .agents import (
+    AgentMemory,
+    MemoryDigest,
+    MemoryLimits,
+    PersistentAgent,
+    RecallTools,
+    StateTools,
+    ephemeral,
+)
 from .errors import (
     AgentInUseError,
     DatabaseBusyError,
     DurableError,
     InvalidAgentIdError,
     InvalidConversationIdError,
+    MemoryWriteError,
     NotFoundError,
     NotOurDatabaseError,
     SchemaTooNewError,
@@ -19,6 +28,7 @@ from .store import (
     ConversationInfo,
     ForkedAgent,
     Handoff,
+    MemoryNote,
     PruneResult,
     StepInfo,
     Store,
@@ -29,6 +39,7 @@ from .store import (
 
 __all__ = [
     "AgentInUseError",
+    "AgentMemory",
     "AgentRecord",
     "CompactionHandler",
     "ConversationInfo",
@@ -38,6 +49,10 @@ __all__ = [
     "Handoff",
     "InvalidAgentIdError",
     "InvalidConversationIdError",
+    "MemoryDigest",
+    "MemoryLimits",
+    "MemoryNote",
+    "MemoryWriteError",
     "NotFoundError",
     "NotOurDatabaseError",
     "PersistenceHandler",
@@ -45,6 +60,7 @@ __all__ = [
     "PruneResult",
     "RecallTools",
     "SchemaTooNewError",
+    "StateTools",
     "StateSerializationError",
     "StepInfo",
     "Store",

@@ -184,6 +184,31 @@ def _state(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _memory(store: Store, args: argparse.Namespace) -> int:
+    memory = store.memory(args.agent, args.version)
+    notes = store.memory_notes(args.agent, args.version)
+    if args.json:
+        _print_json(
+            {"keys": memory, "notes": [{"at": note.at, "text": note.text} for note in notes]}
+        )
+        return 0
+    rows = [["key", "bytes", "value"]]
+    for key, value in memory.items():
+        text = _dumps(value)
+        rows.append(
+            [
+                _cell(key),
+                str(len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())),
+                text,
+            ]
+        )
+    _print_rows(rows)
+    if notes:
+        print()
+        _print_rows([["note added", "text"]] + [[_cell(n.at), _cell(n.text)] for n in notes])
+    return 0
+
+
 def _versions(store: Store, args: argparse.Namespace) -> int:
     columns = [
         "version",
@@ -245,6 +270,7 @@ _READS = frozenset(
         "history",
         "conversations",
         "state",
+        "memory",
         "versions",
         "handoffs",
         "workflows",
@@ -449,6 +475,9 @@ def _parser() -> argparse.ArgumentParser:
     agent(sub)
     at_version(sub, "as of this version")
     sub = command("state", _state, "print an agent's persisted fields")
+    agent(sub)
+    at_version(sub, "as of this version")
+    sub = command("memory", _memory, "print the keys and context notes an agent kept")
     agent(sub)
     at_version(sub, "as of this version")
     agent(command("versions", _versions, "list an agent's committed versions"))

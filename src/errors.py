@@ -126,3 +126,13 @@ class WorkflowDivergedError(DurableError):
             "from this step."
         )
         super().__init__(msg)
+
+
+class MemoryWriteError(DurableError, ValueError):
+    """A write to an agent's memory was refused (bad key or value, or a limit); nothing written."""
+
+    def __init__(self, agent_id: str, reason: str) -> None:
+        self.agent_id = agent_id
+        self.reason = reason
+        msg = f"cannot write the memory of agent {agent_id!r}: {reason}. Nothing was written."
+        super().__init__(msg)

@@ -18,7 +18,7 @@ from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistenceHandler, PersistentAgent, ephemeral
+from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, ephemeral
 from effectful_durable.testing import FakeLLM
 
 
@@ -76,6 +76,22 @@ class Manager(PersistentAgent):
     @Template.define
     def plan(self, goal: str) -> str:
         """Make a plan for: {goal}"""
+        raise NotHandled
+
+
+@dataclasses.dataclass
+class Keeper(PersistentAgent, StateTools):
+    """You keep what you learn."""
+
+    @Tool.define
+    def note_by_code(self, key: str, value: int) -> str:
+        """Store a value through the developer's API."""
+        self.__memory__.put(key, value)
+        return "ok"
+
+    @Template.define
+    def ask(self, question: str) -> str:
+        """Answer: {question}"""
         raise NotHandled
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from effectful_durable import CompactionHandler, PersistenceHandler, Store
 from effectful_durable.cli import main
-from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import Assistant, persisted, running
+from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
+from tests.helpers import Assistant, Keeper, persisted, running
 
 ROOT = Path(__file__).parents[1]
 
@@ -22,6 +22,7 @@ READS = [
     ["history", "bot"],
     ["history", "talker", "--all"],
     ["state", "bot"],
+    ["memory", "bot"],
     ["versions", "bot"],
     ["handoffs"],
     ["workflows"],
@@ -246,6 +247,76 @@ class TestJson:
         assert marks.count({"compacted_in": 5}) == 5 and {"summary_of": 5} in marks
         _, out, _ = run(capsys, "state", db, "bot", "--json")
         assert json.loads(out)["notes"] == []
+
+
+@pytest.fixture
+def memory_db(tmp_path: Path) -> str:
+    """Agent 'keeper' at version 2: two keys, then one more key, a note and a deletion."""
+    path = tmp_path / "memory.db"
+    script = [
+        [
+            ToolCall("put_state", {"key": "user.name", "value": '"Alice"'}),
+            ToolCall("put_state", {"key": "essay", "value": json.dumps("long " * 20)}),
+        ],
+        "done",
+        [
+            ToolCall("put_state", {"key": "count", "value": "2"}),
+            ToolCall("delete_state_key", {"key": "essay"}),
+            ToolCall("add_to_context", {"item": "Likes tea."}),
+        ],
+        "done",
+    ]
+    with persisted(path, FakeLLM(script)):
+        keeper = Keeper(agent_id="keeper")
+        keeper.ask("one")
+        keeper.ask("two")
+    return str(path)
+
+
+class TestMemoryCommand:
+    """``memory DB AGENT``: the keys and notes an agent kept, at any version."""
+
+    def test_table(self, memory_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """The keys print as key, bytes and JSON value; the notes below them with their time."""
+        code, out, _ = run(capsys, "memory", memory_db, "keeper")
+        assert code == 0
+        keys, notes = out.split("\n\n")
+        assert table(keys) == [
+            ["key", "bytes", "value"],
+            ["count", "1", "2"],
+            ["user.name", "7", '"Alice"'],
+        ]
+        assert aligned(keys)
+        assert notes.splitlines()[0].split() == ["note", "added", "text"]
+        assert notes.splitlines()[1].endswith("Likes tea.")
+
+    def test_version_and_json(self, memory_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """--version N prints what version N held; --json prints keys and notes as JSON."""
+        code, out, _ = run(capsys, "memory", memory_db, "keeper", "--version", "1", "--json")
+        assert code == 0
+        assert json.loads(out) == {
+            "keys": {"essay": "long " * 20, "user.name": "Alice"},
+            "notes": [],
+        }
+        _, out, _ = run(capsys, "memory", memory_db, "keeper", "--json")
+        [note] = json.loads(out)["notes"]
+        assert note["text"] == "Likes tea."
+        assert datetime.fromisoformat(note["at"]).utcoffset() is not None
+
+    def test_errors(self, memory_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """An unknown agent or version is one error line and exit code 1."""
+        code, _, err = run(capsys, "memory", memory_db, "nobody")
+        assert code == 1 and "no agent 'nobody'" in err
+        code, _, err = run(capsys, "memory", memory_db, "keeper", "--version", "9")
+        assert code == 1 and "versions 1 to 2" in err
+
+    def test_reads_change_nothing(
+        self, memory_db: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The memory command leaves the file byte for byte as it was."""
+        before = Path(memory_db).read_bytes()
+        assert run(capsys, "memory", memory_db, "keeper")[0] == 0
+        assert Path(memory_db).read_bytes() == before
 
 
 class TestMaintenance:

@@ -60,12 +60,13 @@ class Child:
         *,
         durability: str = "normal",
         keep_versions: int | None = None,
+        script: Path = CHILD,
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._stderr_file = (log_dir / f"child-{time.monotonic_ns()}.stderr").open("w+")
         keep = ["--keep-versions", str(keep_versions)] if keep_versions else []
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(db_path), "--durability", durability, *keep],
+            [sys.executable, str(script), str(db_path), "--durability", durability, *keep],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr_file,
@@ -157,9 +158,11 @@ class Children:
         budget: int,
         ahead: int = 1,
         keep_versions: int | None = None,
+        script: Path = CHILD,
     ) -> None:
         self._db_path, self._log_dir = db_path, log_dir
         self._keep_versions = keep_versions
+        self._script = script
         self._budget = budget
         self._ahead = ahead
         self._warming: collections.deque[Child] = collections.deque()
@@ -189,7 +192,12 @@ class Children:
 
     def _top_up(self) -> None:
         while len(self._warming) < self._ahead and len(self._started) < self._budget:
-            child = Child(self._db_path, self._log_dir, keep_versions=self._keep_versions)
+            child = Child(
+                self._db_path,
+                self._log_dir,
+                keep_versions=self._keep_versions,
+                script=self._script,
+            )
             self._started.append(child)
             self._warming.append(child)
 

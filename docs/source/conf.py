@@ -100,5 +100,19 @@ def _check_api_page(app: Sphinx) -> None:
         )
 
 
+def _public_bases(app: Sphinx, name: str, obj: object, options: object, bases: list) -> None:
+    """Leave PersistenceHandler's internal mixins (one per part: MemoryHandling, ...) out of
+    its "Bases:" line; they are how the handler is built, not API."""
+    bases[:] = [
+        base
+        for base in bases
+        if not (
+            getattr(base, "__module__", "").startswith("effectful_durable.handlers.")
+            and base.__name__.endswith("Handling")
+        )
+    ]
+
+
 def setup(app: Sphinx) -> None:
     app.connect("builder-inited", _check_api_page)
+    app.connect("autodoc-process-bases", _public_bases)

@@ -1,7 +1,16 @@
 """Agent classes and the helpers they use."""
 
+from .memory import AgentMemory, MemoryDigest, MemoryLimits, StateTools
 from .persistent import PersistentAgent
 from .state import ephemeral
 from .tools import RecallTools
 
-__all__ = ["PersistentAgent", "RecallTools", "ephemeral"]
+__all__ = [
+    "AgentMemory",
+    "MemoryDigest",
+    "MemoryLimits",
+    "PersistentAgent",
+    "RecallTools",
+    "StateTools",
+    "ephemeral",
+]

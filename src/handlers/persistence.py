@@ -35,6 +35,7 @@ from .effectful_hooks import (
 )
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
+from .memory import MemoryHandling
 
 
 @dataclass
@@ -66,7 +67,7 @@ class _Turn:
     staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
-class PersistenceHandler(ConversationHandling, ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+class PersistenceHandler(ConversationHandling, MemoryHandling, ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row
@@ -382,18 +383,26 @@ class PersistenceHandler(ConversationHandling, ObjectInterpretation[Any, Any]): 
     def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
         """Keep nested agents' messages; add the turn's notes to its system message.
 
-        Only what the turn needs: a turn with no notes when it starts gets none.
+        Only what the turn needs: installing a handler costs effectful tens of
+        microseconds, so the notes' handler is there only if the turn has a
+        handoff note or its agent one of the parts' notes (a memory digest, ...).
         """
         interpretation = dict(keep_own_history())
-        if self._system_notes(turn):
+        if turn.earlier is not None or self._tells(turn.agent):
             interpretation.update(
                 system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
             )
         return interpretation
 
+    def _tells(self, agent: PersistentAgent) -> bool:
+        """Whether a part (memory, ...) may add notes to ``agent``'s model requests."""
+        parts = getattr(super(), "_tells", None)
+        return bool(parts(agent)) if parts is not None else False
+
     def _system_notes(self, turn: _Turn) -> list[str]:
         """What the model is told each request of ``turn``, outside its history."""
-        return [_handoff_note(turn.earlier)] if turn.earlier is not None else []
+        handoff = [_handoff_note(turn.earlier)] if turn.earlier is not None else []
+        return [*handoff, *super()._system_notes(turn)]  # the parts' notes (MemoryHandling)
 
     def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
         committed = turn.committed

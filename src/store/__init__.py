@@ -1,6 +1,7 @@
 """The durable log on SQLite. Knows nothing about effectful."""
 
 from .connection import Durability, connect
+from .memory import MemoryNote
 from .records import (
     AgentRecord,
     Compaction,
@@ -26,6 +27,7 @@ __all__ = [
     "Handoff",
     "LoadedAgent",
     "PruneResult",
+    "MemoryNote",
     "StepInfo",
     "Store",
     "TurnStart",

@@ -241,6 +241,17 @@ CREATE INDEX messages_removed ON messages (agent_id, removed_in)
     WHERE removed_in IS NOT NULL;
 """
 _V2_MEMORY = """
+CREATE TABLE memory (
+    agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kind       TEXT NOT NULL CHECK (kind IN ('key', 'note')),
+    key        TEXT NOT NULL,
+    added_in   INTEGER NOT NULL,
+    removed_in INTEGER CHECK (removed_in > added_in),
+    value      TEXT NOT NULL,
+    PRIMARY KEY (agent_id, kind, key, added_in)
+) STRICT;
+CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
+    WHERE removed_in IS NULL;
 """
 _V2_WORKSPACE = """
 """

@@ -161,6 +161,26 @@ CREATE INDEX messages_removed ON messages (agent_id, removed_in)
 
 -- == Memory: the keys an agent decided to keep (StateTools) ==
 
+-- The agent's memory, versioned like messages: one row per value a key held
+-- ('key') and per context note ('note', keyed by the time it was added). A put
+-- marks the key's active row removed_in = version and adds a row added_in =
+-- version, so a write costs what it writes; version v holds the rows with
+-- added_in <= v < coalesce(removed_in, infinity). value is JSON text: the
+-- value of a key, {"at": <unix seconds>, "text": ...} for a note.
+CREATE TABLE memory (
+    agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kind       TEXT NOT NULL CHECK (kind IN ('key', 'note')),
+    key        TEXT NOT NULL,
+    added_in   INTEGER NOT NULL,
+    removed_in INTEGER CHECK (removed_in > added_in),
+    value      TEXT NOT NULL,
+    PRIMARY KEY (agent_id, kind, key, added_in)
+) STRICT;
+
+-- The current memory, in key order, one indexed range per agent and kind.
+CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
+    WHERE removed_in IS NULL;
+
 -- == SQL workspace: the agent's own tables (SQLTools) ==
 
 -- == Alarms: scheduled actions of agents (AlarmTools, AgentRunner) ==

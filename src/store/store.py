@@ -28,6 +28,7 @@ from .connection import Durability, connect, quarantine, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .locks import AgentBusy, AgentLocks
+from .memory import KEY, NOTE, MemoryNote, MemoryPart, MemoryRows, memory_at, note_of
 from .parts import TurnWrite, VersionedPart
 from .records import (
     AgentRecord,
@@ -48,14 +49,15 @@ _HOST = socket.gethostname()
 
 # Every part of an agent's record besides messages and fields: rollback and fork
 # carry each of them (see parts.py).
-_PARTS: tuple[VersionedPart, ...] = (_conversations.Conversations(),)
+_PARTS: tuple[VersionedPart, ...] = (_conversations.Conversations(), MemoryPart())
 
 
 class Store:
     """The durable log of every agent in one SQLite database file.
 
-    Reads (``agents``, ``history``, ``state``, ``versions``, ``handoffs``,
-    ``search_compacted``, ``workflows``, ``steps``) see the last committed versions.
+    Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,
+    ``memory_notes``, ``versions``, ``handoffs``, ``search_compacted``,
+    ``workflows``, ``steps``) see the last committed versions.
     Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``, ``prune``)
     takes the agent's lock, so it never races a running turn; ``vacuum`` and
     ``backup`` work on the whole file while turns go on. The remaining methods are the
@@ -124,6 +126,7 @@ class Store:
                 quarantine(self.path)
                 self._connection()
         self._locks = AgentLocks.for_database(self.path)
+        self.memory_rows = MemoryRows(self._connection)  # current memory, for the handler
 
     def __repr__(self) -> str:
         return f"Store({self.path!r})"
@@ -268,6 +271,34 @@ class Store:
             state = _state_at(conn, agent_id, version)
         return json.loads(state) if state is not None else {}
 
+    def memory(self, agent_id: str, version: int | None = None) -> dict[str, Any]:
+        """The keys the agent stored in its memory, with their values, at ``version``.
+
+        Default: the latest version. Keys are in sorted order.
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            rows = memory_at(conn, agent_id, version, KEY)
+        return {key: json.loads(value) for key, value in rows}
+
+    def memory_notes(self, agent_id: str, version: int | None = None) -> list[MemoryNote]:
+        """The context notes the agent kept at ``version`` (default: latest), oldest first.
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            rows = memory_at(conn, agent_id, version, NOTE)
+        return [note_of(value) for _, value in rows]
+
     def versions(self, agent_id: str) -> list[VersionInfo]:
         """Every committed version of the agent, oldest first.
 
@@ -322,7 +353,14 @@ class Store:
             "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
             "schema": conn.pragma("user_version"),
         }
-        for table in ("agents", "conversations", "versions", "messages", "workflow_steps"):
+        for table in (
+            "agents",
+            "conversations",
+            "versions",
+            "messages",
+            "workflow_steps",
+            "memory",
+        ):
             facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
@@ -331,7 +369,7 @@ class Store:
     # -- maintenance ---------------------------------------------------------
 
     def rollback(self, agent_id: str, version: int) -> int:
-        """Commit a new version whose histories and state equal those of ``version``.
+        """Commit a new version whose histories, state and memory equal those of ``version``.
 
         Every conversation goes back: those created since are removed, those
         deleted since come back, each with its messages as they were. Nothing is
@@ -387,7 +425,9 @@ class Store:
         return new
 
     def fork(self, agent_id: str, version: int | None, new_agent_id: str) -> ForkedAgent:
-        """Create ``new_agent_id`` with the conversations and state of ``agent_id`` at ``version``.
+        """Create ``new_agent_id`` as a copy of ``agent_id`` at ``version``.
+
+        The copy gets the conversations, state and memory of that version.
 
         Returns:
             The new agent, with the id and version it copies (``source_version`` is

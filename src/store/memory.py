@@ -1,0 +1,233 @@
+"""Memory: the keys and context notes an agent decided to keep, versioned like messages.
+
+One row per value a key held (kind ``'key'``) and per context note (kind
+``'note'``, keyed by when it was added), with the versions that added and removed
+it. A turn's write marks the active row of each key it changed removed and adds a
+row for the new value, so it costs what it writes, never the size of the memory;
+version *v* holds the rows with ``added_in <= v`` and no ``removed_in <= v``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import apsw
+
+type Kind = Literal["key", "note"]
+KEY: Kind = "key"
+NOTE: Kind = "note"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryNote:
+    """One context note an agent added to its memory.
+
+    .. versionadded:: 0.2.0
+    """
+
+    at: datetime
+    text: str
+
+
+class MemoryChanges:
+    """A turn's staged memory writes, applied in the turn's transaction (a TurnWrite).
+
+    ``changes`` maps ``(kind, key)`` to the new value as JSON text, or to None for
+    a deletion; the last change of a key in the turn wins.
+    """
+
+    def __init__(self) -> None:
+        self.changes: dict[tuple[Kind, str], str | None] = {}
+
+    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+        """Apply the changes as part of ``version`` of ``agent_id``."""
+        for (kind, key), value in self.changes.items():
+            if value is not None and _active_value(conn, agent_id, kind, key) == value:
+                continue  # unchanged: no new row, the old one stays active
+            conn.execute(
+                """
+                UPDATE memory SET removed_in = ?4
+                 WHERE agent_id = ?1 AND kind = ?2 AND key = ?3 AND removed_in IS NULL
+                """,
+                (agent_id, kind, key, version),
+            )
+            if value is not None:
+                conn.execute(
+                    "INSERT INTO memory (agent_id, kind, key, added_in, value) VALUES (?,?,?,?,?)",
+                    (agent_id, kind, key, version, value),
+                )
+
+
+class MemoryPart:
+    """Memory as a versioned part: rollback, fork, prune and delete (a VersionedPart)."""
+
+    def rollback(
+        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
+    ) -> None:
+        """Make ``new_version`` hold the memory ``to_version`` held."""
+        conn.execute(
+            """
+            UPDATE memory SET removed_in = ?3
+             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2
+            """,
+            (agent_id, to_version, new_version),
+        )
+        conn.execute(
+            """
+            INSERT INTO memory (agent_id, kind, key, added_in, value)
+            SELECT agent_id, kind, key, ?3, value FROM memory
+             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
+            """,
+            (agent_id, to_version, new_version),
+        )
+
+    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+        """Give ``new_agent_id`` (at version 1) the memory ``agent_id`` held at ``version``."""
+        conn.execute(
+            """
+            INSERT INTO memory (agent_id, kind, key, added_in, value)
+            SELECT ?3, kind, key, 1, value FROM memory
+             WHERE agent_id = ?1 AND added_in <= ?2
+               AND (removed_in IS NULL OR removed_in > ?2)
+            """,
+            (agent_id, version, new_agent_id),
+        )
+
+    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+        """Delete the rows no version from ``keep_from`` on holds."""
+        conn.execute(
+            "DELETE FROM memory WHERE agent_id = ? AND removed_in <= ?",
+            (agent_id, keep_from),
+        )
+
+    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+        """Delete all memory of ``agent_id`` (the agents row's cascade would too)."""
+        conn.execute("DELETE FROM memory WHERE agent_id = ?", (agent_id,))
+
+
+class MemoryRows:
+    """Reads of agents' current memory, on the calling thread's connection.
+
+    Args:
+        connection: Returns the connection to read on.
+    """
+
+    def __init__(self, connection: Callable[[], apsw.Connection]) -> None:
+        self._connection = connection
+
+    def value(self, agent_id: str, kind: Kind, key: str) -> str | None:
+        """The JSON text ``key`` holds now, or None."""
+        return _active_value(self._connection(), agent_id, kind, key)
+
+    def count(self, agent_id: str, kind: Kind) -> int:
+        """How many keys (or notes) the agent holds now."""
+        return int(
+            self._connection()
+            .execute(
+                """
+                SELECT count(*) FROM memory
+                 WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
+                """,
+                (agent_id, kind),
+            )
+            .get
+        )
+
+    def entries(
+        self,
+        agent_id: str,
+        kind: Kind,
+        *,
+        prefix: str = "",
+        limit: int = -1,
+        small: int = -1,
+    ) -> list[tuple[str, int, str | None]]:
+        """``(key, bytes, value)`` of current keys from ``prefix`` on, in key order.
+
+        ``value`` is the JSON text when it is at most ``small`` bytes (all values
+        when ``small`` is negative), else None. At most ``limit`` rows (negative:
+        all); keys that do not start with ``prefix`` are left out.
+        """
+        rows: list[tuple[Any, ...]] = (
+            self._connection()
+            .execute(
+                """
+                SELECT key, octet_length(value),
+                       CASE WHEN ?5 < 0 OR octet_length(value) <= ?5 THEN value END
+                  FROM memory
+                 WHERE agent_id = ?1 AND kind = ?2 AND removed_in IS NULL
+                   AND key >= ?3 AND (?6 IS NULL OR key < ?6)
+                   AND substr(key, 1, length(?3)) = ?3
+                 ORDER BY key LIMIT ?4
+                """,
+                (agent_id, kind, prefix, limit, small, _prefix_end(prefix)),
+            )
+            .fetchall()
+        )
+        return rows
+
+    def last_key(self, agent_id: str, kind: Kind) -> str | None:
+        """The greatest current key of ``kind``, or None."""
+        row = (
+            self._connection()
+            .execute(
+                """
+                SELECT max(key) FROM memory
+                 WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
+                """,
+                (agent_id, kind),
+            )
+            .fetchone()
+        )
+        return None if row is None or row[0] is None else str(row[0])
+
+
+def memory_at(
+    conn: apsw.Connection, agent_id: str, version: int, kind: Kind
+) -> list[tuple[str, str]]:
+    """``(key, JSON text)`` of every key (or note) ``version`` held, in key order."""
+    rows: list[tuple[Any, ...]] = conn.execute(
+        """
+        SELECT key, value FROM memory
+         WHERE agent_id = ?1 AND kind = ?2 AND added_in <= ?3
+           AND (removed_in IS NULL OR removed_in > ?3)
+         ORDER BY key
+        """,
+        (agent_id, kind, version),
+    ).fetchall()
+    return rows
+
+
+def note_of(value: str) -> MemoryNote:
+    """A note from its stored JSON text."""
+    decoded = json.loads(value)
+    return MemoryNote(datetime.fromtimestamp(decoded["at"], UTC), str(decoded["text"]))
+
+
+def _active_value(conn: apsw.Connection, agent_id: str, kind: Kind, key: str) -> str | None:
+    row = conn.execute(
+        """
+        SELECT value FROM memory
+         WHERE agent_id = ? AND kind = ? AND key = ? AND removed_in IS NULL
+        """,
+        (agent_id, kind, key),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _prefix_end(prefix: str) -> str | None:
+    """The least string greater than every string starting with ``prefix``, if simple.
+
+    SQLite compares text as UTF-8 bytes, which order like code points, so the
+    prefix with its last character incremented bounds the index range.
+    """
+    if not prefix:
+        return None
+    last = ord(prefix[-1]) + 1
+    if last > 0x10FFFF or 0xD800 <= last <= 0xDFFF:
+        return None  # no valid next character: the substr test alone decides
+    return prefix[:-1] + chr(last)
