@@ -1,6 +1,6 @@
 """Durable, crash-safe state for effectful LLM agents, on SQLite."""
 
-from .agents import PersistentAgent, RecallTools, ephemeral
+from .agents import PersistentAgent, RecallTools, SQLTools, ephemeral
 from .errors import (
     AgentInUseError,
     DatabaseBusyError,
@@ -9,11 +9,14 @@ from .errors import (
     NotFoundError,
     NotOurDatabaseError,
     SchemaTooNewError,
+    SQLWorkspaceError,
     StateSerializationError,
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
 from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
+from .store.sandbox import SQLLimits
+from .store.workspace import SQLResult
 
 __all__ = [
     "AgentInUseError",
@@ -28,6 +31,10 @@ __all__ = [
     "PersistenceHandler",
     "PersistentAgent",
     "RecallTools",
+    "SQLLimits",
+    "SQLResult",
+    "SQLTools",
+    "SQLWorkspaceError",
     "SchemaTooNewError",
     "StateSerializationError",
     "StepInfo",

@@ -111,3 +111,10 @@ class WorkflowDivergedError(DurableError):
             "from this step."
         )
         super().__init__(msg)
+
+
+class SQLWorkspaceError(DurableError):
+    """An agent's SQL workspace was declared wrongly, or a query on it was refused.
+
+    .. versionadded:: 0.2.0
+    """

@@ -26,6 +26,7 @@ from ..store.parts import TurnWrite
 from .effectful_hooks import bound_agent, keep_own_history, set_history, system_notes
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
+from .workspace import WorkspaceHandling
 
 
 @dataclass
@@ -54,7 +55,7 @@ class _Turn:
     staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
-class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+class PersistenceHandler(WorkspaceHandling, ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row
@@ -179,6 +180,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
                     result = fwd()
                 self._commit(agent, turn, result)
             except BaseException as error:
+                self._end_turn(turn, committed=False)
                 self._abort(agent, turn, error)
                 raise
             finally:
@@ -269,7 +271,8 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
 
     def _system_notes(self, turn: _Turn) -> list[str]:
         """What the model is told each request of ``turn``, outside its history."""
-        return [_handoff_note(turn.earlier)] if turn.earlier is not None else []
+        handoff = [_handoff_note(turn.earlier)] if turn.earlier is not None else []
+        return [*handoff, *super()._system_notes(turn)]
 
     def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
         committed = turn.committed
@@ -300,6 +303,7 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
         )
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)
+        self._end_turn(turn, committed=True)
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "done")
 

@@ -94,6 +94,15 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 _V2_MEMORY = """
 """
 _V2_WORKSPACE = """
+CREATE TABLE workspace_log (
+    agent_id  TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version   INTEGER NOT NULL,
+    seq       INTEGER NOT NULL,
+    ddl       TEXT,
+    changeset BLOB,
+    CHECK ((ddl IS NULL) <> (changeset IS NULL)),
+    PRIMARY KEY (agent_id, version, seq)
+) STRICT;
 """
 _V2_ALARMS = """
 """

@@ -26,6 +26,7 @@ from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
 from .parts import TurnWrite, VersionedPart
+from .sandbox import SQLLimits
 from .records import (
     AgentRecord,
     Compaction,
@@ -36,12 +37,22 @@ from .records import (
     VersionInfo,
     WorkflowInfo,
 )
+from .workspace import Declaration, SQLResult, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()
 
 # Every part of an agent's record besides messages and fields: rollback and fork
 # carry each of them (see parts.py).
-_PARTS: tuple[VersionedPart, ...] = ()
+_PARTS: tuple[VersionedPart, ...] = (WorkspacePart(),)
+
+# Store.sql reads for the developer: no row or size cap, a generous budget.
+_DEVELOPER_LIMITS = SQLLimits(
+    max_rows=2**62,
+    max_result_bytes=2**62,
+    max_statement_chars=1_000_000,
+    max_vm_steps=10**12,
+    max_seconds=600.0,
+)
 
 
 class Store:
@@ -207,6 +218,39 @@ class Store:
             version = self._checked_version(conn, agent_id, version)
             state = _state_at(conn, agent_id, version)
         return json.loads(state) if state is not None else {}
+
+    def sql(
+        self,
+        agent_id: str,
+        query: str,
+        params: Sequence[Any] = (),
+        version: int | None = None,
+    ) -> SQLResult:
+        """Run a read-only query on the agent's own SQL workspace, at ``version``.
+
+        The query runs in the same sandbox as the agent's ``sql_query`` (one
+        statement, reads only), without its row and size caps.
+
+        Raises:
+            NotFoundError: No such agent or version.
+            SQLWorkspaceError: The query was refused or failed.
+
+        .. versionadded:: 0.2.0
+        """
+        conn = self._connection()
+        with self._reading():
+            version = self._checked_version(conn, agent_id, version)
+        return read_sql(
+            conn,
+            self.path,
+            agent_id,
+            query,
+            params,
+            version=version,
+            readonly=self.readonly,
+            limits=_DEVELOPER_LIMITS,
+            busy_timeout=self.busy_timeout,
+        )
 
     def versions(self, agent_id: str) -> list[VersionInfo]:
         """Every committed version of the agent, oldest first.
@@ -521,6 +565,27 @@ class Store:
         positions = [position for position, _ in rows]
         messages = _decode_messages(body for _, body in rows)
         return LoadedAgent(version, ActiveHistory(messages, positions), state)
+
+    def workspace_turn(
+        self,
+        agent_id: str,
+        *,
+        declaration: Declaration,
+        allow_ddl: bool,
+        limits: SQLLimits,
+        owner: str,
+    ) -> WorkspaceTurn:
+        """Open the agent's SQL workspace for its running turn (its lock is held)."""
+        return WorkspaceTurn(
+            self._connection(),
+            self.path,
+            agent_id,
+            declaration=declaration,
+            allow_ddl=allow_ddl,
+            limits=limits,
+            owner=owner,
+            busy_timeout=self.busy_timeout,
+        )
 
     def begin_turn(
         self,
