@@ -61,7 +61,7 @@ class WorkspaceHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         try:
             result: SQLResult = run(workspace, checked)
         except Refused as refused:
-            return _error(f"{refused} Nothing was changed by this call.")
+            return _error(str(refused))
         return _result_text(result)
 
     def _workspace(self, agent: Any, *, create: bool = True) -> WorkspaceTurn | None:
@@ -134,7 +134,7 @@ def _checked_params(params: Any) -> list[Any] | str:
 
 
 def _error(text: str) -> str:
-    return f"error: {text}"
+    return f"error: {text.rstrip('.')}. Nothing was changed by this call."
 
 
 def _result_text(result: SQLResult) -> str:

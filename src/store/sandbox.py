@@ -164,10 +164,20 @@ def vet(
             f"{limits.max_statement_chars}. Split the work into shorter statements."
         )
         raise Refused(msg)
+    actions: list[_Action] = []
+
+    def record(code: int, a1: str | None, a2: str | None, db: str | None, _: Any) -> int:
+        actions.append(_action(code, a1, a2, db))
+        return apsw.SQLITE_OK
+
+    previous = conn.authorizer
+    conn.authorizer = record
     try:
-        info = apsw.ext.query_info(conn, sql, actions=True)
+        info = apsw.ext.query_info(conn, sql)  # prepares, never runs
     except apsw.Error as e:
         raise Refused(f"SQL error: {e}") from None
+    finally:
+        conn.authorizer = previous
     if info.query_remaining is not None and _has_statement(conn, info.query_remaining):
         msg = (
             "only one statement per call is allowed; this text holds more after "
@@ -180,7 +190,6 @@ def vet(
             f"{len(params)} value(s) were given in params"
         )
         raise Refused(msg)
-    actions = info.actions or []
     if not actions:
         # VACUUM, VACUUM INTO and REINDEX prepare without any authorizer action.
         msg = (
@@ -189,19 +198,20 @@ def vet(
         )
         raise Refused(msg)
     ddl = next((_DDL[a.action] for a in actions if a.action in _DDL), None)
-    tables: set[str] = set()
-    for action in actions:
-        reason = _refusal(action, write=write, ddl=ddl, protected=protected)
-        if reason is not None:
-            raise Refused(reason)
-        if action.table_name and not action.table_name.lower().startswith("sqlite_"):
-            tables.add(action.table_name)
-    if ddl is not None and not allow_ddl:
+    if ddl is not None and write and not allow_ddl:
         msg = (
             f"{ddl} is not allowed: this agent may not change its schema. Use the "
             "tables listed in the system message."
         )
         raise Refused(msg)
+    tables: set[str] = set()
+    for action in actions:
+        reason = _refusal(action, write=write, ddl=ddl, protected=protected)
+        if reason is not None:
+            raise Refused(reason)
+        table = action.table
+        if table and not table.lower().startswith("sqlite_"):
+            tables.add(table)
     if not write and not info.is_readonly:
         msg = "sql_query only reads; use sql_execute to change data"
         raise Refused(msg)
@@ -227,9 +237,7 @@ def guarded(conn: apsw.Connection, statement: Statement, limits: SQLLimits) -> I
         return False
 
     def authorize(code: int, a1: str | None, a2: str | None, db: str | None, _: Any) -> int:
-        if code == apsw.SQLITE_ALTER_TABLE:  # its arguments are (database, table)
-            a1, a2, db = a2, None, a1
-        action = _Action(code, a1, a2, db)
+        action = _action(code, a1, a2, db)
         write = not statement.readonly
         reason = _refusal(action, write=write, ddl=statement.ddl, protected=frozenset())
         return apsw.SQLITE_OK if reason is None else apsw.SQLITE_DENY
@@ -252,22 +260,35 @@ def guarded(conn: apsw.Connection, statement: Statement, limits: SQLLimits) -> I
 
 @dataclass(frozen=True)
 class _Action:
+    """One authorizer call: its code, two arguments and database name."""
+
     action: int
     a1: str | None
     a2: str | None
     database_name: str | None
 
+    @property
+    def table(self) -> str | None:
+        """The table the action names, if any."""
+        if self.action in (apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_DROP_INDEX):
+            return self.a2
+        if self.action in (apsw.SQLITE_READ, *_WRITES, *_DDL):
+            return self.a1
+        return None
+
+
+def _action(code: int, a1: str | None, a2: str | None, db: str | None) -> _Action:
+    if code == apsw.SQLITE_ALTER_TABLE:  # its arguments are (database, table)
+        return _Action(code, a2, None, a1)
+    return _Action(code, a1, a2, db)
+
 
 
 def _refusal(
-    action: Any, *, write: bool, ddl: str | None, protected: frozenset[str]
+    action: _Action, *, write: bool, ddl: str | None, protected: frozenset[str]
 ) -> str | None:
     """Why ``action`` is refused, or None if it is allowed."""
-    code = action.action
-    if isinstance(action, _Action):
-        a1, a2, database = action.a1, action.a2, action.database_name
-    else:
-        a1, a2, database = _raw_args(action)
+    code, a1, a2, database = action.action, action.a1, action.a2, action.database_name
     if code in _NEVER:
         return f"{_NEVER[code]} is not allowed in the SQL workspace"
     if database not in (None, "main"):
@@ -311,20 +332,6 @@ def _refusal(
             return f"writing to {a1} is not allowed: tables named sqlite_* belong to SQLite"
         return None
     return f"this statement needs a permission the SQL workspace does not grant (code {code})"
-
-
-def _raw_args(action: Any) -> tuple[str | None, str | None, str | None]:
-    """The authorizer's two arguments and database, from an ``apsw.ext`` action record."""
-    code = action.action
-    if code == apsw.SQLITE_PRAGMA:
-        return action.pragma_name, action.pragma_value, action.database_name
-    if code == apsw.SQLITE_FUNCTION:
-        return None, action.function_name, action.database_name
-    if code in (apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_DROP_INDEX):
-        return action.index_name, action.table_name, action.database_name
-    if code == apsw.SQLITE_ALTER_TABLE:
-        return action.table_name, None, action.database_name
-    return action.table_name, action.column_name, action.database_name
 
 
 def _has_statement(conn: apsw.Connection, text: str) -> bool:

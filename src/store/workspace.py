@@ -301,6 +301,34 @@ class WorkspacePart:
         _remove_files(workspace_path(conn.filename, agent_id))
 
 
+def _merged(steps: Sequence[Step]) -> list[Step]:
+    """The steps with each run of changesets between DDL steps combined into one."""
+    merged: list[Step] = []
+    run: list[bytes] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            merged.append((None, run[0]))
+        elif run:
+            builder = apsw.ChangesetBuilder()
+            for changeset in run:
+                builder.add(changeset)
+            combined = builder.output()
+            builder.close()
+            if combined:
+                merged.append((None, combined))
+        run.clear()
+
+    for ddl, changeset in steps:
+        if ddl is None and changeset:
+            run.append(changeset)
+        else:
+            flush()
+            merged.append((ddl, changeset))
+    flush()
+    return merged
+
+
 def _remove_files(path: str) -> None:
     for suffix in ("", "-wal", "-shm", "-journal"):
         with contextlib.suppress(FileNotFoundError):
@@ -572,6 +600,14 @@ class WorkspaceTurn:
             self._steps.append((None, changeset))
         self._session = self._new_session()
 
+    def _recover(self) -> None:
+        """Redo the turn's earlier steps after SQLite rolled its transaction back."""
+        self._session.close()
+        self.conn.execute("BEGIN IMMEDIATE")
+        _apply(self.conn, self._steps)
+        self._session = self._new_session()
+        self._tables = None
+
     def tables(self) -> list[TableInfo]:
         """The workspace's tables as the turn sees them."""
         if self._tables is None:
@@ -603,16 +639,22 @@ class WorkspaceTurn:
             protected=self.protected,
             limits=self.limits,
         )
-        if statement.ddl is not None:
-            self._cut()
+        # A segment per statement: SQLite rolls back the whole transaction when a
+        # write is interrupted (budget) or hits SQLITE_FULL
+        # (sqlite.org/lang_transaction.html#response_to_errors_within_a_transaction);
+        # the turn's earlier statements are then replayed from the steps.
+        self._cut()
         self.conn.execute("SAVEPOINT agent_statement")
         try:
             result = self._run(statement, params)
             if statement.ddl is not None:
                 self._check_keys()
         except BaseException:
-            self.conn.execute("ROLLBACK TO agent_statement")
-            self.conn.execute("RELEASE agent_statement")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK TO agent_statement")
+                self.conn.execute("RELEASE agent_statement")
+            else:
+                self._recover()
             raise
         self.conn.execute("RELEASE agent_statement")
         if statement.ddl is not None:
@@ -709,7 +751,7 @@ class WorkspaceTurn:
     def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
         """Log the turn's steps as ``version`` of ``agent_id``, in the main transaction."""
         self._cut()
-        _write_log(conn, agent_id, version, self._steps)
+        _write_log(conn, agent_id, version, _merged(self._steps))
         self.version = version
 
     def finish(self, *, committed: bool) -> None:
