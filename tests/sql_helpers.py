@@ -48,7 +48,7 @@ class Small(PersistentAgent, SQLTools):
     """You have tight limits."""
 
     __sql_schema__ = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"
-    __sql_limits__ = SQLLimits(max_rows=3, max_result_bytes=200, max_statement_chars=100)
+    __sql_limits__ = SQLLimits(max_rows=3, max_result_bytes=150, max_statement_chars=100)
 
     @Template.define
     def ask(self, question: str) -> str:

@@ -109,6 +109,7 @@ def attempts(db: str, victim_file: str, out: str) -> list[tuple[str, str, dict[s
         ("vacuum", x, {"statement": "VACUUM"}),
         ("vacuum-into", x, {"statement": f"VACUUM INTO '{out}'"}),
         ("reindex", x, {"statement": "REINDEX"}),
+        ("reindex-table", x, {"statement": "REINDEX notes"}),
         ("analyze", x, {"statement": "ANALYZE"}),
         ("write-through-query", q, {"query": "DELETE FROM notes"}),
         ("returning-through-query", q, {"query": "INSERT INTO notes (body) VALUES ('x') RETURNING id"}),
@@ -219,6 +220,28 @@ class TestRules:
             assert store.sql("t", "SELECT name FROM sqlite_schema ORDER BY name").rows == [
                 ("notes",),
                 ("runs",),
+            ]
+
+    def test_opted_in_schema_changes(self, db_path: Path) -> None:
+        """With the opt-in the agent creates, indexes, alters and drops tables of its own."""
+        bot = Builder(agent_id="b")
+        results = sql_turn(
+            db_path,
+            bot,
+            ToolCall("sql_execute", {"statement": "CREATE TABLE t (id INTEGER PRIMARY KEY, a)"}),
+            ToolCall("sql_execute", {"statement": "CREATE INDEX t_a ON t (a)"}),
+            ToolCall("sql_execute", {"statement": "CREATE INDEX notes_body ON notes (body)"}),
+            ToolCall("sql_execute", {"statement": "ALTER TABLE t ADD COLUMN b"}),
+            ToolCall("sql_execute", {"statement": "CREATE TABLE u (id INTEGER PRIMARY KEY)"}),
+            ToolCall("sql_execute", {"statement": "DROP TABLE u"}),
+        )
+        assert not any(r.startswith("error") for r in results), results
+        with Store(db_path) as store:
+            assert store.sql("b", "SELECT name FROM sqlite_schema ORDER BY name").rows == [
+                ("notes",),
+                ("notes_body",),
+                ("t",),
+                ("t_a",),
             ]
 
     def test_read_pragmas_and_schema_are_allowed(self, db_path: Path) -> None:

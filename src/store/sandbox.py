@@ -76,7 +76,6 @@ _NEVER = {
     apsw.SQLITE_DROP_TEMP_VIEW: "DROP TEMP VIEW",
     apsw.SQLITE_CREATE_VTABLE: "CREATE VIRTUAL TABLE",
     apsw.SQLITE_DROP_VTABLE: "DROP VIRTUAL TABLE",
-    apsw.SQLITE_REINDEX: "REINDEX",
     apsw.SQLITE_ANALYZE: "ANALYZE",
     apsw.SQLITE_COPY: "COPY",
 }
@@ -307,6 +306,8 @@ def _refusal(
         return None
     if code in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
         return None
+    if code == apsw.SQLITE_REINDEX:  # CREATE INDEX builds its index through it
+        return None if ddl == "CREATE INDEX" else "REINDEX is not allowed in the SQL workspace"
     if code == apsw.SQLITE_READ:
         table = (a1 or "").lower()
         if table.startswith("pragma_") and table[len("pragma_") :] not in READ_PRAGMAS:

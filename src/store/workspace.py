@@ -123,7 +123,8 @@ def parse_declaration(text: str, owner: str) -> Declaration:
         return Declaration(text)
     scratch = apsw.Connection(":memory:")
     allowed = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_INSERT,
-               apsw.SQLITE_UPDATE, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION}
+               apsw.SQLITE_UPDATE, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION,
+               apsw.SQLITE_REINDEX}
 
     def authorize(code: int, a1: Any, a2: Any, db: Any, _: Any) -> int:
         return apsw.SQLITE_OK if code in allowed and db in (None, "main") else apsw.SQLITE_DENY
