@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -430,6 +431,55 @@ class TestCatchUp:
         with Store(db_path) as store, pytest.raises(SQLWorkspaceError, match="not an effectful"):
             store.sql("t", "SELECT 1")
         assert dump(path)[1][1] == "theirs"
+
+
+class TestThreads:
+    """Agents in parallel threads write their own tables; nothing is lost or mixed."""
+
+    def test_parallel_agents(self, db_path: Path) -> None:
+        """Four threads, one agent each, eight SQL turns each: every row is there."""
+        from effectful.handlers.llm.completions import LiteLLMProvider
+        from effectful.ops.semantics import handler
+
+        from effectful_durable import PersistenceHandler
+        from effectful_durable.testing import FakeCall
+
+        persistence = PersistenceHandler(db_path, wait=10.0)
+        errors: list[BaseException] = []
+
+        def respond(call: FakeCall) -> object:
+            if call.messages[-1]["role"] == "tool":
+                return "ok"
+            turn = int(call.last_user_text.rsplit(" ", 1)[1])
+            return [insert(float(turn)), execute("UPDATE notes SET body = ? WHERE id = 1", str(turn)),
+                    execute("INSERT OR IGNORE INTO notes (id, body) VALUES (1, '0')")]
+
+        def work(number: int) -> None:
+            try:
+                bot = Tracker(agent_id=f"agent-{number}")
+                with handler(LiteLLMProvider(model="fake")), handler(FakeLLM(respond=respond)):
+                    with handler(persistence):
+                        for turn in range(1, 9):
+                            bot.ask(f"turn {turn}")
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        persistence.close()
+        assert errors == []
+        with Store(db_path) as store:
+            for number in range(4):
+                agent_id = f"agent-{number}"
+                assert store.sql(agent_id, "SELECT km FROM runs ORDER BY id").rows == [
+                    (float(k),) for k in range(1, 9)
+                ]
+                assert store.sql(agent_id, "SELECT body FROM notes").rows == [("8",)]
+                assert store.versions(agent_id)[-1].version == 8
+        assert integrity(db_path) == "ok"
 
 
 def _copy(source: str | Path, target: Path) -> None:
