@@ -23,6 +23,7 @@ import dataclasses
 import re
 import sys
 import time
+from typing import Any
 
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
@@ -73,7 +74,10 @@ class Model:
                 ),
                 ToolCall(
                     "sql_execute",
-                    {"statement": "UPDATE entries SET square = turn * turn WHERE id = ?", "params": [turn]},
+                    {
+                        "statement": "UPDATE entries SET square = turn * turn WHERE id = ?",
+                        "params": [turn],
+                    },
                 ),
             ]
         if self.blocking:
@@ -104,7 +108,12 @@ def main() -> None:
                 elif command == "between":
                     finish = workspace.WorkspaceTurn.finish
 
-                    def stall(self: workspace.WorkspaceTurn, *, committed: bool) -> None:
+                    def stall(
+                        self: workspace.WorkspaceTurn,
+                        *,
+                        committed: bool,
+                        finish: Any = finish,
+                    ) -> None:
                         if committed:
                             say("between", self.version)
                             time.sleep(120)

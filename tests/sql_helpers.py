@@ -88,8 +88,12 @@ def dump(path: str) -> list[tuple[Any, ...]]:
     conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
     try:
         out: list[tuple[Any, ...]] = [
-            ("pragma", conn.pragma("user_version"), conn.pragma("application_id"),
-             conn.pragma("journal_mode")),
+            (
+                "pragma",
+                conn.pragma("user_version"),
+                conn.pragma("application_id"),
+                conn.pragma("journal_mode"),
+            ),
         ]
         schema = conn.execute(
             "SELECT type, name, sql FROM sqlite_schema ORDER BY type, name"

@@ -94,7 +94,9 @@ def check(db_path: Path) -> int:
         current = store.versions(AGENT_ID)[-1].version
         assert [v.version for v in store.versions(AGENT_ID)] == list(range(1, current + 1))
         for version in sorted({1, current // 2 or 1, current - 1 or 1, current}):
-            entries = store.sql(AGENT_ID, "SELECT id, turn, square FROM entries ORDER BY id", version=version)
+            entries = store.sql(
+                AGENT_ID, "SELECT id, turn, square FROM entries ORDER BY id", version=version
+            )
             assert entries.rows == [(k, k, k * k) for k in range(1, version + 1)], version
             totals = store.sql(AGENT_ID, "SELECT n FROM totals", version=version).rows
             assert totals == [(version,)], version

@@ -21,6 +21,7 @@ class Keeper(Builder):
 
     __sql_schema__ = "CREATE TABLE notes (id INTEGER PRIMARY KEY, v)"
 
+
 type Tables = dict[str, list[tuple[Any, ...]]]
 
 ROW_IDS = st.integers(min_value=1, max_value=6)
@@ -33,7 +34,9 @@ WRITE = st.one_of(
 
 def read_all(store: Store, agent_id: str, version: int | None = None) -> Tables:
     names = store.sql(
-        agent_id, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name", version=version
+        agent_id,
+        "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name",
+        version=version,
     ).rows
     return {
         name: store.sql(agent_id, f'SELECT * FROM "{name}" ORDER BY id', version=version).rows
@@ -49,7 +52,9 @@ def _calls(table: str, writes: list[tuple[str, int, Any]]) -> list[ToolCall]:
                 f"INSERT INTO {table} (id, v) VALUES (?, ?) "
                 "ON CONFLICT (id) DO UPDATE SET v = excluded.v"
             )
-            calls.append(ToolCall("sql_execute", {"statement": statement, "params": [row_id, value]}))
+            calls.append(
+                ToolCall("sql_execute", {"statement": statement, "params": [row_id, value]})
+            )
         else:
             statement = f"DELETE FROM {table} WHERE id = ?"
             calls.append(ToolCall("sql_execute", {"statement": statement, "params": [row_id]}))
@@ -142,4 +147,6 @@ WorkspaceMachine.TestCase.settings = settings(
     max_examples=8, stateful_step_count=10, deadline=None
 )
 TestWorkspaceVersions = WorkspaceMachine.TestCase
-TestWorkspaceVersions.__doc__ = "Every version of the tables reads back after any sequence of changes."
+TestWorkspaceVersions.__doc__ = (
+    "Every version of the tables reads back after any sequence of changes."
+)

@@ -51,14 +51,20 @@ def attempts(db: str, victim_file: str, out: str) -> list[tuple[str, str, dict[s
         (
             "insert-sqlite-master",
             x,
-            {"statement": "INSERT INTO sqlite_master VALUES ('table','t','t',0,'CREATE TABLE t(a)')"},
+            {
+                "statement": "INSERT INTO sqlite_master "
+                "VALUES ('table', 't', 't', 0, 'CREATE TABLE t(a)')"
+            },
         ),
         ("delete-sqlite-schema", x, {"statement": "DELETE FROM sqlite_schema"}),
         ("temp-schema-read", q, {"query": "SELECT * FROM temp.sqlite_master"}),
         (
             "temp-trigger",
             x,
-            {"statement": "CREATE TEMP TRIGGER t AFTER INSERT ON notes BEGIN DELETE FROM notes; END"},
+            {
+                "statement": "CREATE TEMP TRIGGER t AFTER INSERT ON notes "
+                "BEGIN DELETE FROM notes; END"
+            },
         ),
         (
             "trigger",
@@ -99,7 +105,11 @@ def attempts(db: str, victim_file: str, out: str) -> list[tuple[str, str, dict[s
         ("printf-bomb", q, {"query": "SELECT length(printf('%.*c', 100000000, 'x'))"}),
         ("huge-update", x, {"statement": "INSERT INTO notes (body) VALUES (zeroblob(500000000))"}),
         ("expression-nesting", q, {"query": DEEP}),
-        ("multi-statement", x, {"statement": "INSERT INTO notes (body) VALUES ('a'); DROP TABLE notes"}),
+        (
+            "multi-statement",
+            x,
+            {"statement": "INSERT INTO notes (body) VALUES ('a'); DROP TABLE notes"},
+        ),
         ("multi-statement-select", q, {"query": "SELECT 1; SELECT 2"}),
         ("begin", x, {"statement": "BEGIN"}),
         ("commit", x, {"statement": "COMMIT"}),
@@ -112,7 +122,11 @@ def attempts(db: str, victim_file: str, out: str) -> list[tuple[str, str, dict[s
         ("reindex-table", x, {"statement": "REINDEX notes"}),
         ("analyze", x, {"statement": "ANALYZE"}),
         ("write-through-query", q, {"query": "DELETE FROM notes"}),
-        ("returning-through-query", q, {"query": "INSERT INTO notes (body) VALUES ('x') RETURNING id"}),
+        (
+            "returning-through-query",
+            q,
+            {"query": "INSERT INTO notes (body) VALUES ('x') RETURNING id"},
+        ),
         ("ddl-through-query", q, {"query": "CREATE TABLE q (id INTEGER PRIMARY KEY)"}),
         ("insert-into-our-table", "sql_insert", {"table": "messages", "values": {"body": "x"}}),
         (
@@ -121,8 +135,16 @@ def attempts(db: str, victim_file: str, out: str) -> list[tuple[str, str, dict[s
             {"table": "notes", "values": {"body) VALUES (1); DROP TABLE notes; --": 1}},
         ),
         ("statement-too-long", q, {"query": "SELECT '" + "x" * 20_000 + "'"}),
-        ("params-nested", x, {"statement": "INSERT INTO notes (body) VALUES (?)", "params": [[1]]}),
-        ("params-count", x, {"statement": "INSERT INTO notes (body) VALUES (?)", "params": [1, 2]}),
+        (
+            "params-nested",
+            x,
+            {"statement": "INSERT INTO notes (body) VALUES (?)", "params": [[1]]},
+        ),
+        (
+            "params-count",
+            x,
+            {"statement": "INSERT INTO notes (body) VALUES (?)", "params": [1, 2]},
+        ),
         ("empty-statement", x, {"statement": "  -- nothing\n"}),
     ]
 
@@ -140,7 +162,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ToolCall("sql_insert", {"table": "secrets", "values": {"s": "the password"}}),
     )
     mallory = Builder(agent_id="mallory")
-    results = sql_turn(db, mallory, ToolCall("sql_insert", {"table": "notes", "values": {"body": "mine"}}))
+    results = sql_turn(
+        db, mallory, ToolCall("sql_insert", {"table": "notes", "values": {"body": "mine"}})
+    )
     assert results == ['{"changes": 1}']
     files = workspace_files(db)
     assert len(files) == 2
@@ -153,11 +177,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _disk(world: dict[str, Any]) -> dict[str, Any]:
     db = world["db"]
     return {
-        "files": sorted(p.name for p in Path(world["tmp"]).rglob("*") if not p.name.endswith(("-wal", "-shm"))),
+        "files": sorted(
+            p.name for p in Path(world["tmp"]).rglob("*") if not p.name.endswith(("-wal", "-shm"))
+        ),
         # user_version is the agent version the file holds: each turn moves it on.
         "workspaces": {f: dump(f)[1:] for f in workspace_files(db)},
         "workspace_pragmas": {f: dump(f)[0][2:] for f in workspace_files(db)},
-        "log": persisted_rows(db, "SELECT agent_id, version, seq, ddl, changeset FROM workspace_log"),
+        "log": persisted_rows(
+            db, "SELECT agent_id, version, seq, ddl, changeset FROM workspace_log"
+        ),
         "schema": persisted_rows(db, "SELECT type, name, sql FROM sqlite_schema ORDER BY name"),
         "pragmas": persisted_rows(db, "PRAGMA user_version")
         + persisted_rows(db, "PRAGMA application_id"),

@@ -96,7 +96,7 @@ class SQLTools:
         result was cut at the row or size limit. Your tables are listed in the
         system message.
         """
-        return workspace_query(self, query, params)
+        return str(workspace_query(self, query, params))
 
     @Tool.define
     def sql_execute(self, statement: str, params: list[Any] | None = None) -> str:
@@ -106,7 +106,7 @@ class SQLTools:
         order. The change is saved when your turn completes. A statement that
         fails changes nothing, and you get the error.
         """
-        return workspace_execute(self, statement, params)
+        return str(workspace_execute(self, statement, params))
 
     @Tool.define
     def sql_insert(self, table: str, values: dict[str, Any]) -> str:
@@ -115,4 +115,4 @@ class SQLTools:
         `values` maps column names to values. Returns the number of rows
         inserted, or the error.
         """
-        return workspace_insert(self, table, values)
+        return str(workspace_insert(self, table, values))

@@ -56,7 +56,11 @@ _DDL = {
     apsw.SQLITE_DROP_INDEX: "DROP INDEX",
     apsw.SQLITE_ALTER_TABLE: "ALTER TABLE",
 }
-_WRITES = {apsw.SQLITE_INSERT: "INSERT", apsw.SQLITE_UPDATE: "UPDATE", apsw.SQLITE_DELETE: "DELETE"}
+_WRITES = {
+    apsw.SQLITE_INSERT: "INSERT",
+    apsw.SQLITE_UPDATE: "UPDATE",
+    apsw.SQLITE_DELETE: "DELETE",
+}
 _NEVER = {
     apsw.SQLITE_ATTACH: "ATTACH",
     apsw.SQLITE_DETACH: "DETACH",
@@ -174,7 +178,8 @@ def vet(
     try:
         info = apsw.ext.query_info(conn, sql)  # prepares, never runs
     except apsw.Error as e:
-        raise Refused(f"SQL error: {e}") from None
+        msg = f"SQL error: {e}"
+        raise Refused(msg) from None
     finally:
         conn.authorizer = previous
     if info.query_remaining is not None and _has_statement(conn, info.query_remaining):
@@ -282,7 +287,6 @@ def _action(code: int, a1: str | None, a2: str | None, db: str | None) -> _Actio
     return _Action(code, a1, a2, db)
 
 
-
 def _refusal(
     action: _Action, *, write: bool, ddl: str | None, protected: frozenset[str]
 ) -> str | None:
@@ -350,4 +354,3 @@ def row_limits_text(limits: SQLLimits) -> str:
         f"back per query; one statement per call, at most {limits.max_statement_chars} "
         "characters."
     )
-

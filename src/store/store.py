@@ -26,7 +26,6 @@ from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
 from .parts import TurnWrite, VersionedPart
-from .sandbox import SQLLimits
 from .records import (
     AgentRecord,
     Compaction,
@@ -37,6 +36,7 @@ from .records import (
     VersionInfo,
     WorkflowInfo,
 )
+from .sandbox import SQLLimits
 from .workspace import Declaration, SQLResult, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()

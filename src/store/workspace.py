@@ -122,9 +122,15 @@ def parse_declaration(text: str, owner: str) -> Declaration:
     if not text.strip():
         return Declaration(text)
     scratch = apsw.Connection(":memory:")
-    allowed = {apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_INSERT,
-               apsw.SQLITE_UPDATE, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION,
-               apsw.SQLITE_REINDEX}
+    allowed = {
+        apsw.SQLITE_CREATE_TABLE,
+        apsw.SQLITE_CREATE_INDEX,
+        apsw.SQLITE_INSERT,
+        apsw.SQLITE_UPDATE,
+        apsw.SQLITE_READ,
+        apsw.SQLITE_FUNCTION,
+        apsw.SQLITE_REINDEX,
+    }
 
     def authorize(code: int, a1: Any, a2: Any, db: Any, _: Any) -> int:
         return apsw.SQLITE_OK if code in allowed and db in (None, "main") else apsw.SQLITE_DENY
@@ -149,14 +155,18 @@ def parse_declaration(text: str, owner: str) -> Declaration:
                 "record row changes by primary key."
             )
             raise SQLWorkspaceError(msg)
-    creates = dict(
-        scratch.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'table'").fetchall()
-    )
-    indexes = dict(
-        scratch.execute(
+    creates = {
+        str(name): str(sql)
+        for name, sql in scratch.execute(
+            "SELECT name, sql FROM sqlite_schema WHERE type = 'table'"
+        )
+    }
+    indexes = {
+        str(name): str(sql)
+        for name, sql in scratch.execute(
             "SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL"
-        ).fetchall()
-    )
+        )
+    }
     scratch.close()
     return Declaration(text, tables, creates, indexes)
 
@@ -183,7 +193,7 @@ def _log(main: apsw.Connection, agent_id: str, after: int, upto: int) -> list[St
         """,
         (agent_id, after, upto),
     ).fetchall()
-    return [(ddl, changeset) for ddl, changeset in rows]
+    return [(_text(ddl), _blob(changeset)) for ddl, changeset in rows]
 
 
 def _write_log(main: apsw.Connection, agent_id: str, version: int, steps: Sequence[Step]) -> None:
@@ -199,7 +209,7 @@ def _apply(conn: apsw.Connection, steps: Iterable[Step]) -> None:
             for (name,) in conn.execute(
                 "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
             ).fetchall():
-                conn.execute(f"DROP TABLE {_quote(name)}")
+                conn.execute(f"DROP TABLE {_quote(str(name))}")
         elif ddl is not None:
             conn.execute(ddl)
         elif changeset:
@@ -221,9 +231,10 @@ def _snapshot(mem: apsw.Connection) -> list[Step]:
          ORDER BY type = 'index', rowid
         """
     ).fetchall()
-    steps: list[Step] = [(_RESET, None), *((sql, None) for (sql,) in schema)]
+    statements = [str(sql) for (sql,) in schema]
+    steps: list[Step] = [(_RESET, None), *((sql, None) for sql in statements)]
     fresh = apsw.Connection(":memory:")
-    for (sql,) in schema:
+    for sql in statements:
         fresh.execute(sql)
     session = apsw.Session(fresh, "main")
     session.attach()
@@ -255,7 +266,7 @@ class WorkspacePart:
         if not later:
             return
         if all(ddl is None for ddl, _ in later):
-            builder = apsw.ChangesetBuilder()
+            builder = apsw.ChangesetBuilder()  # type: ignore[no-untyped-call]
             for _, changeset in later:
                 if changeset:
                     builder.add(changeset)
@@ -311,7 +322,7 @@ def _merged(steps: Sequence[Step]) -> list[Step]:
         if len(run) == 1:
             merged.append((None, run[0]))
         elif run:
-            builder = apsw.ChangesetBuilder()
+            builder = apsw.ChangesetBuilder()  # type: ignore[no-untyped-call]
             for changeset in run:
                 builder.add(changeset)
             combined = builder.output()
@@ -395,7 +406,8 @@ def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
                 try:
                     ws.execute("SAVEPOINT catch_up")
                     if held > current:
-                        raise apsw.ConstraintError("ahead of the log")
+                        msg = "ahead of the log"
+                        raise apsw.ConstraintError(msg)
                     _apply(ws, _log(main, agent_id, held, current))
                     ws.execute("RELEASE catch_up")
                 except apsw.Error:
@@ -423,9 +435,7 @@ def _read(main: apsw.Connection) -> Iterator[None]:
         main.execute("COMMIT")
 
 
-def materialize(
-    main: apsw.Connection, path: str, agent_id: str, version: int
-) -> apsw.Connection:
+def materialize(main: apsw.Connection, path: str, agent_id: str, version: int) -> apsw.Connection:
     """An in-memory database holding the agent's tables at ``version``; never writes."""
     mem = apsw.Connection(":memory:")
     with _read(main):
@@ -476,8 +486,16 @@ def _tables(conn: apsw.Connection) -> list[TableInfo]:
                 "SELECT * FROM pragma_table_xinfo(?)", (name,)
             )
         )
-        found.append(TableInfo(name, columns))
+        found.append(TableInfo(str(name), columns))
     return found
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _blob(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
 
 
 def _quote(name: str) -> str:
@@ -730,11 +748,14 @@ class WorkspaceTurn:
             )
             raise Refused(msg) from None
         except apsw.AuthError as e:
-            raise Refused(f"not allowed: {e}") from None
+            msg = f"not allowed: {e}"
+            raise Refused(msg) from None
         except apsw.Error as e:
-            raise Refused(f"SQL error: {e}") from None
+            msg = f"SQL error: {e}"
+            raise Refused(msg) from None
         except (TypeError, ValueError, OverflowError) as e:
-            raise Refused(f"bad parameter value: {e}") from None
+            msg = f"bad parameter value: {e}"
+            raise Refused(msg) from None
         changes = 0 if statement.readonly else self.conn.changes()
         return SQLResult(columns, rows, truncated, changes)
 
@@ -822,7 +843,8 @@ def read_sql(
         reader = _Reader(conn, limits)
         return reader.run(statement, params)
     except Refused as e:
-        raise SQLWorkspaceError(f"query on the tables of {agent_id!r} refused: {e}") from None
+        msg = f"query on the tables of {agent_id!r} refused: {e}"
+        raise SQLWorkspaceError(msg) from None
     finally:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -852,4 +874,3 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float) and value != value:  # NaN has no JSON spelling
         return None
     return value
-

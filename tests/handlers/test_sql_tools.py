@@ -8,8 +8,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from effectful.handlers.llm import Template
-from effectful.ops.types import NotHandled
 
 from effectful_durable import (
     DurableError,
@@ -22,7 +20,7 @@ from effectful_durable import (
 from effectful_durable.store.workspace import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import integrity, persisted, persisted_rows
-from tests.sql_helpers import Builder, Small, Tracker, dump, sql_turn, tool_results
+from tests.sql_helpers import Builder, Small, Tracker, dump, sql_turn
 
 
 def insert(km: float, day: str = "mon") -> ToolCall:
@@ -87,10 +85,10 @@ class TestTools:
 
     def test_blobs_and_nulls(self, db_path: Path) -> None:
         """Blobs come back as hex with their size; NULL as null."""
-        results = sql_turn(
-            db_path, Tracker(agent_id="t"), query("SELECT x'00ff', NULL, 1.5, 'a'")
-        )
-        assert json.loads(results[0])["rows"] == [[{"blob_hex": "00ff", "bytes": 2}, None, 1.5, "a"]]
+        results = sql_turn(db_path, Tracker(agent_id="t"), query("SELECT x'00ff', NULL, 1.5, 'a'"))
+        assert json.loads(results[0])["rows"] == [
+            [{"blob_hex": "00ff", "bytes": 2}, None, 1.5, "a"]
+        ]
 
     def test_bad_input_is_an_error_the_model_reads(self, db_path: Path) -> None:
         """Unknown tables, columns, params and SQL errors are tool errors; the turn goes on."""
@@ -313,7 +311,12 @@ class TestVersions:
             execute("CREATE TABLE tags (id INTEGER PRIMARY KEY, tag TEXT)"),
             execute("INSERT INTO tags (tag) VALUES ('x')"),
         )
-        sql_turn(db_path, bot, execute("ALTER TABLE tags ADD COLUMN n INT"), execute("UPDATE tags SET n = 3"))
+        sql_turn(
+            db_path,
+            bot,
+            execute("ALTER TABLE tags ADD COLUMN n INT"),
+            execute("UPDATE tags SET n = 3"),
+        )
         sql_turn(db_path, bot, execute("DROP TABLE tags"))
         with Store(db_path) as store:
             assert store.sql("b", "SELECT * FROM tags", version=3).rows == [(1, "x", 3)]
@@ -344,8 +347,8 @@ class TestVersions:
 
     def test_prune_keeps_later_versions_exact(self, db_path: Path) -> None:
         """After prune(keep_from), every later version reads back and rolls back the same."""
-        from effectful_durable.store.workspace import WorkspacePart
         from effectful_durable.store.connection import connect, write_transaction
+        from effectful_durable.store.workspace import WorkspacePart
 
         self._three_versions(db_path)
         sql = "SELECT id, km FROM runs ORDER BY id"
@@ -354,7 +357,10 @@ class TestVersions:
         with write_transaction(conn):
             WorkspacePart().prune(conn, "t", 3)
         conn.close()
-        assert persisted_rows(db_path, "SELECT DISTINCT version FROM workspace_log") == [(2,), (3,)]
+        assert persisted_rows(db_path, "SELECT DISTINCT version FROM workspace_log") == [
+            (2,),
+            (3,),
+        ]
         for version, want in expected.items():
             assert rows(db_path, "t", sql, version) == want
         with Store(db_path) as store:
@@ -375,7 +381,7 @@ class TestVersions:
 
 
 class TestCatchUp:
-    """The workspace file is a view of the log: behind, missing, ahead or foreign, it is rebuilt."""
+    """The workspace file is a view of the log: behind, missing or ahead, it is rebuilt."""
 
     def test_behind_file_catches_up(self, db_path: Path, tmp_path: Path) -> None:
         """A file one version behind (a crash between the commits) is caught up by the next use."""
@@ -387,7 +393,10 @@ class TestCatchUp:
         sql_turn(db_path, bot, insert(2.0), execute("UPDATE runs SET day = 'x'"))
         _copy(saved, Path(path))  # the file as if the second workspace commit never happened
         assert dump(path)[0][1] == 1
-        assert rows(db_path, "t", "SELECT km, day FROM runs ORDER BY id") == [(1.0, "x"), (2.0, "x")]
+        assert rows(db_path, "t", "SELECT km, day FROM runs ORDER BY id") == [
+            (1.0, "x"),
+            (2.0, "x"),
+        ]
         assert dump(path)[0][1] == 2
         _copy(saved, Path(path))
         results = sql_turn(db_path, bot, query("SELECT count(*) FROM runs"))
@@ -451,8 +460,11 @@ class TestThreads:
             if call.messages[-1]["role"] == "tool":
                 return "ok"
             turn = int(call.last_user_text.rsplit(" ", 1)[1])
-            return [insert(float(turn)), execute("UPDATE notes SET body = ? WHERE id = 1", str(turn)),
-                    execute("INSERT OR IGNORE INTO notes (id, body) VALUES (1, '0')")]
+            return [
+                insert(float(turn)),
+                execute("UPDATE notes SET body = ? WHERE id = 1", str(turn)),
+                execute("INSERT OR IGNORE INTO notes (id, body) VALUES (1, '0')"),
+            ]
 
         def work(number: int) -> None:
             try:
