@@ -37,7 +37,14 @@ from .records import (
     WorkflowInfo,
 )
 from .sandbox import SQLLimits
-from .workspace import Declaration, SQLResult, WorkspacePart, WorkspaceTurn, read_sql
+from .workspace import (
+    Declaration,
+    SQLResult,
+    WorkspaceFiles,
+    WorkspacePart,
+    WorkspaceTurn,
+    read_sql,
+)
 
 _HOST = socket.gethostname()
 
@@ -98,6 +105,7 @@ class Store:
         self.readonly = readonly
         self._local = threading.local()
         self._connections: list[apsw.Connection] = []
+        self._workspace_caches: list[WorkspaceFiles] = []
         self._connections_lock = threading.Lock()
         self._closed = False
         self._connection()  # fail here, not at the first turn, if the file is bad
@@ -116,6 +124,9 @@ class Store:
         """Close every connection this store opened, in all threads."""
         with self._connections_lock:
             self._closed = True
+            for files in self._workspace_caches:
+                files.close()
+            self._workspace_caches.clear()
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
@@ -585,7 +596,16 @@ class Store:
             limits=limits,
             owner=owner,
             busy_timeout=self.busy_timeout,
+            files=self._workspace_files(),
         )
+
+    def _workspace_files(self) -> WorkspaceFiles:
+        files: WorkspaceFiles | None = getattr(self._local, "workspaces", None)
+        if files is None:
+            files = self._local.workspaces = WorkspaceFiles()
+            with self._connections_lock:
+                self._workspace_caches.append(files)
+        return files
 
     def begin_turn(
         self,

@@ -391,6 +391,56 @@ def open_workspace(
     return conn
 
 
+class WorkspaceFiles:
+    """One thread's open workspace connections, kept between turns (least recently used go).
+
+    Opening a WAL file and closing it (which checkpoints and syncs it) would cost
+    milliseconds per turn. A kept connection is used again only while its file is
+    the same file (inode) and it holds no transaction.
+    """
+
+    def __init__(self, limit: int = 16) -> None:
+        self.limit = limit
+        self._open: dict[str, tuple[apsw.Connection, tuple[int, int]]] = {}
+
+    def open(self, path: str, limits: SQLLimits, *, busy_timeout: float) -> apsw.Connection:
+        """A hardened connection to ``path``, kept or new."""
+        kept = self._open.pop(path, None)
+        if kept is not None:
+            conn, identity = kept
+            if _identity(path) == identity and not conn.in_transaction:
+                harden(conn, limits)
+                page_size = int(conn.pragma("page_size"))
+                conn.pragma("max_page_count", max(1, limits.max_workspace_bytes // page_size))
+                return conn
+            conn.close()
+        return open_workspace(path, limits, busy_timeout=busy_timeout)
+
+    def release(self, path: str, conn: apsw.Connection) -> None:
+        """Keep ``conn`` for the next turn, or close it."""
+        identity = _identity(path)
+        if self.limit <= 0 or identity is None or conn.in_transaction:
+            conn.close()
+            return
+        self._open[path] = (conn, identity)
+        while len(self._open) > self.limit:
+            oldest = next(iter(self._open))
+            self._open.pop(oldest)[0].close()
+
+    def close(self) -> None:
+        """Close every kept connection."""
+        while self._open:
+            self._open.popitem()[1][0].close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
 def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
     """Bring a workspace file to the agent's committed version; return that version.
 
@@ -579,13 +629,15 @@ class WorkspaceTurn:
         limits: SQLLimits,
         owner: str,
         busy_timeout: float = 5.0,
+        files: WorkspaceFiles | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.limits = limits
         self.allow_ddl = allow_ddl
         self.protected = frozenset(declaration.tables)
         self.path = workspace_path(db_path, agent_id)
-        self.conn = open_workspace(self.path, limits, busy_timeout=busy_timeout)
+        self._files = files or WorkspaceFiles(limit=0)
+        self.conn = self._files.open(self.path, limits, busy_timeout=busy_timeout)
         self.version: int | None = None
         self._finished = False
         self._steps: list[Step] = []
@@ -801,7 +853,7 @@ class WorkspaceTurn:
                 session = getattr(self, "_session", None)
                 if session is not None:
                     session.close()
-            self.conn.close()
+            self._files.release(self.path, self.conn)
 
 
 def read_sql(
