@@ -44,6 +44,7 @@ from .workspace import (
     WorkspacePart,
     WorkspaceTurn,
     read_sql,
+    workspace_path,
 )
 
 _HOST = socket.gethostname()
@@ -251,6 +252,14 @@ class Store:
         conn = self._connection()
         with self._reading():
             version = self._checked_version(conn, agent_id, version)
+        try:
+            return self._read_sql(conn, agent_id, query, params, version)
+        except apsw.BusyError as e:
+            raise DatabaseBusyError(workspace_path(self.path, agent_id), self.busy_timeout) from e
+
+    def _read_sql(
+        self, conn: apsw.Connection, agent_id: str, query: str, params: Sequence[Any], version: int
+    ) -> SQLResult:
         return read_sql(
             conn,
             self.path,

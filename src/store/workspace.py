@@ -447,6 +447,10 @@ def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
     A file ahead of the log (the agent was deleted and made anew) or one the log
     does not apply to is rebuilt from the whole log.
     """
+    with _read(main):
+        current = _current(main, agent_id)
+    if int(ws.pragma("user_version")) == current and not ws.in_transaction:
+        return current  # up to date: no write lock needed
     ws.execute("BEGIN IMMEDIATE")
     try:
         with _read(main):
@@ -877,7 +881,7 @@ def read_sql(
     current = _current(main, agent_id)
     conn: apsw.Connection
     if version is None or version == current:
-        if readonly:
+        if readonly or not os.path.exists(path):  # a read never creates a file
             conn = materialize(main, path, agent_id, current)
         else:
             conn = open_workspace(path, limits, busy_timeout=busy_timeout)
