@@ -6,6 +6,7 @@ from .agents import (
     MemoryLimits,
     PersistentAgent,
     RecallTools,
+    SQLTools,
     StateTools,
     ephemeral,
 )
@@ -19,6 +20,7 @@ from .errors import (
     NotFoundError,
     NotOurDatabaseError,
     SchemaTooNewError,
+    SQLWorkspaceError,
     StateSerializationError,
     WorkflowDivergedError,
 )
@@ -36,6 +38,8 @@ from .store import (
     WorkflowInfo,
     WorkflowReset,
 )
+from .store.sandbox import SQLLimits
+from .store.workspace import SQLResult
 
 __all__ = [
     "AgentInUseError",
@@ -59,6 +63,10 @@ __all__ = [
     "PersistentAgent",
     "PruneResult",
     "RecallTools",
+    "SQLLimits",
+    "SQLResult",
+    "SQLTools",
+    "SQLWorkspaceError",
     "SchemaTooNewError",
     "StateTools",
     "StateSerializationError",

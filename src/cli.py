@@ -20,6 +20,7 @@ from typing import Any
 from .errors import DurableError
 from .store import Store
 from .store.history import message_text
+from .store.workspace import jsonable
 
 PROG = "effectful-durable"
 _DESCRIPTION = "Inspect and repair an effectful-durable database without loading an LLM."
@@ -264,6 +265,18 @@ def _check(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _sql(store: Store, args: argparse.Namespace) -> int:
+    result = store.sql(args.agent, args.query, args.params, version=args.version)
+    if args.json:
+        rows = [[jsonable(value) for value in row] for row in result.rows]
+        _print_json({"columns": list(result.columns), "rows": rows})
+        return 0
+    table = [list(result.columns)] if result.columns else []
+    table += [[_cell(jsonable(value)) for value in row] for row in result.rows]
+    _print_rows(table)
+    return 0
+
+
 _READS = frozenset(
     {
         "agents",
@@ -276,6 +289,7 @@ _READS = frozenset(
         "workflows",
         "steps",
         "check",
+        "sql",
     }
 )
 _READ_ONLY = _READS | {"backup"}
@@ -486,6 +500,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("steps", _steps, "list a workflow's journal, step by step")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
     command("check", _check, "run PRAGMA integrity_check and print quick facts")
+    sub = command("sql", _sql, "run a read-only query on an agent's own SQL tables")
+    agent(sub)
+    sub.add_argument("query", metavar="QUERY", help="one SELECT statement")
+    sub.add_argument(
+        "params", nargs="*", metavar="PARAM", help="values for the ? placeholders (as text)"
+    )
+    at_version(sub, "as of this version")
 
     sub = command("rollback", _rollback, "commit a new version equal to an older one")
     agent(sub)

@@ -136,3 +136,10 @@ class MemoryWriteError(DurableError, ValueError):
         self.reason = reason
         msg = f"cannot write the memory of agent {agent_id!r}: {reason}. Nothing was written."
         super().__init__(msg)
+
+
+class SQLWorkspaceError(DurableError):
+    """An agent's SQL workspace was declared wrongly, or a query on it was refused.
+
+    .. versionadded:: 0.2.0
+    """

@@ -56,6 +56,9 @@ nitpick_ignore_regex = [
     # The standard library (no python.org inventory either); dataclasses for
     # ephemeral(), whose docstring points to dataclasses.field().
     (r"py:.*", r"(typing|collections\.abc|dataclasses|datetime|os)(\..*)?"),
+    # PersistenceHandler's internal bases, one per part of an agent's record
+    # (SQL workspace, ...): shown by :show-inheritance:, not public API.
+    (r"py:class", r"effectful_durable\.handlers\.\w+\.\w+Handling"),
 ]
 
 # -- Autodoc and napoleon -----------------------------------------------------

@@ -2,6 +2,7 @@
 
 from .memory import AgentMemory, MemoryDigest, MemoryLimits, StateTools
 from .persistent import PersistentAgent
+from .sql_tools import SQLTools
 from .state import ephemeral
 from .tools import RecallTools
 
@@ -11,6 +12,7 @@ __all__ = [
     "MemoryLimits",
     "PersistentAgent",
     "RecallTools",
+    "SQLTools",
     "StateTools",
     "ephemeral",
 ]

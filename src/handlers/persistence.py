@@ -36,6 +36,7 @@ from .effectful_hooks import (
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
 from .memory import MemoryHandling
+from .workspace import WorkspaceHandling
 
 
 @dataclass
@@ -67,7 +68,9 @@ class _Turn:
     staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
-class PersistenceHandler(ConversationHandling, MemoryHandling, ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+class PersistenceHandler(
+    ConversationHandling, MemoryHandling, WorkspaceHandling, ObjectInterpretation[Any, Any]
+):  # type: ignore[no-untyped-call]
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row
@@ -238,6 +241,7 @@ class PersistenceHandler(ConversationHandling, MemoryHandling, ObjectInterpretat
                     result = fwd()
                 self._commit(agent, turn, result)
             except BaseException as error:
+                self._end_turn(turn, committed=False)
                 self._abort(agent, turn, error)
                 raise
             finally:
@@ -402,7 +406,7 @@ class PersistenceHandler(ConversationHandling, MemoryHandling, ObjectInterpretat
     def _system_notes(self, turn: _Turn) -> list[str]:
         """What the model is told each request of ``turn``, outside its history."""
         handoff = [_handoff_note(turn.earlier)] if turn.earlier is not None else []
-        return [*handoff, *super()._system_notes(turn)]  # the parts' notes (MemoryHandling)
+        return [*handoff, *super()._system_notes(turn)]  # the parts' notes (memory, SQL)
 
     def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
         committed = turn.committed
@@ -439,6 +443,7 @@ class PersistenceHandler(ConversationHandling, MemoryHandling, ObjectInterpretat
         )
         _set_committed(agent, turn.committed)
         self._commit_conversation(agent)
+        self._end_turn(turn, committed=True)
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "done")
 

@@ -254,6 +254,15 @@ CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
     WHERE removed_in IS NULL;
 """
 _V2_WORKSPACE = """
+CREATE TABLE workspace_log (
+    agent_id  TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version   INTEGER NOT NULL,
+    seq       INTEGER NOT NULL,
+    ddl       TEXT,
+    changeset BLOB,
+    CHECK ((ddl IS NULL) <> (changeset IS NULL)),
+    PRIMARY KEY (agent_id, version, seq)
+) STRICT;
 """
 _V2_ALARMS = """
 """

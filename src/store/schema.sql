@@ -183,4 +183,20 @@ CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
 
 -- == SQL workspace: the agent's own tables (SQLTools) ==
 
+-- The tables themselves live in one SQLite file per agent beside this one
+-- (<db>-workspaces/<blake2b of agent id>.sqlite), a view rebuilt from this log
+-- whenever it is behind. Per version, the steps that turn the previous
+-- version's tables into this one's, in seq order: DDL text, or an SQLite
+-- session changeset of row changes. ddl '-- reset' drops every table (a
+-- snapshot, written by fork, prune and rollbacks across schema changes).
+CREATE TABLE workspace_log (
+    agent_id  TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version   INTEGER NOT NULL,
+    seq       INTEGER NOT NULL,
+    ddl       TEXT,
+    changeset BLOB,
+    CHECK ((ddl IS NULL) <> (changeset IS NULL)),
+    PRIMARY KEY (agent_id, version, seq)
+) STRICT;
+
 -- == Alarms: scheduled actions of agents (AlarmTools, AgentRunner) ==

@@ -44,12 +44,35 @@ from .records import (
     WorkflowInfo,
     WorkflowReset,
 )
+from .sandbox import SQLLimits
+from .workspace import (
+    Declaration,
+    SQLResult,
+    WorkspaceFiles,
+    WorkspacePart,
+    WorkspaceTurn,
+    read_sql,
+    workspace_path,
+)
 
 _HOST = socket.gethostname()
 
 # Every part of an agent's record besides messages and fields: rollback and fork
 # carry each of them (see parts.py).
-_PARTS: tuple[VersionedPart, ...] = (_conversations.Conversations(), MemoryPart())
+_PARTS: tuple[VersionedPart, ...] = (
+    _conversations.Conversations(),
+    MemoryPart(),
+    WorkspacePart(),
+)
+
+# Store.sql reads for the developer: no row or size cap, a generous budget.
+_DEVELOPER_LIMITS = SQLLimits(
+    max_rows=2**62,
+    max_result_bytes=2**62,
+    max_statement_chars=1_000_000,
+    max_vm_steps=10**12,
+    max_seconds=600.0,
+)
 
 
 class Store:
@@ -105,6 +128,7 @@ class Store:
         self.readonly = readonly
         self._local = threading.local()
         self._connections: list[apsw.Connection] = []
+        self._workspace_caches: list[WorkspaceFiles] = []
         self._connections_lock = threading.Lock()
         self._closed = False
         if on_unreadable not in ("refuse", "quarantine") or (
@@ -141,6 +165,9 @@ class Store:
         """Close every connection this store opened, in all threads."""
         with self._connections_lock:
             self._closed = True
+            for files in self._workspace_caches:
+                files.close()
+            self._workspace_caches.clear()
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
@@ -298,6 +325,47 @@ class Store:
             version = self._checked_version(conn, agent_id, version)
             rows = memory_at(conn, agent_id, version, NOTE)
         return [note_of(value) for _, value in rows]
+
+    def sql(
+        self,
+        agent_id: str,
+        query: str,
+        params: Sequence[Any] = (),
+        version: int | None = None,
+    ) -> SQLResult:
+        """Run a read-only query on the agent's own SQL workspace, at ``version``.
+
+        The query runs in the same sandbox as the agent's ``sql_query`` (one
+        statement, reads only), without its row and size caps.
+
+        Raises:
+            NotFoundError: No such agent or version.
+            SQLWorkspaceError: The query was refused or failed.
+
+        .. versionadded:: 0.2.0
+        """
+        conn = self._connection()
+        with self._reading():
+            version = self._checked_version(conn, agent_id, version)
+        try:
+            return self._read_sql(conn, agent_id, query, params, version)
+        except apsw.BusyError as e:
+            raise DatabaseBusyError(workspace_path(self.path, agent_id), self.busy_timeout) from e
+
+    def _read_sql(
+        self, conn: apsw.Connection, agent_id: str, query: str, params: Sequence[Any], version: int
+    ) -> SQLResult:
+        return read_sql(
+            conn,
+            self.path,
+            agent_id,
+            query,
+            params,
+            version=version,
+            readonly=self.readonly,
+            limits=_DEVELOPER_LIMITS,
+            busy_timeout=self.busy_timeout,
+        )
 
     def versions(self, agent_id: str) -> list[VersionInfo]:
         """Every committed version of the agent, oldest first.
@@ -832,6 +900,36 @@ class Store:
         positions = [position for position, _ in rows]
         messages = _decode_messages(body for _, body in rows)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found)
+
+    def workspace_turn(
+        self,
+        agent_id: str,
+        *,
+        declaration: Declaration,
+        allow_ddl: bool,
+        limits: SQLLimits,
+        owner: str,
+    ) -> WorkspaceTurn:
+        """Open the agent's SQL workspace for its running turn (its lock is held)."""
+        return WorkspaceTurn(
+            self._connection(),
+            self.path,
+            agent_id,
+            declaration=declaration,
+            allow_ddl=allow_ddl,
+            limits=limits,
+            owner=owner,
+            busy_timeout=self.busy_timeout,
+            files=self._workspace_files(),
+        )
+
+    def _workspace_files(self) -> WorkspaceFiles:
+        files: WorkspaceFiles | None = getattr(self._local, "workspaces", None)
+        if files is None:
+            files = self._local.workspaces = WorkspaceFiles()
+            with self._connections_lock:
+                self._workspace_caches.append(files)
+        return files
 
     def begin_turn(
         self,

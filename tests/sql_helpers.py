@@ -1,0 +1,108 @@
+"""Agents and readers for the SQL workspace tests (imported explicitly)."""
+
+import dataclasses
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+import apsw
+from effectful.handlers.llm import Template
+from effectful.ops.types import NotHandled
+
+from effectful_durable import PersistentAgent, SQLLimits, SQLTools
+from effectful_durable.testing import FakeLLM, ToolCall
+from tests.helpers import persisted
+
+
+@dataclasses.dataclass
+class Tracker(PersistentAgent, SQLTools):
+    """You track runs."""
+
+    __sql_schema__ = """
+        CREATE TABLE runs (id INTEGER PRIMARY KEY, km REAL NOT NULL, day TEXT);
+        CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);
+    """
+
+    @Template.define
+    def ask(self, question: str) -> str:
+        """Answer: {question}"""
+        raise NotHandled
+
+
+@dataclasses.dataclass
+class Builder(PersistentAgent, SQLTools):
+    """You keep your own tables."""
+
+    __sql_schema__ = "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)"
+    __sql_create_tables__ = True
+
+    @Template.define
+    def ask(self, question: str) -> str:
+        """Answer: {question}"""
+        raise NotHandled
+
+
+@dataclasses.dataclass
+class Small(PersistentAgent, SQLTools):
+    """You have tight limits."""
+
+    __sql_schema__ = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)"
+    __sql_limits__ = SQLLimits(max_rows=3, max_result_bytes=150, max_statement_chars=100)
+
+    @Template.define
+    def ask(self, question: str) -> str:
+        """Answer: {question}"""
+        raise NotHandled
+
+
+def sql_turn(db_path: Path, agent: Any, *calls: ToolCall, **options: Any) -> list[str]:
+    """Run one turn in which the model makes ``calls`` in order; return the tool results."""
+    llm = FakeLLM([*calls, "done"])
+    with persisted(db_path, llm, **options):
+        agent.ask("go")
+    return tool_results(llm)
+
+
+def tool_results(llm: FakeLLM) -> list[str]:
+    """The tool results the model was shown in its last request, after the last question."""
+    out = []
+    messages = llm.calls[-1].messages
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    for message in messages[last_user:]:
+        if message["role"] == "tool":
+            content = message["content"]
+            if isinstance(content, list):
+                content = "".join(block.get("text", "") for block in content)
+            out.append(str(content))
+    return out
+
+
+def workspace_files(db_path: Path) -> list[str]:
+    """The workspace files beside ``db_path``."""
+    return sorted(glob.glob(f"{os.path.realpath(db_path)}-workspaces/*.sqlite"))
+
+
+def dump(path: str) -> list[tuple[Any, ...]]:
+    """Schema, pragmas and every row of a SQLite file, through a fresh read-only connection."""
+    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        out: list[tuple[Any, ...]] = [
+            (
+                "pragma",
+                conn.pragma("user_version"),
+                conn.pragma("application_id"),
+                conn.pragma("journal_mode"),
+            ),
+        ]
+        schema = conn.execute(
+            "SELECT type, name, sql FROM sqlite_schema ORDER BY type, name"
+        ).fetchall()
+        out += schema
+        for kind, name, _ in schema:
+            if kind == "table" and not name.startswith("sqlite_"):
+                quoted = '"' + name.replace('"', '""') + '"'
+                out += [(name, *row) for row in conn.execute(f"SELECT * FROM {quoted} ORDER BY 1")]
+        return out
+    finally:
+        conn.close()

@@ -1,0 +1,69 @@
+"""The ``sql`` command: read-only queries on an agent's tables, at any version, no writes."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from effectful_durable.cli import main
+from effectful_durable.testing import ToolCall
+from tests.sql_helpers import Tracker, sql_turn, workspace_files
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Agent 't' with one run at version 1 and two at version 2."""
+    path = tmp_path_factory.mktemp("sqlcli") / "state.db"
+    bot = Tracker(agent_id="t")
+    run = ToolCall("sql_insert", {"table": "runs", "values": {"km": 5.0, "day": "mon"}})
+    sql_turn(path, bot, run)
+    blob = ToolCall(
+        "sql_execute", {"statement": "INSERT INTO runs (km, day) VALUES (12.5, x'00ff')"}
+    )
+    sql_turn(path, bot, blob)
+    return str(path)
+
+
+def _digest(db: str) -> list[str]:
+    files = [db, *workspace_files(Path(db))]
+    return [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files]
+
+
+class TestSQLCommand:
+    """``effectful-durable sql DB AGENT QUERY [PARAM ...] [--version N] [--json]``."""
+
+    def test_table(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """Rows print as an aligned table with a header; params fill placeholders."""
+        assert main(["sql", db, "t", "SELECT day, km FROM runs WHERE km > ?", "1"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split() == ["day", "km"]
+        assert lines[1].split() == ["mon", "5.0"]
+        assert "blob_hex=00ff" in lines[2]
+
+    def test_json_and_version(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """--json prints columns and rows; --version reads an earlier version."""
+        assert main(["sql", db, "t", "SELECT count(*) AS n FROM runs", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"columns": ["n"], "rows": [[2]]}
+        assert main(["sql", db, "t", "SELECT count(*) FROM runs", "--version", "1", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"] == [[1]]
+
+    def test_refusals_are_errors(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """A write, another table and an unknown agent exit 1 with one line on stderr."""
+        for argv in (
+            ["sql", db, "t", "DELETE FROM runs"],
+            ["sql", db, "t", "SELECT * FROM messages"],
+            ["sql", db, "nobody", "SELECT 1"],
+            ["sql", db, "t", "SELECT 1", "--version", "9"],
+        ):
+            assert main(argv) == 1
+            err = capsys.readouterr().err
+            assert err.startswith("effectful-durable: error: ") and err.count("\n") == 1
+
+    def test_reads_change_nothing(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """The database and the workspace files are byte-identical after reads."""
+        before = _digest(db)
+        main(["sql", db, "t", "SELECT * FROM runs"])
+        main(["sql", db, "t", "SELECT * FROM runs", "--version", "1"])
+        capsys.readouterr()
+        assert _digest(db) == before

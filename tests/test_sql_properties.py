@@ -1,0 +1,152 @@
+"""Hypothesis: random SQL turns, schema changes, failed turns, rollbacks and forks of an
+agent's workspace, checked at every step against an in-memory model of every version."""
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from effectful_durable import Store
+from effectful_durable.testing import FakeLLM, ToolCall
+from tests.helpers import persisted
+from tests.sql_helpers import Builder, sql_turn
+
+
+class Keeper(Builder):
+    """You keep values."""
+
+    __sql_schema__ = "CREATE TABLE notes (id INTEGER PRIMARY KEY, v)"
+
+
+type Tables = dict[str, list[tuple[Any, ...]]]
+
+ROW_IDS = st.integers(min_value=1, max_value=6)
+VALUES = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none(), st.floats(-2, 2))
+WRITE = st.one_of(
+    st.tuples(st.just("upsert"), ROW_IDS, VALUES),
+    st.tuples(st.just("delete"), ROW_IDS, st.none()),
+)
+
+
+def read_all(store: Store, agent_id: str, version: int | None = None) -> Tables:
+    names = store.sql(
+        agent_id,
+        "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name",
+        version=version,
+    ).rows
+    return {
+        name: store.sql(agent_id, f'SELECT * FROM "{name}" ORDER BY id', version=version).rows
+        for (name,) in names
+    }
+
+
+def _calls(table: str, writes: list[tuple[str, int, Any]]) -> list[ToolCall]:
+    calls = []
+    for op, row_id, value in writes:
+        if op == "upsert":
+            statement = (
+                f"INSERT INTO {table} (id, v) VALUES (?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+            )
+            calls.append(
+                ToolCall("sql_execute", {"statement": statement, "params": [row_id, value]})
+            )
+        else:
+            statement = f"DELETE FROM {table} WHERE id = ?"
+            calls.append(ToolCall("sql_execute", {"statement": statement, "params": [row_id]}))
+    return calls
+
+
+def _apply(tables: Tables, table: str, writes: list[tuple[str, int, Any]]) -> Tables:
+    rows = dict((r[0], r) for r in tables[table])
+    for op, row_id, value in writes:
+        if op == "upsert":
+            rows[row_id] = (row_id, value)
+        else:
+            rows.pop(row_id, None)
+    return {**tables, table: sorted(rows.values())}
+
+
+class WorkspaceMachine(RuleBasedStateMachine):
+    """The workspace of agent 'a' (and its forks) against a model of every version."""
+
+    @initialize()
+    def start(self) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        self.db = Path(self.dir.name) / "state.db"
+        self.bot = Keeper(agent_id="a")
+        sql_turn(self.db, self.bot)  # version 1: the declared, empty notes table
+        self.model: dict[int, Tables] = {1: {"notes": []}}
+        self.forks: dict[str, Tables] = {}
+
+    def teardown(self) -> None:
+        self.dir.cleanup()
+
+    @property
+    def current(self) -> Tables:
+        return self.model[max(self.model)]
+
+    def _commit(self, tables: Tables) -> None:
+        self.model[max(self.model) + 1] = tables
+
+    @rule(writes=st.lists(WRITE, max_size=4), into_extra=st.booleans())
+    def turn(self, writes: list[tuple[str, int, Any]], into_extra: bool) -> None:
+        table = "extra" if into_extra and "extra" in self.current else "notes"
+        results = sql_turn(self.db, self.bot, *_calls(table, writes))
+        assert not any(r.startswith("error") for r in results), results
+        self._commit(_apply(self.current, table, writes))
+
+    @rule()
+    def create_or_drop_extra(self) -> None:
+        if "extra" in self.current:
+            sql_turn(self.db, self.bot, ToolCall("sql_execute", {"statement": "DROP TABLE extra"}))
+            self._commit({k: v for k, v in self.current.items() if k != "extra"})
+        else:
+            statement = "CREATE TABLE extra (id INTEGER PRIMARY KEY, v)"
+            sql_turn(self.db, self.bot, ToolCall("sql_execute", {"statement": statement}))
+            self._commit({**self.current, "extra": []})
+
+    @rule(writes=st.lists(WRITE, min_size=1, max_size=3))
+    def failed_turn(self, writes: list[tuple[str, int, Any]]) -> None:
+        llm = FakeLLM([*_calls("notes", writes), RuntimeError("model down")])
+        with persisted(self.db, llm), pytest.raises(RuntimeError):
+            self.bot.ask("go")
+
+    @rule(data=st.data())
+    def rollback(self, data: st.DataObject) -> None:
+        version = data.draw(st.integers(1, max(self.model)))
+        with Store(self.db) as store:
+            new = store.rollback("a", version)
+        assert new == max(self.model) + 1
+        self._commit(self.model[version])
+
+    @precondition(lambda self: len(self.forks) < 2)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        version = data.draw(st.integers(1, max(self.model)))
+        new_id = f"fork-{len(self.forks)}"
+        with Store(self.db) as store:
+            store.fork("a", version, new_id)
+        self.forks[new_id] = self.model[version]
+
+    @invariant()
+    def every_version_reads_back(self) -> None:
+        with Store(self.db) as store:
+            for version, tables in self.model.items():
+                assert read_all(store, "a", version) == tables, version
+            assert read_all(store, "a") == self.current
+            for agent_id, tables in self.forks.items():
+                assert read_all(store, agent_id) == tables
+
+
+WorkspaceMachine.TestCase.settings = settings(
+    max_examples=8, stateful_step_count=10, deadline=None
+)
+TestWorkspaceVersions = WorkspaceMachine.TestCase
+TestWorkspaceVersions.__doc__ = (
+    "Every version of the tables reads back after any sequence of changes."
+)
