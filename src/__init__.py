@@ -14,7 +14,17 @@ from .errors import (
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
-from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
+from .store import (
+    AgentRecord,
+    ForkedAgent,
+    Handoff,
+    PruneResult,
+    StepInfo,
+    Store,
+    VersionInfo,
+    WorkflowInfo,
+    WorkflowReset,
+)
 from .store.sandbox import SQLLimits
 from .store.workspace import SQLResult
 
@@ -24,12 +34,14 @@ __all__ = [
     "CompactionHandler",
     "DatabaseBusyError",
     "DurableError",
+    "ForkedAgent",
     "Handoff",
     "InvalidAgentIdError",
     "NotFoundError",
     "NotOurDatabaseError",
     "PersistenceHandler",
     "PersistentAgent",
+    "PruneResult",
     "RecallTools",
     "SQLLimits",
     "SQLResult",
@@ -42,6 +54,7 @@ __all__ = [
     "VersionInfo",
     "WorkflowDivergedError",
     "WorkflowInfo",
+    "WorkflowReset",
     "ephemeral",
     "summarize_context",
 ]
