@@ -706,7 +706,12 @@ class WorkspaceTurn:
             Refused: The sandbox refused it or SQLite reported an error.
         """
         statement = vet(self.conn, sql, params, write=False, allow_ddl=False, limits=self.limits)
-        return self._run(statement, params)
+        self._cut()  # so that _recover can replay every write before this read
+        try:
+            return self._run(statement, params)
+        finally:
+            if not self.conn.in_transaction:  # SQLite gave up the transaction on an error
+                self._recover()
 
     def execute(self, sql: str, params: Sequence[Any]) -> SQLResult:
         """Run one write statement for the model, in its own savepoint.
