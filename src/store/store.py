@@ -44,16 +44,7 @@ from .records import (
     WorkflowInfo,
     WorkflowReset,
 )
-from .sandbox import SQLLimits
-from .workspace import (
-    Declaration,
-    SQLResult,
-    WorkspaceFiles,
-    WorkspacePart,
-    WorkspaceTurn,
-    read_sql,
-    workspace_path,
-)
+from .workspace import SQLResult, WorkspaceFiles, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()
 
@@ -63,15 +54,6 @@ _PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
     MemoryPart(),
     WorkspacePart(),
-)
-
-# Store.sql reads for the developer: no row or size cap, a generous budget.
-_DEVELOPER_LIMITS = SQLLimits(
-    max_rows=2**62,
-    max_result_bytes=2**62,
-    max_statement_chars=1_000_000,
-    max_vm_steps=10**12,
-    max_seconds=600.0,
 )
 
 
@@ -348,24 +330,12 @@ class Store:
         with self._reading():
             version = self._checked_version(conn, agent_id, version)
         try:
-            return self._read_sql(conn, agent_id, query, params, version)
+            return read_sql(
+                conn, self.path, agent_id, query, params, version=version,
+                readonly=self.readonly, busy_timeout=self.busy_timeout,
+            )  # fmt: skip
         except apsw.BusyError as e:
-            raise DatabaseBusyError(workspace_path(self.path, agent_id), self.busy_timeout) from e
-
-    def _read_sql(
-        self, conn: apsw.Connection, agent_id: str, query: str, params: Sequence[Any], version: int
-    ) -> SQLResult:
-        return read_sql(
-            conn,
-            self.path,
-            agent_id,
-            query,
-            params,
-            version=version,
-            readonly=self.readonly,
-            limits=_DEVELOPER_LIMITS,
-            busy_timeout=self.busy_timeout,
-        )
+            raise DatabaseBusyError(self.path, self.busy_timeout) from e
 
     def versions(self, agent_id: str) -> list[VersionInfo]:
         """Every committed version of the agent, oldest first.
@@ -901,35 +871,17 @@ class Store:
         messages = _decode_messages(body for _, body in rows)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found)
 
-    def workspace_turn(
-        self,
-        agent_id: str,
-        *,
-        declaration: Declaration,
-        allow_ddl: bool,
-        limits: SQLLimits,
-        owner: str,
-    ) -> WorkspaceTurn:
+    def workspace_turn(self, agent_id: str, **options: Any) -> WorkspaceTurn:
         """Open the agent's SQL workspace for its running turn (its lock is held)."""
-        return WorkspaceTurn(
-            self._connection(),
-            self.path,
-            agent_id,
-            declaration=declaration,
-            allow_ddl=allow_ddl,
-            limits=limits,
-            owner=owner,
-            busy_timeout=self.busy_timeout,
-            files=self._workspace_files(),
-        )
-
-    def _workspace_files(self) -> WorkspaceFiles:
         files: WorkspaceFiles | None = getattr(self._local, "workspaces", None)
         if files is None:
             files = self._local.workspaces = WorkspaceFiles()
             with self._connections_lock:
                 self._workspace_caches.append(files)
-        return files
+        conn, timeout = self._connection(), self.busy_timeout
+        return WorkspaceTurn(
+            conn, self.path, agent_id, busy_timeout=timeout, files=files, **options
+        )
 
     def begin_turn(
         self,

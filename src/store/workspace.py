@@ -289,13 +289,23 @@ class WorkspacePart:
         _remove_files(workspace_path(conn.filename, new_agent_id))
 
     def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
-        """Fold the steps of versions before ``keep_from`` into one snapshot."""
+        """Fold the steps of versions before ``keep_from`` into one snapshot.
+
+        A snapshot costs what the tables hold, so it is made only once the steps
+        it would replace outweigh the oldest version's (the last snapshot): the
+        cost per pruned byte stays flat, as for pruning as you go.
+        """
         base = keep_from - 1
-        versions = conn.execute(
-            "SELECT DISTINCT version FROM workspace_log WHERE agent_id = ? AND version <= ?",
+        sizes = conn.execute(
+            """
+            SELECT version, sum(coalesce(length(changeset), 0) + coalesce(length(ddl), 0))
+              FROM workspace_log WHERE agent_id = ? AND version <= ?
+             GROUP BY version ORDER BY version
+            """,
             (agent_id, base),
         ).fetchall()
-        if len(versions) <= 1:
+        weights = [int(size or 0) for _, size in sizes]
+        if len(weights) <= 1 or sum(weights[1:]) < weights[0]:
             return
         mem = _replay(conn, agent_id, base)
         conn.execute(
@@ -696,7 +706,12 @@ class WorkspaceTurn:
             Refused: The sandbox refused it or SQLite reported an error.
         """
         statement = vet(self.conn, sql, params, write=False, allow_ddl=False, limits=self.limits)
-        return self._run(statement, params)
+        self._cut()  # so that _recover can replay every write before this read
+        try:
+            return self._run(statement, params)
+        finally:
+            if not self.conn.in_transaction:  # SQLite gave up the transaction on an error
+                self._recover()
 
     def execute(self, sql: str, params: Sequence[Any]) -> SQLResult:
         """Run one write statement for the model, in its own savepoint.
@@ -860,6 +875,16 @@ class WorkspaceTurn:
             self._files.release(self.path, self.conn)
 
 
+# Store.sql reads for the developer: no row or size cap, a generous budget.
+DEVELOPER_LIMITS = SQLLimits(
+    max_rows=2**62,
+    max_result_bytes=2**62,
+    max_statement_chars=1_000_000,
+    max_vm_steps=10**12,
+    max_seconds=600.0,
+)
+
+
 def read_sql(
     main: apsw.Connection,
     db_path: str,
@@ -869,8 +894,8 @@ def read_sql(
     *,
     version: int | None,
     readonly: bool,
-    limits: SQLLimits,
     busy_timeout: float,
+    limits: SQLLimits = DEVELOPER_LIMITS,
 ) -> SQLResult:
     """Run a read-only query on the agent's tables at ``version`` (default: the latest).
 

@@ -346,26 +346,50 @@ class TestVersions:
         assert rows(db_path, "t", "SELECT count(*) FROM runs") == [(2,)]
 
     def test_prune_keeps_later_versions_exact(self, db_path: Path) -> None:
-        """After prune(keep_from), every later version reads back and rolls back the same."""
+        """After Store.prune, every kept version reads back and rolls back the same."""
+        bot = Tracker(agent_id="t")
+        for turn in range(1, 9):
+            sql_turn(
+                db_path,
+                bot,
+                insert(float(turn)),
+                execute("DELETE FROM runs WHERE km < ?", turn - 2),
+            )
+        sql = "SELECT id, km FROM runs ORDER BY id"
+        expected = {v: rows(db_path, "t", sql, v) for v in range(1, 9)}
+        with Store(db_path) as store:
+            store.prune("t", keep_versions=3)
+            # the steps of versions 1..5 were folded into one snapshot at version 5
+            assert persisted_rows(db_path, "SELECT DISTINCT version FROM workspace_log") == [
+                (5,),
+                (6,),
+                (7,),
+                (8,),
+            ]
+            for version in (6, 7, 8):
+                assert store.sql("t", sql, version=version).rows == expected[version]
+            with pytest.raises(NotFoundError):
+                store.sql("t", sql, version=4)
+            store.rollback("t", 6)
+            assert store.sql("t", sql).rows == expected[6]
+        os.remove(workspace_path(str(db_path), "t"))  # rebuilt from the snapshot and later steps
+        assert rows(db_path, "t", sql) == expected[6]
+
+    def test_prune_folds_only_when_it_pays(self, db_path: Path) -> None:
+        """A snapshot is rewritten only once the steps it replaces outweigh it."""
         from effectful_durable.store.connection import connect, write_transaction
         from effectful_durable.store.workspace import WorkspacePart
 
-        self._three_versions(db_path)
-        sql = "SELECT id, km FROM runs ORDER BY id"
-        expected = {v: rows(db_path, "t", sql, v) for v in (2, 3)}
+        bot = Tracker(agent_id="t")
+        big = "x" * 2000
+        sql_turn(db_path, bot, *[insert(float(k), big) for k in range(5)])
+        sql_turn(db_path, bot, insert(9.0))
         conn = connect(str(db_path))
         with write_transaction(conn):
-            WorkspacePart().prune(conn, "t", 3)
+            WorkspacePart().prune(conn, "t", 3)  # version 2's step is small: no fold
+        versions = persisted_rows(db_path, "SELECT DISTINCT version FROM workspace_log")
+        assert versions == [(1,), (2,)]
         conn.close()
-        assert persisted_rows(db_path, "SELECT DISTINCT version FROM workspace_log") == [
-            (2,),
-            (3,),
-        ]
-        for version, want in expected.items():
-            assert rows(db_path, "t", sql, version) == want
-        with Store(db_path) as store:
-            store.rollback("t", 2)
-            assert store.sql("t", sql).rows == expected[2]
 
     def test_delete_removes_the_file(self, db_path: Path) -> None:
         """Store.delete removes the workspace file and the log; a new agent starts empty."""
@@ -412,6 +436,9 @@ class TestCatchUp:
         want = [(1.0,), (2.0,)]
         os.remove(path)
         assert rows(db_path, "t", "SELECT km FROM runs ORDER BY id") == want
+        assert not os.path.exists(path)  # a read computes it in memory, creates nothing
+        sql_turn(db_path, bot)  # version 3: the turn rebuilds the file from the log
+        assert dump(path)[0][1] == 3
         # diverged: a row the log does not know about makes the replay conflict
         import apsw
 
