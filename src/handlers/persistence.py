@@ -23,6 +23,7 @@ from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import ActiveHistory, plan_change
 from ..store.ids import validate_agent_id
 from ..store.parts import TurnWrite
+from .alarms import AlarmHandling
 from .effectful_hooks import bound_agent, keep_own_history, set_history, system_notes
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
@@ -54,7 +55,7 @@ class _Turn:
     staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
-class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row
@@ -269,7 +270,8 @@ class PersistenceHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unt
 
     def _system_notes(self, turn: _Turn) -> list[str]:
         """What the model is told each request of ``turn``, outside its history."""
-        return [_handoff_note(turn.earlier)] if turn.earlier is not None else []
+        notes = [_handoff_note(turn.earlier)] if turn.earlier is not None else []
+        return [*notes, *super()._system_notes(turn)]
 
     def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
         committed = turn.committed
