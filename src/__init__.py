@@ -1,11 +1,13 @@
 """Durable, crash-safe state for effectful LLM agents, on SQLite."""
 
-from .agents import PersistentAgent, RecallTools, ephemeral
+from .agents import AlarmTools, PersistentAgent, RecallTools, ephemeral
 from .errors import (
     AgentInUseError,
+    AlarmLeaseLostError,
     DatabaseBusyError,
     DurableError,
     InvalidAgentIdError,
+    InvalidAlarmError,
     NotFoundError,
     NotOurDatabaseError,
     SchemaTooNewError,
@@ -13,21 +15,30 @@ from .errors import (
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
+from .runner import AgentRunner, ConfigError, RunnerConfig
 from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
+from .store.alarms import AlarmInfo
 
 __all__ = [
     "AgentInUseError",
     "AgentRecord",
+    "AgentRunner",
+    "AlarmInfo",
+    "AlarmLeaseLostError",
+    "AlarmTools",
     "CompactionHandler",
+    "ConfigError",
     "DatabaseBusyError",
     "DurableError",
     "Handoff",
     "InvalidAgentIdError",
+    "InvalidAlarmError",
     "NotFoundError",
     "NotOurDatabaseError",
     "PersistenceHandler",
     "PersistentAgent",
     "RecallTools",
+    "RunnerConfig",
     "SchemaTooNewError",
     "StateSerializationError",
     "StepInfo",

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             "for good; pass --yes to confirm",
             code=2,
         )
+    if args.command == "run":
+        return _run(args)
     problem = _unusable(args.db)
     if problem:
         return _fail(problem)
@@ -187,8 +189,52 @@ def _check(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _alarms(store: Store, args: argparse.Namespace) -> int:
+    columns = [
+        "alarm_id",
+        "agent_id",
+        "status",
+        "due_at",
+        "every",
+        "cron",
+        "attempts",
+        "deliveries",
+        "leased_by",
+        "last_error",
+        "action",
+    ]
+    _show(args, store.alarms(args.agent, include_ended=args.all), columns)
+    return 0
+
+
+def _status(store: Store, args: argparse.Namespace) -> int:
+    reports = store.runner_statuses()
+    if args.json:
+        _print_json(reports)
+        return 0
+    if not reports:
+        print(f"no runner has reported on {store.path} yet")
+    for report in reports:
+        print(f"runner {report['runner']} (pid {report['pid']} on {report['host']})")
+        for key, value in report.items():
+            if key not in ("runner", "pid", "host"):
+                print(f"  {key}: {_cell(value)}")
+    return 0
+
+
 _READS = frozenset(
-    {"agents", "history", "state", "versions", "handoffs", "workflows", "steps", "check"}
+    {
+        "agents",
+        "history",
+        "state",
+        "versions",
+        "handoffs",
+        "workflows",
+        "steps",
+        "check",
+        "alarms",
+        "status",
+    }
 )
 
 # -- maintenance ------------------------------------------------------------------
@@ -216,6 +262,12 @@ def _delete(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _rearm(store: Store, args: argparse.Namespace) -> int:
+    alarm = store.rearm_alarm(args.alarm)
+    print(f"{alarm.alarm_id} of {alarm.agent_id}: pending again, due {_cell(alarm.due_at)}")
+    return 0
+
+
 def _reset_workflow(store: Store, args: argparse.Namespace) -> int:
     touched = store.reset_workflow(args.workflow, args.from_step)
     print(f"{args.workflow}: steps {args.from_step} and later forgotten")
@@ -225,6 +277,17 @@ def _reset_workflow(store: Store, args: argparse.Namespace) -> int:
         done = "rolled back" if agent_id in remaining else "deleted (the workflow created it)"
         print(f"{agent_id}: {done}")
     return 0
+
+
+def _run_placeholder(store: Store, args: argparse.Namespace) -> int:
+    raise AssertionError("run is dispatched before a Store is opened")  # pragma: no cover
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``run``: the only command that imports effectful's LLM layer (and litellm)."""
+    from .runner.cli import run_command
+
+    return run_command(args)
 
 
 # -- output -----------------------------------------------------------------------
@@ -350,6 +413,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("delete", _delete, "delete an agent with all its versions, for good")
     agent(sub)
     sub.add_argument("--yes", action="store_true", help="confirm the deletion")
+    sub = command("alarms", _alarms, "list the pending and dead alarms")
+    sub.add_argument("--agent", metavar="AGENT", help="only this agent's alarms")
+    sub.add_argument("--all", action="store_true", help="include delivered and cancelled ones")
+    command("status", _status, "print each runner's last status report (see SIGUSR1)")
+    sub = command("rearm", _rearm, "make a dead alarm pending again, due now")
+    sub.add_argument("alarm", metavar="ALARM", help="the alarm id")
+    sub = command("run", _run_placeholder, "deliver alarms as agent turns until stopped")
+    sub.add_argument(
+        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
+    )
+    sub.add_argument(
+        "--handlers",
+        metavar="MODULE:FUNC",
+        help="builds the handler stack from the config (default: LiteLLMProvider, retries)",
+    )
+    sub.add_argument("--config", metavar="FILE", help="TOML config, re-read on SIGHUP")
+    sub.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="log line format"
+    )
+    sub.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
     sub.add_argument(

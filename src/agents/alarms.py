@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from effectful.handlers.llm import Template, Tool
-from effectful.ops.types import NotHandled, Operation
+from effectful.handlers.llm import Tool
+from effectful.ops.types import Operation
 
 from ..errors import DurableError
 from ..store.alarms import Claim
+from ._on_alarm import OnAlarm
 
 
 def _no_handler(agent: Any, what: str) -> DurableError:
@@ -54,7 +55,7 @@ def alarm_delivered(agent: Any, claim: Claim, next_fire: float | None, now: floa
     raise _no_handler(agent, "deliver an alarm")
 
 
-class AlarmTools:
+class AlarmTools(OnAlarm):
     """Let the model schedule, list and cancel alarms: future turns of its own agent.
 
     Mix it into a :class:`~effectful_durable.PersistentAgent`. The model gets three
@@ -130,13 +131,6 @@ class AlarmTools:
             f"error: you have no pending alarm {alarm_id!r}; list_alarms shows your "
             "alarms. Nothing was cancelled."
         )
-
-    @Template.define
-    def on_alarm(self, action: str) -> str:
-        """An alarm you scheduled earlier is due now. Its action: {action}
-
-        Do what it asks, using your tools, then reply with a short summary of what you did."""
-        raise NotHandled
 
     def schedule(
         self,
