@@ -26,6 +26,8 @@ class SystemClock:
     .. versionadded:: 0.2.0
     """
 
+    polls = True
+
     def now(self) -> float:
         """``time.time()``."""
         return time.time()
@@ -39,12 +41,16 @@ class FakeClock:
     """A clock for tests: it starts at ``start`` and jumps forward when the runner sleeps.
 
     A runner on it goes through days of alarms in milliseconds; the tests move
-    it on with :meth:`advance` too. Thread-safe.
+    it on with :meth:`advance` too. Unless ``polls`` is set, a runner on it does
+    not look at the database every ``poll_interval`` but sleeps straight to the
+    next due alarm: no other process schedules alarms in a test on a fake clock.
+    Thread-safe.
 
     .. versionadded:: 0.2.0
     """
 
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
+    def __init__(self, start: float = 1_800_000_000.0, *, polls: bool = False) -> None:
+        self.polls = polls
         self._now = start
         self._lock = threading.Lock()
 

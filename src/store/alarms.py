@@ -181,7 +181,9 @@ def new_alarm_id() -> str:
 class AlarmInfo:
     """One alarm as the database holds it (its latest span).
 
-    ``due_at`` is the occurrence to deliver next; ``status`` is ``"pending"``,
+    ``due_at`` is the occurrence to deliver next and ``next_attempt`` when a
+    runner may next try it (later than ``due_at`` after a failed delivery, or while
+    a lease runs; None unless pending); ``status`` is ``"pending"``,
     ``"dead"`` (delivery failed ``attempts`` times; re-arm it), ``"done"`` (a
     one-shot alarm, delivered) or ``"cancelled"``. ``leased_by`` names the runner
     delivering it right now, if any.
@@ -204,6 +206,7 @@ class AlarmInfo:
     created_in: int
     ended_in: int | None
     created_at: datetime
+    next_attempt: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +410,7 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
         created_in,
         ended_in,
         _time(created_at),
+        _time(due_at) if status == "pending" else None,
     )
 
 
