@@ -365,6 +365,7 @@ class AgentRunner:
             log.debug("agent paused: alarm put back", extra=context)
             return
         started = time.monotonic()
+        log.info("delivering alarm %s to %s", claim.alarm_id, claim.agent_id, extra=context)
         self._in_progress = _InProgress(claim.agent_id, claim.alarm_id, started, time.time())
         self._turn_done.clear()
         try:
@@ -498,14 +499,14 @@ class AgentRunner:
         self.config = config
         self.config_generation += 1
         self.config_loaded_at = time.time()
+        for agent in self.agents.values():
+            self._notify(agent, config)
         log.info(
             "config reloaded: generation %d from %s",
             self.config_generation,
             self.config_path,
             extra={"config": self.config_path, "generation": self.config_generation},
         )
-        for agent in self.agents.values():
-            self._notify(agent, config)
 
     def _notify(self, agent: PersistentAgent, config: RunnerConfig) -> None:
         hook = getattr(agent, "on_config_update", None)
