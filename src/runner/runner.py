@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import dataclasses
 import logging
@@ -556,7 +555,11 @@ class AgentRunner:
             return  # done in time; or in another thread, where it cannot be interrupted
         log.warning("grace period of %g s over: interrupting the turn in progress", grace)
         self._interrupting = True
-        _thread.interrupt_main(signal.SIGINT)
+        # A real signal to the main thread, not _thread.interrupt_main(): that one
+        # only sets a flag, which a blocking call (a model request) never checks.
+        main = threading.main_thread().ident
+        assert main is not None
+        signal.pthread_kill(main, signal.SIGINT)
 
     def _record(self, state: Any, report: dict[str, Any] | None = None) -> None:
         try:
