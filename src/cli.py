@@ -280,7 +280,8 @@ def _reset_workflow(store: Store, args: argparse.Namespace) -> int:
 
 
 def _run_placeholder(store: Store, args: argparse.Namespace) -> int:
-    raise AssertionError("run is dispatched before a Store is opened")  # pragma: no cover
+    msg = "run is dispatched before a Store is opened"
+    raise AssertionError(msg)  # pragma: no cover
 
 
 def _run(args: argparse.Namespace) -> int:

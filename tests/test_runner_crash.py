@@ -55,7 +55,9 @@ class TestRunnerCrash:
         now = time.time()
         with Store(db_path) as store:
             for n in range(ONE_SHOTS):
-                store.schedule_alarm(f"agent-{n % AGENTS}", f"job {n}", make_schedule(now, delay=0))
+                store.schedule_alarm(
+                    f"agent-{n % AGENTS}", f"job {n}", make_schedule(now, delay=0)
+                )
             store.schedule_alarm("agent-0", "tick", make_schedule(now, every=1.0))
             store.schedule_alarm("agent-1", "tock", make_schedule(now, every=0.5))
         env = {**os.environ, "ALARMS_APP_JITTER": "0.02"}

@@ -85,7 +85,7 @@ class AlarmTools(OnAlarm):
 
     @Tool.define
     def schedule_alarm(self, delay_seconds: float, action: str, every_seconds: float = 0) -> str:
-        """Schedule a future turn of yours: after `delay_seconds`, you will be asked to do `action`.
+        """Schedule a future turn of yours: after `delay_seconds` you will be asked to do `action`.
 
         Write `action` as an instruction to your future self, with what you will
         need to know then. Give `every_seconds` (at least 60) to repeat it at that

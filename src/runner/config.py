@@ -8,7 +8,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from ..errors import DurableError
 
@@ -149,8 +149,10 @@ class RunnerConfig:
         """
         unknown = set(data) - {"model", "runner", "agents", "features"}
         if unknown:
-            _bad(f"unknown top-level key(s) {sorted(unknown)}; expected model, [runner], "
-                 "[agents.<id>], [features]")
+            _bad(
+                f"unknown top-level key(s) {sorted(unknown)}; expected model, [runner], "
+                "[agents.<id>], [features]"
+            )
         runner = _table(data, "runner")
         allowed = {
             "poll_interval",
@@ -185,19 +187,21 @@ class RunnerConfig:
                 **runner,
             )
         except TypeError as e:
-            _bad(str(e))
+            msg = str(e)
+            raise ConfigError(msg) from e
 
 
 def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     table = data.get(name, {})
     if not isinstance(table, Mapping):
         _bad(f"{name} must be a table ([{name}])")
-    return table
+    checked: Mapping[str, Any] = table
+    return checked
 
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _bad(reason: str) -> Any:
+def _bad(reason: str) -> NoReturn:
     raise ConfigError(reason)

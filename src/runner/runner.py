@@ -493,7 +493,9 @@ class AgentRunner:
         try:
             self._build_stack(config)
         except Exception as error:
-            log.error("config not applied, keeping generation %d: %s", self.config_generation, error)
+            log.error(
+                "config not applied, keeping generation %d: %s", self.config_generation, error
+            )
             return
         self.config = config
         self.config_generation += 1
@@ -519,7 +521,7 @@ class AgentRunner:
     # -- signals -------------------------------------------------------------------
 
     def _install_signals(self) -> dict[int, Any]:
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in (signal.SIGUSR1, signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, self._on_signal)
         return previous
@@ -576,5 +578,9 @@ class AgentRunner:
 def _default_handlers(config: RunnerConfig) -> list[Any]:
     from effectful.handlers.llm.completions import LiteLLMProvider, RetryLLMHandler
 
-    provider = LiteLLMProvider(model=config.model) if config.model else LiteLLMProvider()
+    provider = (
+        LiteLLMProvider(model=config.model)  # type: ignore[no-untyped-call]
+        if config.model
+        else LiteLLMProvider()  # type: ignore[no-untyped-call]
+    )
     return [provider, RetryLLMHandler()]

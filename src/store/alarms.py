@@ -414,9 +414,7 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
     )
 
 
-def latest(
-    conn: apsw.Connection, agent_id: str | None, *, include_ended: bool
-) -> list[AlarmInfo]:
+def latest(conn: apsw.Connection, agent_id: str | None, *, include_ended: bool) -> list[AlarmInfo]:
     """Each alarm's latest span, by next occurrence; only pending and dead ones unless asked."""
     where = []
     params: list[Any] = []
@@ -430,21 +428,28 @@ def latest(
     else:
         where.append("ended_in IS NULL")
     sql = _SELECT.replace("FROM alarms", "FROM alarms AS a") + " WHERE " + " AND ".join(where)
-    rows = conn.execute(sql + " ORDER BY fire_at, alarm_id", params).fetchall()
+    rows: list[tuple[Any, ...]] = conn.execute(
+        sql + " ORDER BY fire_at, alarm_id", params
+    ).fetchall()
     now = time.time()
     return [_info(row, now) for row in rows]
 
 
 def open_alarm(conn: apsw.Connection, alarm_id: str) -> AlarmInfo | None:
     """The pending or dead alarm ``alarm_id``, or None."""
-    row = conn.execute(f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)).fetchone()
+    row: tuple[Any, ...] | None = conn.execute(
+        f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
+    ).fetchone()
     return None if row is None else _info(row, time.time())
 
 
 def pending_count(conn: apsw.Connection, agent_id: str) -> int:
     """How many pending alarms the agent has."""
     count = conn.execute(
-        "SELECT count(*) FROM alarms WHERE agent_id = ? AND ended_in IS NULL AND status = 'pending'",
+        """
+        SELECT count(*) FROM alarms
+         WHERE agent_id = ? AND ended_in IS NULL AND status = 'pending'
+        """,
         (agent_id,),
     ).get
     return int(count)
@@ -452,7 +457,7 @@ def pending_count(conn: apsw.Connection, agent_id: str) -> int:
 
 def counts(conn: apsw.Connection, now: float) -> dict[str, int]:
     """Pending, due and dead alarms of the whole database."""
-    pending, due, dead = conn.execute(
+    row: Any = conn.execute(
         """
         SELECT count(*) FILTER (WHERE status = 'pending'),
                count(*) FILTER (WHERE status = 'pending' AND fire_at <= ?),
@@ -461,6 +466,7 @@ def counts(conn: apsw.Connection, now: float) -> dict[str, int]:
         """,
         (now,),
     ).fetchone()
+    pending, due, dead = row
     return {"pending": pending, "due": due, "dead": dead}
 
 
@@ -469,7 +475,9 @@ def counts(conn: apsw.Connection, now: float) -> dict[str, int]:
 
 def current_version(conn: apsw.Connection, agent_id: str) -> int:
     """The agent's version (0 before its first commit): out-of-turn changes belong to it."""
-    row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+    row: tuple[Any, ...] | None = conn.execute(
+        "SELECT version FROM agents WHERE agent_id = ?", (agent_id,)
+    ).fetchone()
     return 0 if row is None else int(row[0])
 
 
@@ -534,7 +542,7 @@ def claim(conn: apsw.Connection, owner: str, now: float, lease: float) -> Claim 
     The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
     makes the alarm claimable again through the same index.
     """
-    row = conn.execute(
+    row: tuple[Any, ...] | None = conn.execute(
         """
         SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts
           FROM alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
@@ -597,7 +605,7 @@ def reclaim_dead_owners(conn: apsw.Connection, now: float) -> int:
     host we can tell at once that its process is dead, and deliver again now.
     """
     host = socket.gethostname()
-    rows = conn.execute(
+    rows: list[tuple[Any, ...]] = conn.execute(
         """
         SELECT DISTINCT lease_owner FROM alarms
          WHERE lease_owner IS NOT NULL AND status = 'pending' AND due_at > ?
@@ -659,7 +667,7 @@ def record_status(
 
 def statuses(conn: apsw.Connection) -> list[dict[str, Any]]:
     """Every runner's latest status report, most recent first."""
-    rows = conn.execute(
+    rows: list[tuple[Any, ...]] = conn.execute(
         """
         SELECT runner_id, host, pid, state, started_at, reported_at, report
           FROM runner_status ORDER BY reported_at DESC
@@ -716,7 +724,7 @@ class AlarmPart:
 
     def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
         """Copy the alarms pending at ``version`` to the new agent, under new ids."""
-        rows = conn.execute(
+        rows: list[tuple[Any, ...]] = conn.execute(
             """
             SELECT action, fire_at, every, cron, timezone, created_at FROM alarms
              WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
@@ -741,7 +749,7 @@ class AlarmPart:
 
 def pending_at(conn: apsw.Connection, agent_id: str, version: int) -> list[str]:
     """The ids of the alarms pending (or dead) at ``version``, sorted."""
-    rows = conn.execute(
+    rows: list[tuple[Any, ...]] = conn.execute(
         """
         SELECT DISTINCT alarm_id FROM alarms
          WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
@@ -772,7 +780,6 @@ def _invalid(reason: str) -> NoReturn:
 
 def _time(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
-
 
 
 class AlarmQueue:

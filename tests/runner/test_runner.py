@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alarms_app import Keeper, delivered, make_agent, make_handlers
+from alarms_app import delivered, make_agent, make_handlers
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
@@ -316,9 +316,7 @@ class TestTwoRunners:
         for one in runners:
             one.close()
         assert store.alarms() == []
-        jobs = sorted(
-            job for n in range(4) for job in delivered(store.history(f"agent-{n}"))
-        )
+        jobs = sorted(job for n in range(4) for job in delivered(store.history(f"agent-{n}")))
         assert jobs == sorted(f"job {n}" for n in range(40))
         assert all(one.turns > 0 for one in runners), [one.turns for one in runners]
         assert sum(one.turns for one in runners) == 40

@@ -129,7 +129,9 @@ class TestCron:
         first = cron_next("0 9 * * *", march, "Europe/Paris")
         second = cron_next("0 9 * * *", first, "Europe/Paris")
         assert datetime.fromtimestamp(first, UTC).hour == 8  # 28 March, CET
-        assert datetime.fromtimestamp(second, UTC).hour == 7  # 29 March, CEST (DST began that night)
+        assert (
+            datetime.fromtimestamp(second, UTC).hour == 7
+        )  # 29 March, CEST (DST began that night)
 
     def test_cron_schedule_first_fires_at_next_match(self) -> None:
         """A cron schedule with no delay first fires at the next match after now."""
@@ -169,9 +171,7 @@ class TestTurnWrites:
 class TestVersions:
     """Rollback, fork, prune and delete treat pending alarms as part of each version."""
 
-    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(
-        self, db_path: Path
-    ) -> None:
+    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(self, db_path: Path) -> None:
         """After rollback to v the pending alarms are exactly those pending at v."""
         with Store(db_path) as store:
             keep = scheduled("keep")
