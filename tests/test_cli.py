@@ -27,6 +27,9 @@ READS = [
     ["workflows"],
     ["steps", "wf"],
     ["check"],
+    ["alarms"],
+    ["alarms", "--all", "--agent", "bot"],
+    ["status"],
 ]
 
 
