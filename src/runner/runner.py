@@ -30,9 +30,6 @@ from .config import ConfigError, RunnerConfig
 
 log = logging.getLogger("effectful_durable.runner")
 
-type AgentFactory = Callable[[str], PersistentAgent]
-type HandlerFactory = Callable[[RunnerConfig], Sequence[Any]]
-
 _RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
 
@@ -129,8 +126,8 @@ class AgentRunner:
         self,
         db: str | os.PathLike[str] | Store,
         *,
-        agents: AgentFactory,
-        handlers: HandlerFactory | None = None,
+        agents: Callable[[str], PersistentAgent],
+        handlers: Callable[[RunnerConfig], Sequence[Any]] | None = None,
         config: RunnerConfig | str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
         durability: Durability = "normal",
