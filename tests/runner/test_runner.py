@@ -231,6 +231,54 @@ class TestFailures:
         assert delivered(store.history("k")) == ["orphan"]
 
 
+class TestLeases:
+    """A claim held by a live runner elsewhere is respected until its lease runs out."""
+
+    def test_expired_lease_of_another_host_is_taken_over(
+        self, db_path: Path, store: Store, clock: FakeClock
+    ) -> None:
+        """Another host's claim blocks delivery until lease_seconds have passed."""
+        schedule(store, clock, "k", "handed over", delay=0)
+        assert store.alarm_queue.claim("elsewhere:1:abc", clock.now(), 300) is not None
+        with runner(db_path, clock) as heir:
+            heir.run(until=clock.now() + 299)
+            assert store.agents() == []
+            heir.run(until=clock.now() + 2)
+        assert delivered(store.history("k")) == ["handed over"]
+
+
+class TestPolling:
+    """The runner sleeps, and notices alarms other processes schedule within a second."""
+
+    def test_alarm_from_another_connection_is_noticed_within_a_second(
+        self, db_path: Path, store: Store
+    ) -> None:
+        """An alarm written by another connection while the runner sleeps starts < 1.5 s later."""
+        started: list[float] = []
+
+        def respond(call: FakeCall) -> str:
+            started.append(time.time())
+            return "ok"
+
+        def handlers(config: RunnerConfig) -> list[Any]:
+            return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
+
+        with AgentRunner(db_path, agents=make_agent, handlers=handlers) as sleeper:
+            thread = threading.Thread(target=sleeper.run)
+            thread.start()
+            try:
+                time.sleep(0.5)  # the runner found nothing and sleeps (up to 1 s)
+                written = time.time()
+                store.schedule_alarm("k", "wake up", make_schedule(written, delay=0))
+                deadline = time.monotonic() + 10
+                while not started and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            finally:
+                sleeper.stop()
+                thread.join(timeout=30)
+        assert started and started[0] - written < 1.5
+
+
 class TestConfig:
     """The TOML config: parsed strictly, reloaded, per-agent settings honoured."""
 
