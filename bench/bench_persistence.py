@@ -12,12 +12,18 @@ message and a ~700-byte answer from the offline ``FakeLLM`` under effectful's
 * handler time = a persisted turn's wall time minus the time spent below the
   PersistenceHandler (a timing handler sits between it and the provider): the
   handler's own work measured directly, without the noise of two separate calls;
+* the ratio of durable to plain turn time (median, and over the last 10%);
+* garbage-collection time per turn in each arm (``gc.callbacks``), since what we
+  keep alive costs the user outside our own code;
 * database size (db + wal after a TRUNCATE checkpoint);
 * loading the N-turn agent in a fresh process (see ``child_load``).
 
+``--agents 50`` plays 50 bots per arm round-robin in one database instead (N turns
+each): what switching agents costs. ``--profile`` splits the handler's time into
+the handoff write at turn start, planning the change, the commit and the rest.
+
 Run: ``.venv/bin/python bench/bench_persistence.py [--turns 100,1000,5000] [--quick]``.
-No assertions: targets are <= 1 ms overhead per turn at N = 1,000 and 5,000, and
-< 100 ms to load a 5,000-turn agent.
+No assertions: targets are in bench/README.md.
 """
 
 from __future__ import annotations
@@ -92,29 +98,85 @@ def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
 
 
-def play(n: int, db: Path) -> dict[str, list[float]]:
-    """Play n turns with a plain and a persisted Bot; per-turn times in seconds."""
-    fake, below = fake_llm(), Below()
+class GCClock:
+    """Seconds spent in the garbage collector, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+
+class Profile:
+    """With --profile: time spent in parts of the handler, per turn."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[float]] = {"begin": [], "plan": [], "commit": []}
+        self._turn: dict[str, float] = {}
+
+    def wrap(self, owner: object, name: str, part: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._turn[part] = self._turn.get(part, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    def end_turn(self) -> None:
+        for part, values in self.parts.items():
+            values.append(self._turn.get(part, 0.0))
+        self._turn = {}
+
+
+PROFILE: Profile | None = None
+
+
+def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
+    """Play n turns of each of ``agents`` plain and persisted Bots; per-turn seconds."""
+    fake, below, gc_clock = fake_llm(), Below(), GCClock()
     persistence = PersistenceHandler(db)
-    plain, durable = Bot(agent_id="plain"), Bot(agent_id="durable")
-    times: dict[str, list[float]] = {"plain": [], "durable": [], "below": []}
+    if PROFILE is not None:
+        persistence_module = sys.modules[PersistenceHandler.__module__]
+        PROFILE.wrap(persistence.store, "begin_turn", "begin")
+        PROFILE.wrap(persistence.store, "commit_turn", "commit")
+        PROFILE.wrap(persistence_module, "_plan", "plan")
+    plains = [Bot(agent_id=f"plain-{j}") for j in range(agents)]
+    durables = [Bot(agent_id=f"durable-{j}") for j in range(agents)]
+    times: dict[str, list[float]] = {k: [] for k in ("plain", "durable", "below", "gc_p", "gc_d")}
+    gc.callbacks.append(gc_clock)
     with handler(LiteLLMProvider(model="fake")), handler(fake), handler(below):
         for i in range(n):
             q = question(i)
-            for arm in ("plain", "durable") if i % 2 else ("durable", "plain"):
-                if arm == "plain":
-                    start = time.perf_counter()
-                    plain.ask(q)
-                    times["plain"].append(time.perf_counter() - start)
-                else:
-                    with handler(persistence):
+            for plain, durable in zip(plains, durables, strict=True):
+                for arm in ("plain", "durable") if i % 2 else ("durable", "plain"):
+                    gc_before = gc_clock.seconds
+                    if arm == "plain":
                         start = time.perf_counter()
-                        durable.ask(q)
-                        times["durable"].append(time.perf_counter() - start)
-                    times["below"].append(below.seconds)
-            fake.calls.clear()  # keep memory flat: .calls holds every request
+                        plain.ask(q)
+                        times["plain"].append(time.perf_counter() - start)
+                        times["gc_p"].append(gc_clock.seconds - gc_before)
+                    else:
+                        with handler(persistence):
+                            start = time.perf_counter()
+                            durable.ask(q)
+                            times["durable"].append(time.perf_counter() - start)
+                        times["gc_d"].append(gc_clock.seconds - gc_before)
+                        times["below"].append(below.seconds)
+                        if PROFILE is not None:
+                            PROFILE.end_turn()
+                fake.calls.clear()  # keep memory flat: .calls holds every request
             if (i + 1) % max(1, n // 10) == 0:
-                print(f"\rN={n}: {i + 1} turns", end="", file=sys.stderr, flush=True)
+                print(f"\rN={n}x{agents}: {i + 1} turns", end="", file=sys.stderr, flush=True)
+    gc.callbacks.remove(gc_clock)
     print(file=sys.stderr)
     persistence.close()
     return times
@@ -140,11 +202,13 @@ def child_load(db: str, agent_id: str, what: str) -> None:
 
     * load: ``PersistenceHandler(db)`` (open the file) + ``store.load_agent(id)``
       (one indexed read of the active messages, JSON decode);
-    * ask: the first ``ask()`` of a new ``Bot`` object with that id under
-      persistence (loads and restores history and state, then runs and commits a
-      turn) minus the median of 3 ``ask()``s without persistence of a Bot holding
-      the same history in memory (effectful's model call is itself O(history), so
-      an empty Bot would be the wrong baseline).
+    * ask: ``persistence.load(bot)`` for a new ``Bot`` object with that id
+      (read, then restore history and state into the object: ``restore_ms``), then
+      its first ``ask()`` under persistence minus the median of 3 ``ask()``s
+      without persistence of a Bot holding the same history in memory
+      (``first_turn_extra_ms``; effectful's model call is itself O(history), so an
+      empty Bot would be the wrong baseline). Compare it with the overhead of an
+      ordinary turn: the first turn after a load should cost no more.
     """
     fake, q = fake_llm(), question(0)
     with handler(LiteLLMProvider(model="fake")), handler(fake):
@@ -164,6 +228,9 @@ def child_load(db: str, agent_id: str, what: str) -> None:
             return
         fresh = Bot(agent_id=agent_id)
         start = time.perf_counter()
+        persistence.load(fresh)
+        restore = time.perf_counter() - start
+        start = time.perf_counter()
         with handler(persistence):
             fresh.ask(q)
         first = time.perf_counter() - start
@@ -176,7 +243,8 @@ def child_load(db: str, agent_id: str, what: str) -> None:
             plain.ask(q)
             base.append(time.perf_counter() - start)
             fake.calls.clear()
-    print(json.dumps({"first_ask_extra_ms": (first - statistics.median(base)) * 1e3}))
+    extra = first - statistics.median(base)
+    print(json.dumps({"restore_ms": restore * 1e3, "first_turn_extra_ms": extra * 1e3}))
 
 
 def fresh_load(db: Path, agent_id: str) -> dict[str, float]:
@@ -193,16 +261,28 @@ def fresh_load(db: Path, agent_id: str) -> dict[str, float]:
     return results
 
 
-def measure(n: int, directory: Path) -> dict[str, float]:
-    db = directory / f"bench-{n}.db"
-    t = play(n, db)
+def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
+    db = directory / f"bench-{n}x{agents}.db"
+    t = play(n, db, agents)
     over = [d - p for d, p in zip(t["durable"], t["plain"], strict=True)]
     own = [d - b for d, b in zip(t["durable"], t["below"], strict=True)]
-    tail = slice(n - max(1, n // 10), n)
+    turns = n * agents
+    tail = slice(turns - max(1, turns // 10), turns)
+    median = statistics.median
     ms = 1e3
+    profile = {}
+    if PROFILE is not None:
+        parts = {part: values[-turns:] for part, values in PROFILE.parts.items()}
+        rest = [o - sum(p) for o, *p in zip(own, *parts.values(), strict=True)]
+        profile = {f"p_{part}": median(v) * ms for part, v in [*parts.items(), ("rest", rest)]}
     return {
-        "plain": statistics.median(t["plain"]) * ms,
-        "durable": statistics.median(t["durable"]) * ms,
+        **profile,
+        "ratio": median(t["durable"]) / median(t["plain"]),
+        "ratio_tail": median(t["durable"][tail]) / median(t["plain"][tail]),
+        "gc_p": sum(t["gc_p"]) / turns * ms,
+        "gc_d": sum(t["gc_d"]) / turns * ms,
+        "plain": median(t["plain"]) * ms,
+        "durable": median(t["durable"]) * ms,
         "over": statistics.median(over) * ms,
         "over90": p90(over) * ms,
         "over_tail": statistics.median(over[tail]) * ms,
@@ -212,28 +292,45 @@ def measure(n: int, directory: Path) -> dict[str, float]:
         "own_tail": statistics.median(own[tail]) * ms,
         "own90_tail": p90(own[tail]) * ms,
         "mb": db_bytes(db) / 1e6,
-        **fresh_load(db, "durable"),
+        **(
+            fresh_load(db, "durable-0")
+            if agents == 1
+            else {"load_ms": 0.0, "restore_ms": 0.0, "first_turn_extra_ms": 0.0}
+        ),
     }
 
 
 COLUMNS = [  # (header, format)
-    ("turns", "{n:>6}"),
+    ("turns", "{label:>6}"),
     ("plain ms", "{plain:>8.2f}"),
     ("durable ms", "{durable:>10.2f}"),
+    ("ratio all/last10%", "{ratio:>6.3f}/{ratio_tail:<6.3f}"),
+    ("gc ms plain/durable", "{gc_p:>6.2f}/{gc_d:<6.2f}"),
     ("overhead med/p90", "{over:>7.2f}/{over90:<8.2f}"),
     ("last10% med/p90", "{over_tail:>7.2f}/{over90_tail:<7.2f}"),
     ("handler med/p90", "{own:>7.2f}/{own90:<7.2f}"),
     ("last10% med/p90", "{own_tail:>7.2f}/{own90_tail:<7.2f}"),
     ("db MB", "{mb:>6.2f}"),
     ("load ms", "{load_ms:>7.2f}"),
-    ("1st ask +ms", "{first_ask_extra_ms:>11.2f}"),
+    ("restore ms", "{restore_ms:>10.2f}"),
+    ("1st turn +ms", "{first_turn_extra_ms:>12.2f}"),
 ]
 
 
-def print_table(rows: list[dict[str, float]]) -> None:
-    cells = [[fmt.format(**row) for _, fmt in COLUMNS] for row in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(COLUMNS)]
-    print("  ".join(h.rjust(w) for (h, _), w in zip(COLUMNS, widths, strict=True)))
+PROFILE_COLUMNS = [
+    ("turns", "{label:>6}"),
+    ("handler ms", "{own:>10.3f}"),
+    ("handoff write", "{p_begin:>13.3f}"),
+    ("plan change", "{p_plan:>11.3f}"),
+    ("commit", "{p_commit:>6.3f}"),
+    ("bookkeeping", "{p_rest:>11.3f}"),
+]
+
+
+def print_table(rows: list[dict[str, float]], columns: list[tuple[str, str]] = COLUMNS) -> None:
+    cells = [[fmt.format(**row) for _, fmt in columns] for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(columns)]
+    print("  ".join(h.rjust(w) for (h, _), w in zip(columns, widths, strict=True)))
     for row in cells:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
 
@@ -241,6 +338,10 @@ def print_table(rows: list[dict[str, float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", default="100,1000,5000", help="comma-separated N values")
+    parser.add_argument("--long", action="store_true", help="--turns 100,1000,5000,10000")
+    parser.add_argument("--agents", type=int, default=0, help="also play A agents round-robin")
+    parser.add_argument("--agent-turns", type=int, default=100, help="turns of each of A agents")
+    parser.add_argument("--profile", action="store_true", help="split the handler's time")
     parser.add_argument("--quick", action="store_true", help="smoke run: --turns 20,100")
     parser.add_argument("--dir", type=Path, help="where to put the databases (default: tmp)")
     parser.add_argument("--child-load", nargs=3, help=argparse.SUPPRESS)
@@ -248,11 +349,20 @@ def main() -> None:
     if args.child_load:
         child_load(*args.child_load)
         return
+    global PROFILE
+    PROFILE = Profile() if args.profile else None
     turns = [20, 100] if args.quick else [int(n) for n in args.turns.split(",")]
+    turns = [100, 1000, 5000, 10000] if args.long else turns
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        rows = [{"n": n, **measure(n, Path(tmp))} for n in turns]
+        rows = [{"label": str(n), **measure(n, Path(tmp))} for n in turns]
+        if args.agents:
+            label = f"{args.agents}x{args.agent_turns}"
+            rows.append({"label": label, **measure(args.agent_turns, Path(tmp), args.agents)})
     print_table(rows)
+    if PROFILE is not None:
+        print("\nhandler time split (medians, ms):")
+        print_table(rows, PROFILE_COLUMNS)
     print(
         f"(times in ms; run took {time.perf_counter() - started:.0f} s; 1-min load average "
         f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "

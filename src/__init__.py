@@ -16,7 +16,17 @@ from .errors import (
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
 from .runner import AgentRunner, ConfigError, RunnerConfig
-from .store import AgentRecord, Handoff, StepInfo, Store, VersionInfo, WorkflowInfo
+from .store import (
+    AgentRecord,
+    ForkedAgent,
+    Handoff,
+    PruneResult,
+    StepInfo,
+    Store,
+    VersionInfo,
+    WorkflowInfo,
+    WorkflowReset,
+)
 from .store.alarms import AlarmInfo
 
 __all__ = [
@@ -30,6 +40,7 @@ __all__ = [
     "ConfigError",
     "DatabaseBusyError",
     "DurableError",
+    "ForkedAgent",
     "Handoff",
     "InvalidAgentIdError",
     "InvalidAlarmError",
@@ -37,6 +48,7 @@ __all__ = [
     "NotOurDatabaseError",
     "PersistenceHandler",
     "PersistentAgent",
+    "PruneResult",
     "RecallTools",
     "RunnerConfig",
     "SchemaTooNewError",
@@ -46,6 +58,7 @@ __all__ = [
     "VersionInfo",
     "WorkflowDivergedError",
     "WorkflowInfo",
+    "WorkflowReset",
     "ephemeral",
     "summarize_context",
 ]

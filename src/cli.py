@@ -11,9 +11,10 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import DurableError
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The exit code: 0 on success, 1 on an error or a failed ``check``, 2 on a
-        usage error (including ``delete`` without ``--yes``), 130 on Ctrl-C.
+        usage error (including ``delete`` and ``prune`` without ``--yes``, and
+        ``reset-workflow`` without it when agents would be deleted), 130 on Ctrl-C.
 
     Example::
 
@@ -63,15 +65,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "run":
         return _run(args)
+    if args.command == "prune" and args.keep is None and args.older_than is None:
+        return _fail("prune needs a rule: pass --keep N, --older-than AGE or both", code=2)
+    if args.command == "prune" and not args.yes:
+        whose = f"agent {args.agent!r}" if args.agent else "every agent"
+        return _fail(
+            f"prune deletes the older versions of {whose} for good (they can no longer "
+            "be read or rolled back to); pass --yes to confirm",
+            code=2,
+        )
     problem = _unusable(args.db)
     if problem:
         return _fail(problem)
     run: _Run = args.run
     try:
-        with Store(args.db, readonly=args.command in _READS) as store:
+        with Store(args.db, readonly=args.command in _READ_ONLY) as store:
             return run(store, args)
     except DurableError as error:
-        return _fail(str(error))
+        return _fail(_cli_words(str(error), args.db))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -95,6 +106,37 @@ def _unusable(path: str) -> str | None:
 def _fail(message: str, *, code: int = 1) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return code
+
+
+def _cli_words(message: str, db: str) -> str:
+    """An error message in the command line's words rather than the Python API's."""
+    for python, shell in (
+        ("Store.agents() lists the agents it holds", f"`{PROG} agents {db}` lists them"),
+        (
+            "Store.workflows() lists the journals it holds",
+            f"`{PROG} workflows {db}` lists them",
+        ),
+        (
+            "wait for that turn to finish, pass wait=<seconds> to PersistenceHandler to "
+            "wait for it, or fork the agent to run a copy.",
+            "run the command again once that turn has finished.",
+        ),
+        (
+            "Retry, or raise busy_timeout if writers hold it this long on purpose.",
+            "Run the command again once that writer has finished.",
+        ),
+        (
+            "open it read-write once (Store(path)) to roll that write back, then read it",
+            f"run `{PROG} vacuum {db}` once to roll that write back, then read it",
+        ),
+        (
+            "open it once read-write to migrate it",
+            f"run `{PROG} vacuum {db}` once to migrate it",
+        ),
+        ("invalid agent_id", "invalid agent id"),
+    ):
+        message = message.replace(python, shell)
+    return message
 
 
 # -- reads ----------------------------------------------------------------------
@@ -236,6 +278,7 @@ _READS = frozenset(
         "status",
     }
 )
+_READ_ONLY = _READS | {"backup"}
 
 # -- maintenance ------------------------------------------------------------------
 
@@ -248,10 +291,9 @@ def _rollback(store: Store, args: argparse.Namespace) -> int:
 
 def _fork(store: Store, args: argparse.Namespace) -> int:
     record = store.fork(args.agent, args.version, args.new_id)
-    detail = store.versions(record.agent_id)[0].detail or {}
     print(
-        f"{record.agent_id}: version 1 committed, a copy of {args.agent} version "
-        f"{detail.get('version', args.version)} ({record.messages} messages)"
+        f"{record.agent_id}: version 1 committed, a copy of {record.source_id} version "
+        f"{record.source_version} ({record.messages} messages)"
     )
     return 0
 
@@ -269,13 +311,51 @@ def _rearm(store: Store, args: argparse.Namespace) -> int:
 
 
 def _reset_workflow(store: Store, args: argparse.Namespace) -> int:
-    touched = store.reset_workflow(args.workflow, args.from_step)
+    plan = store.reset_workflow(args.workflow, args.from_step, dry_run=True)
+    if plan.deleted and not args.yes:
+        names = ", ".join(repr(agent_id) for agent_id in plan.deleted)
+        return _fail(
+            f"reset-workflow would delete {names} (created by the steps it forgets) with "
+            "all their versions, for good; pass --yes to confirm",
+            code=2,
+        )
+    reset = store.reset_workflow(args.workflow, args.from_step)
     print(f"{args.workflow}: steps {args.from_step} and later forgotten")
-    remaining = {record.agent_id for record in store.agents()}
-    for agent_id in touched:
-        # reset_workflow deletes an agent the workflow itself created (base version 0).
-        done = "rolled back" if agent_id in remaining else "deleted (the workflow created it)"
-        print(f"{agent_id}: {done}")
+    for agent_id in reset.rolled_back:
+        print(f"{agent_id}: rolled back")
+    for agent_id in reset.deleted:
+        print(f"{agent_id}: deleted (the workflow created it)")
+    return 0
+
+
+def _prune(store: Store, args: argparse.Namespace) -> int:
+    result = store.prune(
+        args.agent,
+        keep_versions=args.keep,
+        older_than=args.older_than,
+        drop_compacted=args.drop_compacted,
+    )
+    print(
+        f"pruned {len(result.agents)} agents: {result.versions} versions and "
+        f"{result.messages} messages deleted"
+    )
+    for workflow in result.workflows:
+        print(f"{workflow}: journal deleted (the workflow finished and its versions are gone)")
+    for agent_id in result.skipped:
+        print(f"{agent_id}: skipped, a turn of it is running")
+    print(f"run `{PROG} vacuum {args.db}` to give the space back to the file system")
+    return 0
+
+
+def _vacuum(store: Store, args: argparse.Namespace) -> int:
+    freed = store.vacuum()
+    print(f"{args.db}: {max(freed, 0):,} bytes given back")
+    return 0
+
+
+def _backup(store: Store, args: argparse.Namespace) -> int:
+    store.backup(args.target)
+    print(f"{args.db}: copied to {args.target} ({os.path.getsize(args.target):,} bytes)")
     return 0
 
 
@@ -439,4 +519,47 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--from-step", type=int, default=1, metavar="N", help="first step to redo (default: 1)"
     )
+    sub.add_argument(
+        "--yes", action="store_true", help="confirm deleting agents the forgotten steps created"
+    )
+    sub = command("prune", _prune, "delete old versions of an agent, or of all agents, for good")
+    sub.add_argument("agent", nargs="?", metavar="AGENT", help="the agent (default: all)")
+    sub.add_argument("--keep", type=_positive, metavar="N", help="keep the latest N versions")
+    sub.add_argument(
+        "--older-than",
+        type=_age,
+        metavar="AGE",
+        help="prune only versions older than AGE: a number and s, m, h, d or w (7d)",
+    )
+    sub.add_argument(
+        "--drop-compacted",
+        action="store_true",
+        help="also delete the compacted originals of pruned versions",
+    )
+    sub.add_argument("--yes", action="store_true", help="confirm the deletion")
+    command("vacuum", _vacuum, "give the space of deleted rows back to the file system")
+    sub = command("backup", _backup, "copy the live database, consistently, to a new file")
+    sub.add_argument("target", metavar="TARGET", help="the new file (never overwritten)")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        msg = f"expected a whole number >= 1, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return number
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _age(text: str) -> timedelta:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
+    if match is None:
+        msg = f"expected an age such as 90s, 30m, 12h, 7d or 2w, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])

@@ -1,6 +1,6 @@
 """A child process for tests/test_crash.py: it runs turns of one agent until it is killed.
 
-Usage: ``python tests/crash_child.py DB_PATH [--durability normal|full]``
+Usage: ``python tests/crash_child.py DB_PATH [--durability normal|full] [--keep-versions K]``
 
 Importing litellm costs seconds, so one child serves many turns. The parent drives it
 with one command per line on stdin, and it answers with one line per event on stdout::
@@ -105,7 +105,7 @@ def on_disk_version(store: Store) -> int:
     return next((a.version for a in store.agents() if a.agent_id == AGENT_ID), 0)
 
 
-def serve(db_path: str, durability: str) -> None:
+def serve(db_path: str, durability: str, keep_versions: int | None = None) -> None:
     """Answer the parent's commands until stdin closes."""
     model = FakeModel()
     bot = Counter(agent_id=AGENT_ID)
@@ -117,7 +117,9 @@ def serve(db_path: str, durability: str) -> None:
                 continue
             command, *operands = line.split()
             if command == "open":
-                persistence = PersistenceHandler(db_path, durability=durability)
+                persistence = PersistenceHandler(
+                    db_path, durability=durability, keep_versions=keep_versions
+                )
                 say("ready", on_disk_version(persistence.store))
                 continue
             if persistence is None:
@@ -141,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db_path")
     parser.add_argument("--durability", choices=["normal", "full"], default="normal")
+    parser.add_argument("--keep-versions", type=int, default=None)
     args = parser.parse_args(argv)
-    serve(args.db_path, args.durability)
+    serve(args.db_path, args.durability, args.keep_versions)
     return 0
 
 

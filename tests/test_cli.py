@@ -283,8 +283,13 @@ class TestMaintenance:
         assert Path(db).read_bytes() == before
 
     def test_reset_workflow(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
-        """reset-workflow forgets the steps and removes the agent the workflow created."""
-        code, out, _ = run(capsys, "reset-workflow", db, "wf")
+        """reset-workflow asks for --yes before deleting the agent the workflow created."""
+        before = Path(db).read_bytes()
+        code, out, err = run(capsys, "reset-workflow", db, "wf")
+        assert code == 2 and out == ""
+        assert "would delete 'planner'" in err and "--yes" in err
+        assert Path(db).read_bytes() == before
+        code, out, _ = run(capsys, "reset-workflow", db, "wf", "--yes")
         assert code == 0
         assert out.splitlines() == [
             "wf: steps 1 and later forgotten",
@@ -301,6 +306,51 @@ class TestMaintenance:
         assert code == 0 and out == "wf: steps 2 and later forgotten\n"
         with Store(db, readonly=True) as store:
             assert len(store.steps("wf")) == 1
+
+
+class TestRetention:
+    def test_prune_needs_yes_and_a_rule(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """prune without --yes, or without --keep or --older-than, is a usage error."""
+        before = Path(db).read_bytes()
+        code, _, err = run(capsys, "prune", db, "--keep", "1")
+        assert code == 2 and "every agent" in err and "--yes" in err
+        code, _, err = run(capsys, "prune", db, "bot", "--yes")
+        assert code == 2 and "--keep N, --older-than AGE" in err
+        code, _, err = run(capsys, "prune", db, "--older-than", "soon", "--yes")
+        assert code == 2 and "7d" in err
+        assert Path(db).read_bytes() == before
+
+    def test_prune_then_vacuum(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """prune --keep 1 leaves one version per agent; vacuum gives the space back."""
+        code, out, _ = run(capsys, "prune", db, "--keep", "1", "--yes")
+        assert code == 0
+        assert out.splitlines()[0].startswith("pruned 2 agents: ")  # bot and talker
+        assert "wf: journal deleted" not in out  # planner's version 1 is its latest
+        with Store(db, readonly=True) as store:
+            assert [len(store.versions(a.agent_id)) for a in store.agents()] == [1, 1, 1]
+        code, out, _ = run(capsys, "vacuum", db)
+        assert code == 0 and "bytes given back" in out
+        code, out, _ = run(capsys, "prune", db, "talker", "--older-than", "7d", "--yes")
+        assert code == 0 and out.startswith("pruned 0 agents")
+
+    def test_backup(self, db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """backup writes a copy that reads back the same, and refuses an existing target."""
+        target = tmp_path / "copy.db"
+        code, out, _ = run(capsys, "backup", db, str(target))
+        assert code == 0 and str(target) in out
+        with Store(db, readonly=True) as source, Store(target, readonly=True) as copy:
+            assert copy.history("talker", include_compacted=True) == source.history(
+                "talker", include_compacted=True
+            )
+        code, _, err = run(capsys, "backup", db, str(target))
+        assert code == 1 and "exists" in err
+
+    def test_fork_names_the_version_it_copied(
+        self, db: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """fork without --version says which version it copied: the latest."""
+        code, out, _ = run(capsys, "fork", db, "bot", "twin")
+        assert code == 0 and "a copy of bot version 2" in out
 
 
 class TestErrors:
@@ -352,7 +402,7 @@ class TestErrors:
             (["rollback", "bot", "7"], "agent 'bot' has no version 7"),
             (["steps", "nope"], "no workflow 'nope'"),
             (["fork", "bot", "talker"], "cannot fork into 'talker'"),
-            (["fork", "bot", ""], "invalid agent_id ''"),
+            (["fork", "bot", ""], "invalid agent id ''"),
             (["delete", "nobody", "--yes"], "no agent 'nobody'"),
         ],
         ids=["agent", "version", "rollback", "workflow", "fork-exists", "fork-invalid", "delete"],
@@ -371,6 +421,40 @@ class TestErrors:
         with Store(db) as store, store.agent_lock("bot"):
             code, _, err = run(capsys, "rollback", db, "bot", "1")
         assert code == 1 and "agent 'bot' is in use" in err
+        assert "run the command again once that turn has finished" in err
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["versions", "nobody"],
+            ["steps", "nope"],
+            ["fork", "bot", ""],
+            ["prune", "nobody", "--keep", "1", "--yes"],
+            ["history", "bot", "--version", "9"],
+        ],
+        ids=["agent", "workflow", "agent-id", "prune", "version"],
+    )
+    def test_errors_speak_the_command_line(
+        self, db: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+    ) -> None:
+        """Error messages name commands and options, never Python calls or keywords."""
+        _, _, err = run(capsys, argv[0], db, *argv[1:])
+        assert err.startswith("effectful-durable: error: ")
+        for python in ("Store", "()", "wait=", "busy_timeout", "agent_id"):
+            assert python not in err, err
+        if "lists" in err:
+            assert (
+                f"`effectful-durable {'workflows' if 'workflow' in err else 'agents'} {db}`" in err
+            )
+
+    def test_busy_and_in_use_messages_speak_the_command_line(self) -> None:
+        """The messages of a busy database and of an agent in use are reworded for the shell."""
+        from effectful_durable import AgentInUseError, DatabaseBusyError
+        from effectful_durable.cli import _cli_words
+
+        for error in (AgentInUseError("bot", "process 1 on host"), DatabaseBusyError("x.db", 5)):
+            text = _cli_words(str(error), "x.db")
+            assert "wait=" not in text and "busy_timeout" not in text, text
 
     @pytest.mark.parametrize(
         "argv",
@@ -388,7 +472,17 @@ class TestErrors:
         """--help lists every subcommand and returns 0."""
         code, out, _ = run(capsys, "--help")
         assert code == 0
-        for command in ("agents", "history", "check", "rollback", "fork", "reset-workflow"):
+        for command in (
+            "agents",
+            "history",
+            "check",
+            "rollback",
+            "fork",
+            "reset-workflow",
+            "prune",
+            "vacuum",
+            "backup",
+        ):
             assert command in out
 
 

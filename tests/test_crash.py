@@ -53,11 +53,19 @@ class ChildError(AssertionError):
 class Child:
     """One ``crash_child.py`` process, whose stdout lines are read with deadlines."""
 
-    def __init__(self, db_path: Path, log_dir: Path, *, durability: str = "normal") -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        log_dir: Path,
+        *,
+        durability: str = "normal",
+        keep_versions: int | None = None,
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self._stderr_file = (log_dir / f"child-{time.monotonic_ns()}.stderr").open("w+")
+        keep = ["--keep-versions", str(keep_versions)] if keep_versions else []
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(db_path), "--durability", durability],
+            [sys.executable, str(CHILD), str(db_path), "--durability", durability, *keep],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr_file,
@@ -141,8 +149,17 @@ class Child:
 class Children:
     """Children started ahead of need, so their imports overlap; all are killed on exit."""
 
-    def __init__(self, db_path: Path, log_dir: Path, *, budget: int, ahead: int = 1) -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        log_dir: Path,
+        *,
+        budget: int,
+        ahead: int = 1,
+        keep_versions: int | None = None,
+    ) -> None:
         self._db_path, self._log_dir = db_path, log_dir
+        self._keep_versions = keep_versions
         self._budget = budget
         self._ahead = ahead
         self._warming: collections.deque[Child] = collections.deque()
@@ -172,7 +189,7 @@ class Children:
 
     def _top_up(self) -> None:
         while len(self._warming) < self._ahead and len(self._started) < self._budget:
-            child = Child(self._db_path, self._log_dir)
+            child = Child(self._db_path, self._log_dir, keep_versions=self._keep_versions)
             self._started.append(child)
             self._warming.append(child)
 
@@ -453,3 +470,53 @@ class TestRandomKills:
         assert {i.version for i in infos if i.detail} == recovered
         assert all(i.detail["recovered"]["status"] == "running" for i in infos if i.detail)
         print("\n" + kills.summary(starts))
+
+
+KEEP = 4
+
+
+def pruned_on_disk(db_path: Path) -> int:
+    """Check a file pruned as it goes: whole turns, K to 1.5 K exact versions; its version."""
+    assert integrity(db_path) == "ok"
+    with Store(db_path, readonly=True) as store:
+        records = [a for a in store.agents() if a.agent_id == AGENT_ID]
+        version = records[0].version if records else 0
+        if not version:
+            return 0
+        kept = [i.version for i in store.versions(AGENT_ID)]
+        assert kept == list(range(kept[0], version + 1))
+        assert min(version, KEEP) <= len(kept) <= KEEP + KEEP // 2 - 1, kept
+        for v in kept:
+            assert texts(store.history(AGENT_ID, v)) == whole_turns(v)
+            assert store.state(AGENT_ID, v) == {"count": v}
+    return version
+
+
+@pytest.mark.slow
+class TestRandomKillsWhilePruning:
+    """Kills of a conversation pruned as it goes (keep_versions=4) leave whole, exact versions."""
+
+    def test_every_kill_leaves_whole_kept_versions(self, db_path: Path, tmp_path: Path) -> None:
+        """After every kill the kept versions are contiguous, exact, and at most 1.5 K."""
+        rng = random.Random(SEED + 1)
+        kills = Kills()
+        Store(db_path).close()
+        version = 0
+        budget = 6
+        with Children(
+            db_path, tmp_path / "logs", budget=budget + 1, keep_versions=KEEP
+        ) as children:
+            while version < TURNS and len(kills.versions) < budget:
+                child = children.next()
+                assert child.open() == version
+                reported = kill_at_random(child, rng, kills, version)
+                version = pruned_on_disk(db_path)
+                assert reported <= version <= reported + 1
+                kills.versions.append(version)
+            if version < TURNS:
+                child = children.next()
+                assert child.open() == version
+                child.send(f"run {TURNS - version}")
+                assert child.expect("done") == [str(TURNS)]
+        assert pruned_on_disk(db_path) == TURNS
+        print("\n" + kills.summary(budget + 1))

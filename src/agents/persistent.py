@@ -11,6 +11,7 @@ from typing import Any
 from effectful.handlers.llm import Agent
 
 from ..store.ids import validate_agent_id
+from .history import History
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -78,31 +79,3 @@ def _made_up_by_dataclass(cls: type, doc: str) -> bool:
     except (TypeError, ValueError):
         return False
     return doc == cls.__name__ + signature
-
-
-class History(OrderedDict[str, Any]):
-    """An agent's message history that knows when its order left insertion order.
-
-    Only ``move_to_end`` makes an OrderedDict's order differ from that of the dict
-    beneath it, and effectful rebuilds histories with ``clear()`` and ``update()``.
-    While the flag is down, ``list(dict.values(history))`` lists the messages in
-    order, about ten times faster than ``list(history.values())``: the difference
-    is the per-turn cost of a long history.
-    """
-
-    reordered = False
-
-    def move_to_end(self, key: str, last: bool = True) -> None:
-        self.reordered = True
-        super().move_to_end(key, last)
-
-    def clear(self) -> None:
-        self.reordered = False
-        super().clear()
-
-
-def history_messages(history: OrderedDict[str, Any]) -> list[Any]:
-    """The messages of a history, in order, as a new list."""
-    if type(history) is History and not history.reordered:
-        return list(dict.values(history))
-    return list(history.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import typing
 from typing import Any
 
@@ -12,6 +13,8 @@ import pydantic
 import pydantic_core
 
 from ..errors import StateSerializationError
+
+logger = logging.getLogger("effectful_durable.state")
 
 _EPHEMERAL = "effectful_durable.ephemeral"
 _IDENTITY_FIELDS = frozenset({"agent_id"})
@@ -81,11 +84,13 @@ def dump_state(agent: Any) -> str:
     return json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def restore_state(agent: Any, state: str) -> None:
+def restore_state(agent: Any, state: str, *, on_invalid: str = "raise") -> None:
     """Set the agent's persisted fields from JSON written by :func:`dump_state`.
 
     Fields missing from ``state`` keep their current value; stored fields the class
-    no longer has are ignored.
+    no longer has are ignored. A stored value that no longer fits its field raises,
+    or with ``on_invalid="default"`` is replaced by the field's default (its
+    current value if it has none) and a warning is logged.
 
     Raises:
         StateSerializationError: A stored value no longer fits its field's type.
@@ -98,10 +103,31 @@ def restore_state(agent: Any, state: str) -> None:
             value = _adapter(annotation).validate_python(stored[name])
         except pydantic.ValidationError as e:
             reason = f"the stored value no longer fits the field: {_one_line(e)}"
-            raise StateSerializationError(
+            error = StateSerializationError(
                 _owner(agent), name, type(stored[name]).__name__, reason
-            ) from e
+            )
+            if on_invalid != "default":
+                raise error from e
+            value = _default(agent, name)
+            logger.warning(
+                "%s.%s: %s; it takes its default %r instead. The stored value stays "
+                "readable in the version history (Store.state(agent_id, version)).",
+                _owner(agent),
+                name,
+                reason,
+                value,
+            )
         object.__setattr__(agent, name, value)
+
+
+def _default(agent: Any, name: str) -> Any:
+    """The field's declared default, else the value the agent holds now."""
+    field = next(f for f in dataclasses.fields(agent) if f.name == name)
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return getattr(agent, name)
 
 
 def _owner(agent: Any) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,15 +42,32 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
     def _system_notes(self, turn: _Turn) -> list[str]:
         earlier = getattr(super(), "_system_notes", None)
         notes: list[str] = list(earlier(turn)) if earlier is not None else []
-        delivering = turn.staged.get("alarms")
-        if isinstance(delivering, AlarmWrite) and delivering.delivering is not None:
-            claim = delivering.delivering
+        claim = self._announced().get(id(turn.agent))
+        if claim is not None:
             due = _utc(claim.schedule.fire_at)
             notes.append(
                 f"Note from the runtime: this turn delivers your alarm {claim.alarm_id}, "
                 f"due {due}; it is now {_utc(self.clock())}."
             )
         return notes
+
+    @contextlib.contextmanager
+    def _delivering(self, agent: PersistentAgent, claim: Claim) -> Iterator[None]:
+        """Tell the turns of ``agent`` in this thread, from their start, which alarm they
+        deliver (the runner's note to the model)."""
+        announced = self._announced()
+        announced[id(agent)] = claim
+        try:
+            yield
+        finally:
+            announced.pop(id(agent), None)
+
+    def _announced(self) -> dict[int, Claim]:
+        local: threading.local = self.__dict__.setdefault("_alarm_local", threading.local())
+        announced: dict[int, Claim] | None = getattr(local, "announced", None)
+        if announced is None:
+            announced = local.announced = {}
+        return announced
 
     def _alarm_write(self, turn: _Turn) -> AlarmWrite:
         write = turn.staged.get("alarms")

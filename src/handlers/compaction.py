@@ -14,7 +14,7 @@ from effectful.ops.semantics import fwd
 from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 
-from ..agents.persistent import history_messages
+from ..agents.history import history_messages
 from ..store.history import message_text
 from .effectful_hooks import bound_agent, set_history
 from .effects import Compacted, history_compacted
@@ -57,10 +57,12 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
     After each outermost turn of any effectful ``Agent``, if its history holds more
     than ``max_messages`` messages or ``max_tokens`` tokens, the messages between
     the system message and the ``keep_recent`` latest are replaced by ONE summary
-    message written by ``summarizer``. The cut never separates a tool call from its
-    result; if no valid cut shortens the history, nothing changes and a warning is
-    logged. A later compaction folds the previous summary into the new one. If the
-    summariser fails, the history is left as it was and the error is logged.
+    message written by ``summarizer``. At least ``keep_recent`` messages are always
+    kept: when the cut would part a tool call from its result, it moves earlier,
+    keeping more. If that leaves fewer than two messages to summarise, nothing
+    changes and a warning is logged. A later compaction folds the previous
+    summary into the new one. If the summariser fails, the history is left as it
+    was and the error is logged.
 
     With :class:`~effectful_durable.PersistenceHandler`, the compaction is committed
     as data: the summary, the range it stands for and the summariser; the originals
@@ -84,7 +86,8 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
     Args:
         max_messages: Compact when the history holds more messages than this.
         max_tokens: Compact when ``count_tokens(history)`` exceeds this.
-        keep_recent: Latest messages kept verbatim (more if a tool exchange needs it).
+        keep_recent: Latest messages kept verbatim: at least this many, more when the
+            cut would otherwise part a tool call from its result.
         summarizer: A ``Template`` taking the transcript (str) and returning the
             summary (str); it runs through the installed handlers like any template.
         count_tokens: Token counter over a list of messages; the default needs no network.
@@ -162,9 +165,11 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         cut = valid_cut(messages, start, len(messages) - self.keep_recent)
         if cut is None:
             logger.warning(
-                "not compacting %s: over budget, but its %d messages leave fewer than "
-                "two to summarise without parting a tool call from its result",
+                "not compacting %s: over budget, but keeping at least keep_recent=%d of "
+                "its %d messages, without parting a tool call from its result, leaves "
+                "fewer than two to summarise",
                 _name(agent),
+                self.keep_recent,
                 len(messages),
             )
             return False
@@ -195,19 +200,16 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
 
 
 def valid_cut(messages: Sequence[Mapping[str, Any]], start: int, preferred: int) -> int | None:
-    """The first message to keep: ``preferred``, or the nearest valid cut.
+    """The first message to keep: ``preferred``, or the nearest valid cut before it.
 
     A cut summarises ``messages[start:cut]``. It is valid if that is at least two
-    messages and every tool result kept after it has its request kept too. Cuts
-    that keep more are tried first, then cuts that summarise more.
+    messages and every tool result kept after it has its request kept too. The cut
+    only ever moves earlier, so at least ``len(messages) - preferred`` messages are
+    kept; None if no such cut is valid.
     """
     invalid = _cuts_splitting_tool_calls(messages)
-    preferred = min(max(preferred, start + 2), len(messages))
-    candidates: list[int] = [
-        *range(preferred, start + 1, -1),
-        *range(preferred + 1, len(messages) + 1),
-    ]
-    return next((cut for cut in candidates if not invalid[cut]), None)
+    preferred = min(preferred, len(messages))
+    return next((cut for cut in range(preferred, start + 1, -1) if not invalid[cut]), None)
 
 
 def _cuts_splitting_tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[bool]:

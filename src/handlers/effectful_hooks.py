@@ -37,6 +37,19 @@ def set_history(agent: Any, messages: Sequence[Mapping[str, Any]]) -> None:
     history.update((message["id"], message) for message in messages)
 
 
+def with_prompt_cache_hints(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The messages as effectful marks them for prompt caching on each agent call.
+
+    Stored messages lack the hints; restoring them marked means the first call
+    after a load replaces none of them.
+    """
+    from effectful.handlers.llm.completions import _add_cache_control_to_history
+
+    history = OrderedDict((message["id"], message) for message in messages)
+    _add_cache_control_to_history(history)
+    return list(history.values())
+
+
 def keep_own_history() -> Interpretation:
     """Make a template write its messages back to its agent even when nested.
 

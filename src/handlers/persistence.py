@@ -8,23 +8,30 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pydantic_core
 from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 
-from ..agents.persistent import PersistentAgent, history_messages
+from ..agents.history import History, history_messages
+from ..agents.persistent import PersistentAgent
 from ..agents.state import dump_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
-from ..store.history import ActiveHistory, plan_change
+from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
 from ..store.ids import validate_agent_id
 from ..store.parts import TurnWrite
 from .alarms import AlarmHandling
-from .effectful_hooks import bound_agent, keep_own_history, set_history, system_notes
+from .effectful_hooks import (
+    bound_agent,
+    keep_own_history,
+    set_history,
+    system_notes,
+    with_prompt_cache_hints,
+)
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
 
@@ -93,6 +100,18 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
         busy_timeout: Seconds to wait for another writer's lock. Only with a path.
         wait: Seconds a turn waits for its agent while another turn holds it.
         workflow: Name of the workflow whose step journal this run follows.
+        keep_versions: Keep only each agent's latest ``keep_versions`` versions,
+            pruning older ones in the commits of its turns (see
+            :meth:`Store.prune <effectful_durable.Store.prune>`); between prunes an
+            agent holds at most ``keep_versions + keep_versions // 2`` versions
+            (one more after a compaction). None keeps all.
+        on_unreadable: ``"quarantine"`` moves a file that is not a readable
+            effectful-durable database aside and starts a new one (see
+            :class:`~effectful_durable.Store`); ``"refuse"`` raises. Only with a path.
+        on_invalid_state: ``"default"`` gives a stored field that no longer
+            validates against the agent's class its default, with a warning (the
+            old value stays in the version history); ``"raise"`` raises
+            :class:`~effectful_durable.StateSerializationError`.
 
     Raises:
         WorkflowDivergedError: A step asks for another template or other arguments
@@ -109,14 +128,35 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
         busy_timeout: float = 5.0,
         wait: float = 0.0,
         workflow: str | None = None,
+        keep_versions: int | None = None,
+        on_unreadable: Literal["refuse", "quarantine"] = "refuse",
+        on_invalid_state: Literal["raise", "default"] = "raise",
     ) -> None:
         super().__init__()
+        if keep_versions is not None and (
+            isinstance(keep_versions, bool)
+            or not isinstance(keep_versions, int)
+            or keep_versions < 1
+        ):
+            msg = f"keep_versions must be None or an integer >= 1, not {keep_versions!r}"
+            raise ValueError(msg)
+        if on_invalid_state not in ("raise", "default"):
+            msg = f"on_invalid_state must be 'raise' or 'default', not {on_invalid_state!r}"
+            raise ValueError(msg)
         self.store = (
             db
             if isinstance(db, Store)
-            else Store(db, durability=durability, busy_timeout=busy_timeout)
+            else Store(
+                db,
+                durability=durability,
+                busy_timeout=busy_timeout,
+                on_unreadable=on_unreadable,
+            )
         )
         self.wait = wait
+        self.keep_versions = keep_versions
+        self.on_invalid_state = on_invalid_state
+        self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
         self._database = os.path.realpath(self.store.path)
         self._local = threading.local()
@@ -135,7 +175,8 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
 
         Raises:
             InvalidAgentIdError: The agent's id is not valid.
-            StateSerializationError: A stored field no longer fits its type.
+            StateSerializationError: A stored field no longer fits its type (unless
+                ``on_invalid_state="default"``).
         """
         validate_agent_id(agent.agent_id)
         committed = _committed(agent)
@@ -176,7 +217,8 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
             self._begin(agent, turn, arguments)
             self._turns().append(turn)
             try:
-                with handler(self._turn_interpretation(turn)):
+                interpretation = self._turn_interpretation(turn)
+                with handler(interpretation) if interpretation else contextlib.nullcontext():
                     result = fwd()
                 self._commit(agent, turn, result)
             except BaseException as error:
@@ -254,18 +296,23 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
         loaded = self.store.load_agent(agent.agent_id)
         committed = _Committed(self._database, loaded.version, loaded.history, loaded.state)
         if loaded.version or not keep_memory:
+            loaded.history.messages[:] = with_prompt_cache_hints(loaded.history.messages)
             set_history(agent, loaded.history.messages)
             if loaded.state is not None:
-                restore_state(agent, loaded.state)
+                restore_state(agent, loaded.state, on_invalid=self.on_invalid_state)
         _set_committed(agent, committed)
         return committed
 
     def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
-        """Keep nested agents' messages; add the turn's notes to its system message."""
+        """Keep nested agents' messages; add the turn's notes to its system message.
+
+        Only what the turn needs: a turn with no notes when it starts gets none.
+        """
         interpretation = dict(keep_own_history())
-        interpretation.update(
-            system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
-        )
+        if self._system_notes(turn):
+            interpretation.update(
+                system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
+            )
         return interpretation
 
     def _system_notes(self, turn: _Turn) -> list[str]:
@@ -283,7 +330,7 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
             result_json = self.journal.encode(turn.step, result)
         compaction = None
         if turn.compacted is None:
-            change, history = plan_change(committed.history, history_messages(agent.__history__))
+            change, history = _plan(committed.history, agent.__history__)
         else:
             change, history = plan_change(committed.history, turn.compacted.before)
             compaction, history = _compaction(history, agent, turn.compacted)
@@ -298,8 +345,10 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
             step=step,
             result=result_json,
             compaction=compaction,
-            writes=list(turn.staged.values()),
+            writes=[*turn.staged.values(), *self._pruning],
         )
+        if history is committed.history:
+            history.extend(change)  # a logged plan: true now that it is committed
         turn.committed = _Committed(self._database, version, history, state)
         _set_committed(agent, turn.committed)
         if self.journal is not None and turn.step is not None:
@@ -312,11 +361,12 @@ class PersistenceHandler(AlarmHandling, ObjectInterpretation[Any, Any]):  # type
             if committed.version:
                 set_history(agent, committed.history.messages)
                 if committed.state is not None:
-                    restore_state(agent, committed.state)
+                    restore_state(agent, committed.state, on_invalid=self.on_invalid_state)
             else:
                 set_history(agent, turn.uncommitted_history)
                 if turn.uncommitted_state is not None:
                     restore_state(agent, turn.uncommitted_state)
+            _set_committed(agent, committed)
         self._record_failure(agent, turn, error)
 
     def _record_failure(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
@@ -343,13 +393,31 @@ def _compaction(
     return compaction, after
 
 
+def _plan(committed: ActiveHistory, history: Any) -> tuple[HistoryChange, ActiveHistory]:
+    """The turn's change, from the history's log when it has one, else by comparison.
+
+    A logged change comes back with ``committed`` itself as the history after it:
+    apply it with ``committed.extend(change)`` once the commit has succeeded.
+    """
+    changes = history.changes() if isinstance(history, History) else None
+    if changes is not None:
+        change = plan_logged(committed, history, changes.appended, changes.replaced)
+        if change is not None:
+            return change, committed
+    return plan_change(committed, history_messages(history))
+
+
 def _committed(agent: PersistentAgent) -> _Committed | None:
     committed: _Committed | None = agent.__dict__.get("__durable__")
     return committed
 
 
 def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
+    """Record that ``agent`` in memory is at ``committed``; its history logs from here."""
     agent.__dict__["__durable__"] = committed
+    history = agent.__history__
+    if isinstance(history, History):
+        history.mark_committed()
 
 
 def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -376,7 +376,8 @@ class AgentRunner:
             coalesce = config.missed == "coalesce"
             next_fire = claim.schedule.next_after(claim.schedule.fire_at, now, coalesce=coalesce)
             self._delivery.armed = _Armed(agent, claim, next_fire, now)
-            with self._installed():
+            assert self._persistence is not None
+            with self._installed(), self._persistence._delivering(agent, claim):
                 template(claim.action)
             if not self._delivery.armed.marked:
                 msg = f"on_alarm of {claim.agent_id!r} ran without a turn of its agent"

@@ -4,12 +4,15 @@ from .connection import Durability, connect
 from .records import (
     AgentRecord,
     Compaction,
+    ForkedAgent,
     Handoff,
     LoadedAgent,
+    PruneResult,
     StepInfo,
     TurnStart,
     VersionInfo,
     WorkflowInfo,
+    WorkflowReset,
 )
 from .store import Store
 
@@ -17,12 +20,15 @@ __all__ = [
     "AgentRecord",
     "Compaction",
     "Durability",
+    "ForkedAgent",
     "Handoff",
     "LoadedAgent",
+    "PruneResult",
     "StepInfo",
     "Store",
     "TurnStart",
     "VersionInfo",
     "WorkflowInfo",
+    "WorkflowReset",
     "connect",
 ]

@@ -255,8 +255,6 @@ class AlarmWrite:
     """
 
     ops: list[_Add | _Cancel | _Deliver] = field(default_factory=list)
-    #: The claim this turn delivers, if it is an alarm's delivery.
-    delivering: Claim | None = None
 
     def schedule(self, alarm_id: str, action: str, schedule: Schedule, now: float) -> None:
         """Stage a new alarm."""
@@ -269,7 +267,6 @@ class AlarmWrite:
     def deliver(self, claim: Claim, next_fire: float | None, now: float) -> None:
         """Stage "this turn delivered the claimed occurrence", fenced by the claim's lease."""
         self.ops.append(_Deliver(claim.alarm_id, claim.token, next_fire, now))
-        self.delivering = claim
 
     @property
     def added(self) -> list[tuple[str, str, Schedule]]:

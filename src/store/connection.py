@@ -5,9 +5,11 @@ Every pragma effectful-durable sets lives in this module.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Literal
 
 import apsw
@@ -21,6 +23,14 @@ type Durability = Literal["normal", "full"]
 # WAL + NORMAL survives process crashes but may lose the last commits on power
 # loss; FULL syncs the WAL on every commit: sqlite.org/pragma.html#pragma_synchronous
 _SYNCHRONOUS: dict[str, str] = {"normal": "NORMAL", "full": "FULL"}
+
+# SQLite checkpoints the WAL back into the file at 1000 pages (~4 MiB) and then
+# reuses it from the start, but never shrinks it: one large transaction (a
+# VACUUM, a big prune) would leave a WAL that large for good. Truncate it back
+# to this size after each checkpoint: sqlite.org/pragma.html#pragma_journal_size_limit
+WAL_SIZE_LIMIT = 8 * 1024 * 1024
+
+logger = logging.getLogger("effectful_durable.store")
 
 
 def connect(
@@ -81,6 +91,7 @@ def connect(
                 raise DurableError(msg)
             return conn
         conn.pragma("journal_mode", "wal")
+        conn.pragma("journal_size_limit", WAL_SIZE_LIMIT)
         conn.pragma("synchronous", _SYNCHRONOUS[durability])
         apsw.bestpractice.connection_enable_foreign_keys(conn)
         if version < SCHEMA_VERSION:
@@ -133,6 +144,8 @@ def _identify(conn: apsw.Connection, path: str) -> int:
         objects = conn.execute("SELECT count(*) FROM sqlite_schema").get
     except apsw.NotADBError as e:
         raise NotOurDatabaseError(path, "it is not an SQLite database") from e
+    except apsw.CorruptError as e:
+        raise NotOurDatabaseError(path, f"it is damaged: {e}") from e
     if application_id != APPLICATION_ID:
         if application_id == 0 and user_version == 0 and objects == 0:
             return 0
@@ -162,3 +175,30 @@ def _migrate(conn: apsw.Connection, path: str) -> None:
                 version += 1
             conn.pragma("application_id", APPLICATION_ID)
             conn.pragma("user_version", version)
+
+
+def quarantine(path: str) -> str:
+    """Rename the unreadable database ``path`` aside, with its -wal and -shm files.
+
+    Nothing is deleted: the file becomes ``<path>.unreadable-<UTC time>`` (its
+    ``-wal`` and ``-shm`` follow under that name), and a warning names it.
+
+    Returns:
+        The new name of the file.
+    """
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = f"{path}.unreadable-{stamp}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            if os.path.exists(aside + suffix):
+                msg = f"cannot move {path}{suffix} aside: {aside}{suffix} exists"
+                raise DurableError(msg)
+            os.rename(path + suffix, aside + suffix)
+    logger.warning(
+        "%s is not a readable effectful-durable database; moved it to %s "
+        "(nothing was deleted) and started a new database at %s",
+        path,
+        aside,
+        path,
+    )
+    return aside

@@ -2,13 +2,16 @@
 
 Pure logic, no SQL: the store applies the resulting :class:`HistoryChange`.
 Messages are treated as immutable values (effectful replaces a message rather
-than mutating it), so an unchanged prefix is found with C-speed list
-comparisons and the Python work is proportional to what changed.
+than mutating it). :func:`plan_logged` plans from a log of the keys a turn
+appended and replaced, at a cost that does not depend on the history's length;
+:func:`plan_change` compares whole histories, always correct, with the unchanged
+prefix found by C-speed list comparisons.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +26,13 @@ class ActiveHistory:
     messages: list[Any] = field(default_factory=list)
     positions: list[float] = field(default_factory=list)
 
+    def extend(self, change: HistoryChange) -> None:
+        """Apply, in place, a committed change planned by :func:`plan_logged`."""
+        self.positions.extend(position for position, _ in change.added)
+        self.messages.extend(message for _, message in change.added)
+        for index, message in change.swapped:
+            self.messages[index] = message
+
 
 @dataclass(frozen=True)
 class HistoryChange:
@@ -31,6 +41,9 @@ class HistoryChange:
     added: list[tuple[float, Message]]
     removed: list[tuple[float, float]]
     removed_count: int
+    # Messages replaced by an equivalent copy (cache hints): no row changes,
+    # but the committed history holds the new copy at that index.
+    swapped: list[tuple[int, Message]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -82,6 +95,41 @@ def plan_change(old: ActiveHistory, new: Sequence[Message]) -> tuple[HistoryChan
             positions.append(old.positions[old_index])
         prev_old, prev_new = old_index, new_index
     return HistoryChange(added, removed, removed_count), ActiveHistory(new, positions)
+
+
+def plan_logged(
+    old: ActiveHistory,
+    current: OrderedDict[str, Message],
+    appended: Sequence[str],
+    replaced: Sequence[str],
+) -> HistoryChange | None:
+    """Plan from the keys a turn appended and replaced, or None if a full diff is needed.
+
+    ``current`` is the history now, an OrderedDict keyed by message id. Cheap
+    checks confirm the log fits (its length, its last key); a replaced message
+    that is more than an equivalent copy, or one far back, asks for the full diff.
+    """
+    if len(current) != len(old.messages) + len(appended):
+        return None
+    if appended and next(reversed(current)) != appended[-1]:
+        return None
+    swapped = []
+    for key in replaced:
+        index = _index_from_end(old.messages, key)
+        if index is None or not _equivalent(old.messages[index], current[key]):
+            return None
+        swapped.append((index, current[key]))
+    base = old.positions[-1] if old.positions else -1.0
+    added = [(base + 1 + i, current[key]) for i, key in enumerate(appended)]
+    return HistoryChange(added, [], 0, swapped)
+
+
+def _index_from_end(messages: list[Message], key: str, limit: int = 64) -> int | None:
+    """Index of the message with id ``key`` among the last ``limit``, searching back."""
+    for index in range(len(messages) - 1, max(len(messages) - limit, 0) - 1, -1):
+        if messages[index].get("id") == key:
+            return index
+    return None
 
 
 def _common_prefix(old: list[Message], new: list[Message]) -> int:

@@ -89,8 +89,21 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
 );
 """
 
-# Schema 2 adds what an agent keeps besides messages and fields. One section per
-# part, in the order of schema.sql.
+# Schema 2 adds conversations (several histories per agent), what Store.prune
+# records, then what an agent keeps besides messages and fields. One section per
+# part, in schema.sql's order.
+_V2_CONVERSATIONS = """
+"""
+_V2_RETENTION = """
+CREATE TABLE retention (
+    agent_id  TEXT PRIMARY KEY NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kept_from INTEGER NOT NULL CHECK (kept_from >= 1),
+    state     TEXT,
+    pruned_at REAL NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE INDEX messages_removed ON messages (agent_id, removed_in)
+    WHERE removed_in IS NOT NULL;
+"""
 _V2_MEMORY = """
 """
 _V2_WORKSPACE = """
@@ -143,7 +156,10 @@ CREATE TABLE runner_status (
 ) STRICT;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS)
+MIGRATIONS: tuple[str, ...] = (
+    _V1,
+    _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
+)
 
 
 def schema_sql() -> str:

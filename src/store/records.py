@@ -128,3 +128,50 @@ class WorkflowInfo:
     failed: int
     started_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ForkedAgent(AgentRecord):
+    """The agent :meth:`~effectful_durable.Store.fork` made, and what it is a copy of.
+
+    .. versionadded:: 0.2.0
+    """
+
+    source_id: str
+    source_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowReset:
+    """What :meth:`~effectful_durable.Store.reset_workflow` did (or, as a dry run, would do).
+
+    ``rolled_back`` are the agents returned to their version before the first
+    forgotten step; ``deleted`` those the forgotten steps had created. ``steps``
+    counts the journal entries forgotten.
+
+    .. versionadded:: 0.2.0
+    """
+
+    workflow: str
+    from_step: int
+    steps: int
+    rolled_back: tuple[str, ...]
+    deleted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """What :meth:`~effectful_durable.Store.prune` deleted.
+
+    ``agents`` are the agents it pruned (those with something to prune); ``skipped``
+    those it left alone because a turn of theirs was running; ``workflows`` the
+    journals it deleted. ``versions`` and ``messages`` count the rows deleted.
+
+    .. versionadded:: 0.2.0
+    """
+
+    agents: tuple[str, ...]
+    versions: int
+    messages: int
+    workflows: tuple[str, ...]
+    skipped: tuple[str, ...]

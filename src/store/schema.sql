@@ -31,8 +31,8 @@ CREATE TABLE versions (
 
 -- Append-only message log. A row is part of the active history from version
 -- added_in until the version that removed it (removed_in; NULL while active).
--- Rows are never deleted, except by deleting the whole agent, so every
--- version's history can be read back. position orders the history; among the
+-- Rows are deleted only by deleting the whole agent, or by Store.prune when
+-- no kept version shows them, so every kept version's history reads back. position orders the history; among the
 -- rows active at any one version, positions are unique.
 CREATE TABLE messages (
     agent_id   TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
@@ -111,6 +111,24 @@ CREATE VIRTUAL TABLE compacted_text USING fts5 (
     text, agent_id UNINDEXED, position UNINDEXED, version UNINDEXED,
     tokenize = 'porter unicode61'
 );
+
+-- == Conversations: the histories of one agent ==
+
+-- == Retention: what Store.prune removed, per agent ==
+
+-- Versions before kept_from were pruned: their rows are gone, and reading or
+-- rolling back to them is refused. state is the agent's state as of version
+-- kept_from - 1, for the kept versions that inherit it (versions.state NULL).
+CREATE TABLE retention (
+    agent_id  TEXT PRIMARY KEY NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kept_from INTEGER NOT NULL CHECK (kept_from >= 1),
+    state     TEXT,
+    pruned_at REAL NOT NULL
+) STRICT, WITHOUT ROWID;
+
+-- Pruning finds the rows that only pruned versions showed through this index.
+CREATE INDEX messages_removed ON messages (agent_id, removed_in)
+    WHERE removed_in IS NOT NULL;
 
 -- == Memory: the keys an agent decided to keep (StateTools) ==
 

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 import apsw
 
@@ -19,11 +19,13 @@ from ..errors import (
     DatabaseBusyError,
     DurableError,
     NotFoundError,
+    NotOurDatabaseError,
     StateSerializationError,
 )
 from . import alarms as _alarms
+from . import retention
 from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
-from .connection import Durability, connect, write_transaction
+from .connection import Durability, connect, quarantine, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import validate_agent_id
 from .locks import AgentBusy, AgentLocks
@@ -31,12 +33,15 @@ from .parts import TurnWrite, VersionedPart
 from .records import (
     AgentRecord,
     Compaction,
+    ForkedAgent,
     Handoff,
     LoadedAgent,
+    PruneResult,
     StepInfo,
     TurnStart,
     VersionInfo,
     WorkflowInfo,
+    WorkflowReset,
 )
 
 _HOST = socket.gethostname()
@@ -51,8 +56,9 @@ class Store:
 
     Reads (``agents``, ``history``, ``state``, ``versions``, ``handoffs``,
     ``search_compacted``, ``workflows``, ``steps``) see the last committed versions.
-    Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``) takes the
-    agent's lock, so it never races a running turn. The remaining methods are the
+    Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``, ``prune``)
+    takes the agent's lock, so it never races a running turn; ``vacuum`` and
+    ``backup`` work on the whole file while turns go on. The remaining methods are the
     turn protocol PersistenceHandler uses. Each thread gets its own connection;
     close the store when done, or use it as a context manager.
 
@@ -61,6 +67,13 @@ class Store:
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
         busy_timeout: Seconds to wait for another writer before DatabaseBusyError.
         readonly: Open for inspection only.
+        on_unreadable: What to do when ``path`` is not an effectful-durable
+            database (not SQLite, damaged, or another program's): ``"refuse"``
+            raises NotOurDatabaseError and touches nothing; ``"quarantine"``
+            renames it (with its ``-wal`` and ``-shm`` files) to
+            ``<name>.unreadable-<UTC time>``, logs a warning naming the new name,
+            and starts a new database at ``path``. A file written by a newer
+            version is always refused.
 
     Raises:
         NotOurDatabaseError: ``path`` is not an effectful-durable database.
@@ -82,6 +95,7 @@ class Store:
         durability: Durability = "normal",
         busy_timeout: float = 5.0,
         readonly: bool = False,
+        on_unreadable: Literal["refuse", "quarantine"] = "refuse",
     ) -> None:
         self.path = os.fspath(path)
         self.durability: Durability = durability
@@ -91,7 +105,24 @@ class Store:
         self._connections: list[apsw.Connection] = []
         self._connections_lock = threading.Lock()
         self._closed = False
-        self._connection()  # fail here, not at the first turn, if the file is bad
+        if on_unreadable not in ("refuse", "quarantine") or (
+            readonly and on_unreadable == "quarantine"
+        ):
+            msg = (
+                "on_unreadable must be 'refuse' or, for a read-write Store, "
+                f"'quarantine'; not {on_unreadable!r}"
+            )
+            raise ValueError(msg)
+        try:
+            self._connection()  # fail here, not at the first turn, if the file is bad
+        except NotOurDatabaseError:
+            if on_unreadable == "refuse":
+                raise
+            try:  # another process may have moved it aside and started afresh meanwhile
+                self._connection()
+            except NotOurDatabaseError:
+                quarantine(self.path)
+                self._connection()
         self._locks = AgentLocks.for_database(self.path)
 
     def __repr__(self) -> str:
@@ -315,8 +346,12 @@ class Store:
             )
         return new
 
-    def fork(self, agent_id: str, version: int | None, new_agent_id: str) -> AgentRecord:
+    def fork(self, agent_id: str, version: int | None, new_agent_id: str) -> ForkedAgent:
         """Create ``new_agent_id`` with the history and state of ``agent_id`` at ``version``.
+
+        Returns:
+            The new agent, with the id and version it copies (``source_version`` is
+            the latest version when ``version`` is None).
 
         Raises:
             NotFoundError: No such agent or version.
@@ -356,7 +391,16 @@ class Store:
             )
             for part in _PARTS:
                 part.fork(conn, agent_id, version, new_agent_id)
-        return next(a for a in self.agents() if a.agent_id == new_agent_id)
+        record = next(a for a in self.agents() if a.agent_id == new_agent_id)
+        return ForkedAgent(
+            record.agent_id,
+            record.version,
+            record.messages,
+            record.created_at,
+            record.updated_at,
+            source_id=agent_id,
+            source_version=version,
+        )
 
     def delete(self, agent_id: str) -> None:
         """Delete the agent with all its versions, messages and handoff.
@@ -440,6 +484,98 @@ class Store:
         """The runner's protocol: claim, release and fail alarms, report status."""
         return AlarmQueue(self)
 
+    def prune(
+        self,
+        agent_id: str | None = None,
+        *,
+        keep_versions: int | None = None,
+        older_than: timedelta | datetime | None = None,
+        drop_compacted: bool = False,
+    ) -> PruneResult:
+        """Delete what only old versions need, keeping every later version exact.
+
+        For each agent (or only ``agent_id``), the versions before its retention
+        point are pruned: their version rows, the messages no kept version shows,
+        and what memory, SQL workspace and alarms kept only for them. Every kept
+        version still reads back (history, state) and rolls back exactly; reading
+        or rolling back to a pruned one raises NotFoundError saying so. The
+        journals of finished workflows whose versions are all pruned are deleted
+        too (a re-run of such a workflow runs it afresh). The latest version is
+        always kept. Call :meth:`vacuum` afterwards to give the space back to the
+        file system; otherwise SQLite reuses it for new rows.
+
+        Args:
+            agent_id: The agent to prune; all agents when None.
+            keep_versions: Keep this many latest versions (at least 1).
+            older_than: Prune only versions committed before this moment (an aware
+                datetime) or longer ago than this (a timedelta). With
+                ``keep_versions`` too, a version goes only when both rules let it.
+            drop_compacted: Also delete compaction originals of pruned versions,
+                which otherwise stay readable (``history(include_compacted=True)``)
+                and searchable (RecallTools).
+
+        Returns:
+            What was deleted, and which agents were skipped because a turn of
+            theirs was running (only when ``agent_id`` is None).
+
+        Raises:
+            ValueError: Neither ``keep_versions`` nor ``older_than`` was given, or
+                ``keep_versions`` < 1.
+            NotFoundError: No agent ``agent_id``.
+            AgentInUseError: ``agent_id`` is running a turn.
+
+        .. versionadded:: 0.2.0
+        """
+        return retention.prune_store(
+            self,
+            agent_id,
+            keep_versions=keep_versions,
+            older_than=older_than,
+            drop_compacted=drop_compacted,
+            parts=_PARTS,
+        )
+
+    def vacuum(self) -> int:
+        """Give the space of deleted rows back to the file system, and empty the WAL.
+
+        Rebuilds the file (SQLite ``VACUUM``), which needs free disk space about
+        the size of the database and holds the write lock meanwhile: turns of
+        other threads and processes wait (up to their ``busy_timeout``).
+
+        Returns:
+            How many bytes the database and its WAL shrank by.
+
+        Raises:
+            DatabaseBusyError: Another writer held the database too long.
+
+        .. versionadded:: 0.2.0
+        """
+        before = _file_bytes(self.path)
+        try:
+            retention.vacuum(self._connection())
+        except apsw.BusyError as e:
+            raise DatabaseBusyError(self.path, self.busy_timeout) from e
+        return before - _file_bytes(self.path)
+
+    def backup(self, path: str | os.PathLike[str]) -> None:
+        """Copy the database, as of one committed moment, to the new file ``path``.
+
+        Agents keep committing meanwhile (the copy reads one snapshot, which never
+        blocks writers). The copy is compact, opens as a Store and passes
+        ``PRAGMA integrity_check``; it appears at ``path`` only once complete.
+
+        Raises:
+            DurableError: ``path`` exists (it is never overwritten) or its
+                directory does not.
+
+        .. versionadded:: 0.2.0
+        """
+        retention.backup(self._connection(), self.path, os.fspath(path))
+
+    def pruning(self, keep_versions: int) -> TurnWrite:
+        """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""
+        return retention.PruneAsYouGo(keep_versions, _PARTS)
+
     # -- workflows -------------------------------------------------------------
 
     def workflows(self) -> list[WorkflowInfo]:
@@ -481,40 +617,69 @@ class Store:
         )
         return None if row is None else _step(row)
 
-    def reset_workflow(self, workflow: str, from_step: int = 1) -> list[str]:
+    def reset_workflow(
+        self, workflow: str, from_step: int = 1, *, dry_run: bool = False
+    ) -> WorkflowReset:
         """Forget steps ``from_step`` and later, so the next run does them afresh.
 
         Each agent those steps ran on is rolled back to its version before the
-        first of them, so their turns are not in its history twice. Earlier steps
-        stay in the journal and keep replaying.
+        first of them, so their turns are not in its history twice; an agent the
+        forgotten steps created (it had no version before them) is deleted.
+        Earlier steps stay in the journal and keep replaying.
+
+        Args:
+            workflow: The workflow's name.
+            from_step: The first step to forget.
+            dry_run: Change nothing; return what a reset would do.
 
         Returns:
-            The ids of the agents that were rolled back.
+            The agents rolled back and deleted, and the number of steps forgotten.
 
         Raises:
-            NotFoundError: No journal for ``workflow``.
+            NotFoundError: No journal for ``workflow``, or a version to roll back to
+                was pruned (then nothing is changed).
             AgentInUseError: One of those agents is running a turn.
+
+        .. versionchanged:: 0.2.0
+           Returns a :class:`WorkflowReset` rather than the list of agents, and
+           takes ``dry_run``.
         """
         steps = [s for s in self.steps(workflow) if s.number >= from_step]
         first_base: dict[str, int] = {}
         for step in steps:
             if step.agent_id is not None and step.base_version is not None:
                 first_base.setdefault(step.agent_id, step.base_version)
-        rolled_back = []
-        for agent_id, base in first_base.items():
-            current = self._version_of(agent_id)
-            if current is not None and current > base:
+        rolled_back: list[tuple[str, int]] = []
+        deleted: list[str] = []
+        with self._reading() as conn:
+            for agent_id, base in first_base.items():
+                current = _current_version(conn, agent_id)
+                if current is None or current <= base:
+                    continue
                 if base == 0:
-                    self.delete(agent_id)
+                    deleted.append(agent_id)
                 else:
-                    self.rollback(agent_id, base)
-                rolled_back.append(agent_id)
+                    self._checked_version(conn, agent_id, base)  # refuse a pruned one now
+                    rolled_back.append((agent_id, base))
+        reset = WorkflowReset(
+            workflow,
+            from_step,
+            len(steps),
+            tuple(agent_id for agent_id, _ in rolled_back),
+            tuple(deleted),
+        )
+        if dry_run:
+            return reset
+        for agent_id, base in rolled_back:
+            self.rollback(agent_id, base)
+        for agent_id in deleted:
+            self.delete(agent_id)
         with self._writing() as conn:
             conn.execute(
                 "DELETE FROM workflow_steps WHERE workflow = ? AND number >= ?",
                 (workflow, from_step),
             )
-        return rolled_back
+        return reset
 
     def discard_steps(self, workflow: str, key_prefix: str, from_number: int) -> None:
         """Forget steps numbered ``from_number`` or later whose key starts with ``key_prefix``.
@@ -796,6 +961,12 @@ class Store:
         if not 1 <= version <= current:
             msg = f"agent {agent_id!r} has no version {version}; it has versions 1 to {current}"
             raise NotFoundError(msg)
+        if version < current and version < (kept := retention.kept_from(conn, agent_id)):
+            msg = (
+                f"version {version} of agent {agent_id!r} was pruned; it keeps "
+                f"versions {kept} to {current}"
+            )
+            raise NotFoundError(msg)
         return version
 
     def _check_base(self, conn: apsw.Connection, agent_id: str, base_version: int) -> None:
@@ -1066,15 +1237,19 @@ def _current_version(conn: apsw.Connection, agent_id: str) -> int | None:
 
 
 def _state_at(conn: apsw.Connection, agent_id: str, version: int) -> str | None:
-    row = conn.execute(
+    # Kept versions that did not change the state inherit the one carried over
+    # from the pruned versions before them (retention.py).
+    state = conn.execute(
         """
-        SELECT state FROM versions
-         WHERE agent_id = ? AND version <= ? AND state IS NOT NULL
-         ORDER BY version DESC LIMIT 1
+        SELECT coalesce(
+            (SELECT state FROM versions
+              WHERE agent_id = ?1 AND version <= ?2 AND state IS NOT NULL
+              ORDER BY version DESC LIMIT 1),
+            (SELECT state FROM retention WHERE agent_id = ?1))
         """,
         (agent_id, version),
-    ).fetchone()
-    return None if row is None else str(row[0])
+    ).get
+    return None if state is None else str(state)
 
 
 def _decode_messages(bodies: Iterator[str] | Any) -> list[dict[str, Any]]:
@@ -1105,3 +1280,7 @@ def _no_workflow(workflow: str, path: str) -> str:
 
 def _no_agent(agent_id: str, path: str) -> str:
     return f"no agent {agent_id!r} in {path}; Store.agents() lists the agents it holds"
+
+
+def _file_bytes(path: str) -> int:
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))

@@ -15,7 +15,7 @@ from effectful_durable import (
     RecallTools,
     Store,
 )
-from effectful_durable.handlers.compaction import approximate_tokens, valid_cut
+from effectful_durable.handlers.compaction import valid_cut
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, PlainBot, in_new_process, running, texts
 
@@ -73,9 +73,15 @@ class TestBudget:
         model = Model()
         with running(model.llm, *stack(db_path, CompactionHandler(max_tokens=60, keep_recent=2))):
             bot = Assistant(agent_id="bot")
+            turns = 0
             while model.summaries == 0:
                 bot.ask("a fairly long question about the weather in many cities " * 2)
-        assert approximate_tokens(list(bot.__history__.values())) < 120
+                turns += 1
+        history = list(bot.__history__.values())
+        # The first turn's 3 messages hold too few to summarise while keeping 2.
+        assert turns == 2
+        assert [m["role"] for m in history] == ["system", "user", "user", "assistant"]
+        assert "SUMMARY 1" in texts([history[1]])[0]
 
     def test_no_summary_below_budget(self, db_path: Path) -> None:
         """Turns under the budget never call the summariser."""
@@ -216,8 +222,47 @@ class TestValidCuts:
             {"id": "t2", "role": "tool", "tool_call_id": "c2"},
             {"id": "f", "role": "assistant"},
         ]
-        assert valid_cut(messages, 1, 4) == 5 or valid_cut(messages, 1, 4) in (2, 3)
-        assert valid_cut(messages, 1, 4) not in (3, 4)
+        assert valid_cut(messages, 1, 5) == 5
+        # 3 and 4 would part c1/c2 from their results, and 2 summarises one message.
+        assert valid_cut(messages, 1, 4) is None
+
+    def test_cut_moves_earlier_to_keep_at_least_keep_recent(self) -> None:
+        """When the cut at keep_recent parts a tool exchange, more are kept, never fewer."""
+        messages = [
+            {"id": "s", "role": "system"},
+            {"id": "u1", "role": "user"},
+            {"id": "a1", "role": "assistant"},
+            {"id": "u2", "role": "user"},
+            {"id": "a", "role": "assistant", "tool_calls": [{"id": "c1"}]},
+            {"id": "t1", "role": "tool", "tool_call_id": "c1"},
+            {"id": "f", "role": "assistant"},
+        ]
+        # keep_recent=2 would cut at 5, between the call and its result: keep 3 instead.
+        assert valid_cut(messages, 1, len(messages) - 2) == 4
+        # keep_recent=3 from index 4 leaves only u1, a1, u2 to summarise: still valid.
+        assert valid_cut(messages, 1, 4) == 4
+
+    def test_too_little_left_to_summarise_is_not_compacted(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """If keeping keep_recent leaves under two messages to summarise, nothing changes."""
+        caplog.set_level(logging.WARNING, logger="effectful_durable.compaction")
+        agent = PlainBot()
+        for message in [
+            {"id": "s", "role": "system", "content": "sys"},
+            {"id": "u", "role": "user", "content": "go " * 50},
+            {"id": "a", "role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+            {"id": "t1", "role": "tool", "tool_call_id": "c1", "content": "r " * 50},
+            {"id": "f", "role": "assistant", "content": "done " * 50},
+        ]:
+            agent.__history__[message["id"]] = message
+        before = dict(agent.__history__)
+        # keep_recent=2 cuts at 3 (call | result): the old code moved it to 4 and kept
+        # one message; now it moves to 2, which leaves only "u" to summarise.
+        handler = CompactionHandler(max_tokens=10, keep_recent=2, summarizer=lambda text: "S")
+        assert handler.compact(agent) is False
+        assert dict(agent.__history__) == before
+        assert "keep_recent=2" in caplog.text
 
     def test_nothing_to_summarise_is_logged_and_changes_nothing(
         self, caplog: pytest.LogCaptureFixture
@@ -303,6 +348,8 @@ def test_compaction_keeps_any_conversation_valid(
     assert is_valid_conversation(after)
     assert len(after) <= len(conversation)
     assert after[0] == conversation[0]
+    if len(after) < len(conversation):  # compacted: the keep_recent latest are intact
+        assert after[len(after) - keep_recent :] == conversation[len(conversation) - keep_recent :]
 
 
 def test_compacted_context_loads_in_a_new_process(db_path: Path) -> None:

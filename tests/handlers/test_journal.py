@@ -256,7 +256,8 @@ class TestManagement:
     def test_reset_reruns_later_steps_without_duplicates(self, db_path: Path) -> None:
         """reset_workflow(k) keeps steps before k and re-runs k and later afresh."""
         program(db_path, FakeLLM(respond=echo))
-        assert Store(db_path).reset_workflow("wf", from_step=2) == ["bob", "alice"]
+        reset = Store(db_path).reset_workflow("wf", from_step=2)
+        assert (reset.rolled_back, reset.deleted, reset.steps) == (("alice",), ("bob",), 2)
         llm = FakeLLM(respond=echo)
         program(db_path, llm)
         assert llm.call_count == 2

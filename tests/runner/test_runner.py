@@ -134,6 +134,29 @@ class TestDelivery:
         (second,) = [a for a in store.alarms("k", include_ended=True) if a.action == "second"]
         assert (second.created_in, second.ended_in) == (1, 2)
 
+    def test_model_is_told_which_alarm_the_turn_delivers(
+        self, db_path: Path, store: Store, clock: FakeClock
+    ) -> None:
+        """The delivering turn's system message names the alarm, its due time and now."""
+        systems: list[str] = []
+
+        def respond(call: FakeCall) -> str:
+            content = call.messages[0]["content"]
+            systems.append(" ".join(block["text"] for block in content))
+            return "ok"
+
+        def handlers(config: RunnerConfig) -> list[Any]:
+            return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
+
+        alarm_id = schedule(store, clock, "k", "look", delay=60)
+        clock.advance(3600)
+        with runner(db_path, clock, handlers=handlers) as noting:
+            noting.run(until=clock.now())
+        (system,) = systems
+        assert f"this turn delivers your alarm {alarm_id}, due 2027-01-15 08:01:00 UTC" in system
+        assert "it is now 2027-01-15 09:00:00 UTC" in system
+        assert "delivers your alarm" not in str(store.history("k"))  # outside the history
+
 
 class TestFailures:
     """Failed deliveries back off exponentially, then the alarm is dead until re-armed."""

@@ -237,6 +237,22 @@ class TestVersions:
             store.rollback("a", v3)
             assert pending_actions(store, "a") == ["late"]
 
+    def test_store_prune_keeps_alarms_kept_versions_need(self, db_path: Path) -> None:
+        """Store.prune removes ended alarms only old versions held; rollback stays exact."""
+        with Store(db_path) as store:
+            early = scheduled("early")
+            commit(store, "a", early)
+            cancel = AlarmWrite()
+            cancel.cancel(early.added[0][0])
+            commit(store, "a", cancel)
+            v3 = commit(store, "a", scheduled("late"))
+            commit(store, "a", scheduled("later"))
+            store.prune("a", keep_versions=2)
+            actions = sorted(r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms"))
+            assert actions == ["late", "later"]
+            store.rollback("a", v3)
+            assert pending_actions(store, "a") == ["late"]
+
     def test_delete_removes_alarms(self, db_path: Path) -> None:
         """Deleting an agent deletes its alarms, even those scheduled before its first turn."""
         with Store(db_path) as store:
