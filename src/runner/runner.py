@@ -528,7 +528,9 @@ class AgentRunner:
         # Runs in the main thread between two bytecodes, maybe inside a turn's
         # transaction: hand the work to the control thread, which has its own
         # connection. SimpleQueue.put is safe here (it is reentrant).
-        if self._interrupting and signum in (signal.SIGINT, signal.SIGTERM):
+        stop = signum in (signal.SIGINT, signal.SIGTERM)
+        if stop and (self._interrupting or (self._stopping.is_set() and self._in_progress)):
+            # The grace period is over, or a second Ctrl-C: interrupt the turn now.
             self._interrupting = False
             raise KeyboardInterrupt
         self._signals.put(signum)
