@@ -168,7 +168,6 @@ class AgentRunner:
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._started = time.monotonic()
         self._started_at = time.time()
-        self._lock = threading.Lock()
         self._build_stack(self.config)
 
     # -- public control ----------------------------------------------------------
