@@ -165,6 +165,7 @@ class AgentRunner:
         self._interrupting = False
         self._in_main = False
         self._running = False
+        self._next_reclaim = 0.0
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._started = time.monotonic()
         self._started_at = time.time()
@@ -324,32 +325,45 @@ class AgentRunner:
     # -- the loop ------------------------------------------------------------------
 
     def _loop(self, until: float | None) -> None:
-        next_reclaim = 0.0
-        while not self._stopping.is_set():
-            self._apply_pending_config()
-            now = self.clock.now()
-            if time.monotonic() >= next_reclaim:
-                freed = self._queue.reclaim_dead_owners(now)
-                if freed:
-                    log.info("took back %d alarm(s) from dead runners", freed)
-                next_reclaim = time.monotonic() + _RECLAIM_EVERY
-            due = self._queue.next_due()  # a read: claim (a write) only when one is due
-            if due is not None and due <= now:
-                claim = self._queue.claim(self.id, now, self.config.lease_seconds)
-                if claim is not None:
-                    self._deliver(claim, now)
-                    continue
-                due = self._queue.next_due()
-            # A fake clock in a test has no other process to notice: skip the polls.
-            wait = self.config.poll_interval if getattr(self.clock, "polls", True) else 1e9
-            if due is not None:
-                wait = min(wait, max(due - now, 0.0))
-            if until is not None:
-                if now >= until:
+        # The handler stack stays installed between turns (installing it costs
+        # milliseconds), and is installed again when a reload rebuilt it.
+        with contextlib.ExitStack() as installed:
+            stack: list[Any] | None = None
+            while not self._stopping.is_set():
+                self._apply_pending_config()
+                if stack is not self._stack:
+                    installed.close()
+                    installed.enter_context(self._installed())
+                    stack = self._stack
+                if self._step(until):
                     return
-                wait = min(wait, until - now)
-            self.clock.sleep(wait, self._wake)
-            self._wake.clear()
+
+    def _step(self, until: float | None) -> bool:
+        """Deliver one due alarm, or sleep until one may be due; True when ``until`` passed."""
+        now = self.clock.now()
+        if time.monotonic() >= self._next_reclaim:
+            freed = self._queue.reclaim_dead_owners(now)
+            if freed:
+                log.info("took back %d alarm(s) from dead runners", freed)
+            self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        due = self._queue.next_due()  # a read: claim (a write) only when one is due
+        if due is not None and due <= now:
+            claim = self._queue.claim(self.id, now, self.config.lease_seconds)
+            if claim is not None:
+                self._deliver(claim, now)
+                return False
+            due = self._queue.next_due()
+        # A fake clock in a test has no other process to notice: skip the polls.
+        wait = self.config.poll_interval if getattr(self.clock, "polls", True) else 1e9
+        if due is not None:
+            wait = min(wait, max(due - now, 0.0))
+        if until is not None:
+            if now >= until:
+                return True
+            wait = min(wait, until - now)
+        self.clock.sleep(wait, self._wake)
+        self._wake.clear()
+        return False
 
     def _deliver(self, claim: Claim, now: float) -> None:
         config = self.config
@@ -376,7 +390,7 @@ class AgentRunner:
             next_fire = claim.schedule.next_after(claim.schedule.fire_at, now, coalesce=coalesce)
             self._delivery.armed = _Armed(agent, claim, next_fire, now)
             assert self._persistence is not None
-            with self._installed(), self._persistence._delivering(agent, claim):
+            with self._persistence._delivering(agent, claim):
                 template(claim.action)
             if not self._delivery.armed.marked:
                 msg = f"on_alarm of {claim.agent_id!r} ran without a turn of its agent"
