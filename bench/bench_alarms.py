@@ -84,8 +84,11 @@ class Model:
 
     def __init__(self) -> None:
         self.asked: dict[int, float] = {}
+        self.fake: FakeLLM | None = None
 
     def __call__(self, call: FakeCall) -> str:
+        if self.fake is not None:
+            self.fake.calls.clear()  # else they pile up, and cost grows with N
         found = ACTION.search(call.last_user_text)
         if found:
             self.asked.setdefault(int(found[1]), time.time())
