@@ -2,6 +2,7 @@
 
 from .agents import (
     AgentMemory,
+    AlarmTools,
     MemoryDigest,
     MemoryLimits,
     PersistentAgent,
@@ -12,9 +13,11 @@ from .agents import (
 )
 from .errors import (
     AgentInUseError,
+    AlarmLeaseLostError,
     DatabaseBusyError,
     DurableError,
     InvalidAgentIdError,
+    InvalidAlarmError,
     InvalidConversationIdError,
     MemoryWriteError,
     NotFoundError,
@@ -25,6 +28,7 @@ from .errors import (
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
+from .runner import AgentRunner, ConfigError, RunnerConfig
 from .store import (
     AgentRecord,
     ConversationInfo,
@@ -38,6 +42,7 @@ from .store import (
     WorkflowInfo,
     WorkflowReset,
 )
+from .store.alarms import AlarmInfo
 from .store.sandbox import SQLLimits
 from .store.workspace import SQLResult
 
@@ -45,8 +50,13 @@ __all__ = [
     "AgentInUseError",
     "AgentMemory",
     "AgentRecord",
+    "AgentRunner",
+    "AlarmInfo",
+    "AlarmLeaseLostError",
+    "AlarmTools",
     "CompactionHandler",
     "ConversationInfo",
+    "ConfigError",
     "DatabaseBusyError",
     "DurableError",
     "ForkedAgent",
@@ -57,6 +67,7 @@ __all__ = [
     "MemoryLimits",
     "MemoryNote",
     "MemoryWriteError",
+    "InvalidAlarmError",
     "NotFoundError",
     "NotOurDatabaseError",
     "PersistenceHandler",
@@ -67,6 +78,7 @@ __all__ = [
     "SQLResult",
     "SQLTools",
     "SQLWorkspaceError",
+    "RunnerConfig",
     "SchemaTooNewError",
     "StateTools",
     "StateSerializationError",

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             "for good; pass --yes to confirm",
             code=2,
         )
+    if args.command == "run":
+        return _run(args)
     if args.command == "prune" and args.keep is None and args.older_than is None:
         return _fail("prune needs a rule: pass --keep N, --older-than AGE or both", code=2)
     if args.command == "prune" and not args.yes:
@@ -277,6 +279,39 @@ def _sql(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _alarms(store: Store, args: argparse.Namespace) -> int:
+    columns = [
+        "alarm_id",
+        "agent_id",
+        "status",
+        "due_at",
+        "every",
+        "cron",
+        "attempts",
+        "deliveries",
+        "leased_by",
+        "last_error",
+        "action",
+    ]
+    _show(args, store.alarms(args.agent, include_ended=args.all), columns)
+    return 0
+
+
+def _status(store: Store, args: argparse.Namespace) -> int:
+    reports = store.runner_statuses()
+    if args.json:
+        _print_json(reports)
+        return 0
+    if not reports:
+        print(f"no runner has reported on {store.path} yet")
+    for report in reports:
+        print(f"runner {report['runner']} (pid {report['pid']} on {report['host']})")
+        for key, value in report.items():
+            if key not in ("runner", "pid", "host"):
+                print(f"  {key}: {_cell(value)}")
+    return 0
+
+
 _READS = frozenset(
     {
         "agents",
@@ -290,6 +325,8 @@ _READS = frozenset(
         "steps",
         "check",
         "sql",
+        "alarms",
+        "status",
     }
 )
 _READ_ONLY = _READS | {"backup"}
@@ -324,6 +361,12 @@ def _delete_conversation(store: Store, args: argparse.Namespace) -> int:
 def _delete(store: Store, args: argparse.Namespace) -> int:
     store.delete(args.agent)
     print(f"{args.agent}: deleted")
+    return 0
+
+
+def _rearm(store: Store, args: argparse.Namespace) -> int:
+    alarm = store.rearm_alarm(args.alarm)
+    print(f"{alarm.alarm_id} of {alarm.agent_id}: pending again, due {_cell(alarm.due_at)}")
     return 0
 
 
@@ -374,6 +417,18 @@ def _backup(store: Store, args: argparse.Namespace) -> int:
     store.backup(args.target)
     print(f"{args.db}: copied to {args.target} ({os.path.getsize(args.target):,} bytes)")
     return 0
+
+
+def _run_placeholder(store: Store, args: argparse.Namespace) -> int:
+    msg = "run is dispatched before a Store is opened"
+    raise AssertionError(msg)  # pragma: no cover
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``run``: the only command that imports effectful's LLM layer (and litellm)."""
+    from .runner.cli import run_command
+
+    return run_command(args)
 
 
 # -- output -----------------------------------------------------------------------
@@ -525,6 +580,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("delete", _delete, "delete an agent with all its versions, for good")
     agent(sub)
     sub.add_argument("--yes", action="store_true", help="confirm the deletion")
+    sub = command("alarms", _alarms, "list the pending and dead alarms")
+    sub.add_argument("--agent", metavar="AGENT", help="only this agent's alarms")
+    sub.add_argument("--all", action="store_true", help="include delivered and cancelled ones")
+    command("status", _status, "print each runner's last status report (see SIGUSR1)")
+    sub = command("rearm", _rearm, "make a dead alarm pending again, due now")
+    sub.add_argument("alarm", metavar="ALARM", help="the alarm id")
+    sub = command("run", _run_placeholder, "deliver alarms as agent turns until stopped")
+    sub.add_argument(
+        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
+    )
+    sub.add_argument(
+        "--handlers",
+        metavar="MODULE:FUNC",
+        help="builds the handler stack from the config (default: LiteLLMProvider, retries)",
+    )
+    sub.add_argument("--config", metavar="FILE", help="TOML config, re-read on SIGHUP")
+    sub.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="log line format"
+    )
+    sub.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
     sub.add_argument(

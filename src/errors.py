@@ -143,3 +143,36 @@ class SQLWorkspaceError(DurableError):
 
     .. versionadded:: 0.2.0
     """
+
+
+class InvalidAlarmError(DurableError, ValueError):
+    """An alarm was asked for with a bad delay, time, interval, cron string or action.
+
+    Nothing was scheduled. ``reason`` says what to change.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"cannot schedule the alarm: {reason}. Nothing was scheduled.")
+
+
+class AlarmLeaseLostError(DurableError):
+    """A runner's lease on an alarm ended before the turn delivering it could commit.
+
+    Another runner claimed the alarm (or it was cancelled) meanwhile, so the
+    turn committed nothing; the alarm is delivered by whoever holds it now.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, alarm_id: str, agent_id: str) -> None:
+        self.alarm_id = alarm_id
+        self.agent_id = agent_id
+        msg = (
+            f"the lease on alarm {alarm_id!r} of agent {agent_id!r} was lost before its "
+            "turn committed (another runner claimed it, or it was cancelled); the turn "
+            "committed nothing. Give turns more time with a longer lease."
+        )
+        super().__init__(msg)

@@ -28,6 +28,9 @@ READS = [
     ["workflows"],
     ["steps", "wf"],
     ["check"],
+    ["alarms"],
+    ["alarms", "--all", "--agent", "bot"],
+    ["status"],
 ]
 
 

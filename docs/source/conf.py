@@ -55,9 +55,10 @@ nitpick_ignore_regex = [
     (r"py:.*", r"litellm(\..*)?"),
     # The standard library (no python.org inventory either); dataclasses for
     # ephemeral(), whose docstring points to dataclasses.field().
-    (r"py:.*", r"(typing|collections\.abc|dataclasses|datetime|os)(\..*)?"),
+    (r"py:.*", r"(typing|collections\.abc|dataclasses|datetime|os|threading)(\..*)?"),
     # PersistenceHandler's internal bases, one per part of an agent's record
-    # (SQL workspace, ...): shown by :show-inheritance:, not public API.
+    # (conversations, memory, SQL workspace, alarms): shown by :show-inheritance:,
+    # not public API.
     (r"py:class", r"effectful_durable\.handlers\.\w+\.\w+Handling"),
 ]
 

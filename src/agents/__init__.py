@@ -1,5 +1,6 @@
 """Agent classes and the helpers they use."""
 
+from .alarms import AlarmTools
 from .memory import AgentMemory, MemoryDigest, MemoryLimits, StateTools
 from .persistent import PersistentAgent
 from .sql_tools import SQLTools
@@ -8,6 +9,7 @@ from .tools import RecallTools
 
 __all__ = [
     "AgentMemory",
+    "AlarmTools",
     "MemoryDigest",
     "MemoryLimits",
     "PersistentAgent",

@@ -25,6 +25,7 @@ from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
 from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
 from ..store.parts import TurnWrite
+from .alarms import AlarmHandling
 from .conversations import ConversationHandling
 from .effectful_hooks import (
     bound_agent,
@@ -68,9 +69,13 @@ class _Turn:
     staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
-class PersistenceHandler(
-    ConversationHandling, MemoryHandling, WorkspaceHandling, ObjectInterpretation[Any, Any]
-):  # type: ignore[no-untyped-call]
+class PersistenceHandler(  # type: ignore[no-untyped-call]
+    ConversationHandling,
+    MemoryHandling,
+    WorkspaceHandling,
+    AlarmHandling,
+    ObjectInterpretation[Any, Any],
+):
     """Persist every PersistentAgent's history and state, one transaction per turn.
 
     A turn is the outermost template call on an agent. When it starts, a handoff row

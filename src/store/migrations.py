@@ -265,6 +265,51 @@ CREATE TABLE workspace_log (
 ) STRICT;
 """
 _V2_ALARMS = """
+-- One row per span of an alarm's life: from the version that scheduled it (or
+-- that a rollback restored it in) to the version that delivered its last
+-- occurrence or cancelled it. An alarm is pending at version v when one of its
+-- spans has created_in <= v < ended_in (or ended_in IS NULL). fire_at is the
+-- occurrence to deliver next; due_at is when a runner may claim it: fire_at, a
+-- retry time after a failed delivery, or the end of a runner's lease.
+CREATE TABLE alarms (
+    alarm_id    TEXT NOT NULL,
+    created_in  INTEGER NOT NULL,
+    agent_id    TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    fire_at     REAL NOT NULL,
+    due_at      REAL NOT NULL,
+    every       REAL CHECK (every > 0),
+    cron        TEXT,
+    timezone    TEXT,
+    status      TEXT NOT NULL CHECK (status IN ('pending', 'dead', 'done', 'cancelled')),
+    ended_in    INTEGER CHECK (ended_in >= created_in),
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    deliveries  INTEGER NOT NULL DEFAULT 0,
+    last_error  TEXT,
+    lease_owner TEXT,
+    lease_token TEXT,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL,
+    PRIMARY KEY (alarm_id, created_in),
+    CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
+) STRICT;
+
+-- The runner's one query: the earliest claimable alarm.
+CREATE INDEX alarms_due ON alarms (due_at) WHERE status = 'pending';
+CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
+CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
+CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
+
+-- The last status report of each runner (written at start, on SIGUSR1, at stop).
+CREATE TABLE runner_status (
+    runner_id   TEXT PRIMARY KEY NOT NULL,
+    host        TEXT NOT NULL,
+    pid         INTEGER NOT NULL,
+    state       TEXT NOT NULL CHECK (state IN ('running', 'stopped')),
+    started_at  REAL NOT NULL,
+    reported_at REAL NOT NULL,
+    report      TEXT NOT NULL
+) STRICT;
 """
 
 MIGRATIONS: tuple[str, ...] = (

@@ -22,8 +22,10 @@ from ..errors import (
     NotOurDatabaseError,
     StateSerializationError,
 )
+from . import alarms as _alarms
 from . import conversations as _conversations
 from . import retention
+from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
 from .connection import Durability, connect, quarantine, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
@@ -54,6 +56,7 @@ _PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
     MemoryPart(),
     WorkspacePart(),
+    AlarmPart(),
 )
 
 
@@ -537,6 +540,71 @@ class Store:
                 part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
             conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
+
+    # -- alarms (SQL in alarms.py) ----------------------------------------------
+
+    def alarms(
+        self, agent_id: str | None = None, *, include_ended: bool = False
+    ) -> list[AlarmInfo]:
+        """The pending and dead alarms (of one agent, or all), by next occurrence.
+
+        With ``include_ended``, delivered and cancelled alarms are listed too.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return _alarms.latest(conn, agent_id, include_ended=include_ended)
+
+    def schedule_alarm(
+        self, agent_id: str, action: str, schedule: Schedule, *, now: float | None = None
+    ) -> str:
+        """Schedule an alarm outside any turn, as part of the agent's current version.
+
+        Turns stage theirs instead (``AlarmTools``, ``agent.schedule``).
+
+        Returns:
+            The new alarm's id.
+
+        .. versionadded:: 0.2.0
+        """
+        validate_agent_id(agent_id)
+        alarm_id = _alarms.new_alarm_id()
+        with self._writing() as conn:
+            version = _alarms.current_version(conn, agent_id)
+            when = time.time() if now is None else now
+            _alarms.insert(conn, agent_id, alarm_id, action, schedule, version, when)
+        return alarm_id
+
+    def cancel_alarm(self, alarm_id: str, *, agent_id: str | None = None) -> bool:
+        """Cancel a pending or dead alarm (of ``agent_id``, if given); False if none.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._writing() as conn:
+            return _alarms.cancel(conn, alarm_id, agent_id)
+
+    def rearm_alarm(self, alarm_id: str, *, at: float | None = None) -> AlarmInfo:
+        """Make a dead alarm pending again, due at ``at`` (default: now), attempts reset.
+
+        Raises:
+            NotFoundError: No pending or dead alarm has that id.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._writing() as conn:
+            return _alarms.rearm(conn, alarm_id, time.time() if at is None else at)
+
+    def runner_statuses(self) -> list[dict[str, Any]]:
+        """Each runner's last status report, most recent first.
+
+        .. versionadded:: 0.2.0
+        """
+        return _alarms.statuses(self._connection())
+
+    @property
+    def alarm_queue(self) -> AlarmQueue:
+        """The runner's protocol: claim, release and fail alarms, report status."""
+        return AlarmQueue(self)
 
     def prune(
         self,

@@ -1,0 +1,230 @@
+"""Benchmark: how fast one AgentRunner delivers alarms, and how late.
+
+Offline: the agents' model is ``FakeLLM`` under effectful's ``LiteLLMProvider``; the
+runner uses the real clock. Three measurements, each on a fresh database:
+
+* throughput: ``--alarms`` alarms, all due now, spread over ``--agents`` agents; one
+  runner delivers them all. Printed: alarms per second, and the same agents' plain
+  turns per second under PersistenceHandler alone (no runner), for comparison.
+* delay, known alarms: ``--delayed`` alarms due at random moments over ``--span``
+  seconds, all scheduled before the runner sleeps; it sleeps until each is due.
+* delay, other process: the same number of alarms scheduled one by one, while the
+  runner sleeps, by another connection (as another process would), each due 0.2 s
+  after it is written; the runner notices them at its next poll (<= 1 s).
+
+Delay = the moment the model is asked (the alarm's turn has started) minus the
+alarm's due time; printed as median and p99 in milliseconds.
+
+Run: ``.venv/bin/python bench/bench_alarms.py [--alarms 500] [--agents 10] [--quick]``.
+No assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import re
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # before litellm is imported
+
+from effectful.handlers.llm import Template
+from effectful.handlers.llm.completions import LiteLLMProvider
+from effectful.ops.semantics import handler
+from effectful.ops.types import NotHandled
+
+from effectful_durable import (
+    AgentRunner,
+    AlarmTools,
+    PersistenceHandler,
+    PersistentAgent,
+    RunnerConfig,
+    Store,
+)
+from effectful_durable.store.alarms import make_schedule
+from effectful_durable.testing import FakeCall, FakeLLM
+
+ACTION = re.compile(r"The alarm's action: job (\d+)")
+
+
+@dataclasses.dataclass
+class Worker(PersistentAgent):
+    """You do jobs."""
+
+    @Template.define
+    def ask(self, request: str) -> str:
+        """{request}"""
+        raise NotHandled
+
+    @Template.define
+    def on_alarm(self, action: str) -> str:
+        """An alarm is due. The alarm's action: {action}"""
+        raise NotHandled
+
+
+@dataclasses.dataclass
+class ToolWorker(Worker, AlarmTools):
+    """You do jobs, and may schedule alarms."""
+
+    @Template.define
+    def on_alarm(self, action: str) -> str:
+        """An alarm is due. The alarm's action: {action}"""
+        raise NotHandled
+
+
+class Model:
+    """Answers every request at once, noting when each alarm's turn asked it."""
+
+    def __init__(self) -> None:
+        self.asked: dict[int, float] = {}
+        self.fake: FakeLLM | None = None
+
+    def __call__(self, call: FakeCall) -> str:
+        if self.fake is not None:
+            self.fake.calls.clear()  # else they pile up, and cost grows with N
+        found = ACTION.search(call.last_user_text)
+        if found:
+            self.asked.setdefault(int(found[1]), time.time())
+        return "done"
+
+
+def runner_for(db: Path, model: Model, fake: FakeLLM, kind: type[Worker] = Worker) -> AgentRunner:
+    def handlers(config: RunnerConfig) -> list[Any]:
+        return [LiteLLMProvider(model="fake"), fake]
+
+    return AgentRunner(
+        db,
+        agents=lambda agent_id: kind(agent_id=agent_id),
+        handlers=handlers,
+        config=RunnerConfig(poll_interval=1.0),
+    )
+
+
+def run_until_done(runner: AgentRunner, store: Store, timeout: float) -> float:
+    """Run ``runner`` in a thread until no alarm is pending; return the elapsed time."""
+    thread = threading.Thread(target=runner.run)
+    start = time.perf_counter()
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while store.alarms() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - start
+    runner.stop()
+    thread.join()
+    return elapsed
+
+
+def throughput(
+    directory: Path, alarms: int, agents: int, kind: type[Worker]
+) -> tuple[float, float]:
+    db = directory / f"throughput-{kind.__name__}.db"
+    model = Model()
+    fake = FakeLLM(respond=model)
+    now = time.time()
+    with Store(db) as store:
+        for n in range(alarms):
+            store.schedule_alarm(f"w{n % agents}", f"job {n}", make_schedule(now, delay=0))
+        with runner_for(db, model, fake, kind) as runner:
+            elapsed = run_until_done(runner, store, timeout=600)
+            assert runner.turns == alarms, (runner.turns, alarms)
+    plain_db = directory / f"plain-{kind.__name__}.db"
+    workers = [kind(agent_id=f"w{n}") for n in range(agents)]
+    persistence = PersistenceHandler(plain_db)
+    with handler(LiteLLMProvider(model="fake")), handler(fake), handler(persistence):
+        start = time.perf_counter()
+        for n in range(alarms):
+            workers[n % agents].ask(f"job {n}")
+            fake.calls.clear()
+        plain = time.perf_counter() - start
+    persistence.close()
+    return alarms / elapsed, alarms / plain
+
+
+def delays_known(directory: Path, count: int, span: float) -> list[float]:
+    db = directory / "known.db"
+    model = Model()
+    rng = random.Random(1)
+    start = time.time() + 0.5
+    due = {n: start + rng.uniform(0, span) for n in range(count)}
+    with Store(db) as store:
+        for n, at in due.items():
+            store.schedule_alarm(f"w{n % 10}", f"job {n}", make_schedule(time.time(), at=at))
+        with runner_for(db, model, FakeLLM(respond=model)) as runner:
+            run_until_done(runner, store, timeout=span + 60)
+    return [(model.asked[n] - due[n]) * 1000 for n in due]
+
+
+def delays_other_process(directory: Path, count: int) -> list[float]:
+    db = directory / "other.db"
+    model = Model()
+    due: dict[int, float] = {}
+    rng = random.Random(2)
+    with Store(db) as store, runner_for(db, model, FakeLLM(respond=model)) as runner:
+        thread = threading.Thread(target=runner.run)
+        thread.start()
+        with Store(db) as other:  # its own connection, like another process
+            for n in range(count):
+                time.sleep(rng.uniform(0.05, 0.3))
+                due[n] = time.time() + 0.2
+                other.schedule_alarm(
+                    f"w{n % 10}", f"job {n}", make_schedule(time.time(), at=due[n])
+                )
+        deadline = time.monotonic() + 60
+        while store.alarms() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runner.stop()
+        thread.join()
+    return [(model.asked[n] - due[n]) * 1000 for n in due]
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--alarms", type=int, default=500)
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--delayed", type=int, default=100)
+    parser.add_argument("--span", type=float, default=30.0)
+    parser.add_argument("--quick", action="store_true", help="a smoke run (~15 s)")
+    parser.add_argument("--dir", help="parent directory of the temporary databases")
+    args = parser.parse_args()
+    if args.quick:
+        args.alarms, args.delayed, args.span = 50, 20, 6.0
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        directory = Path(tmp)
+        (directory / "warm").mkdir()
+        throughput(directory / "warm", 2, 1, ToolWorker)  # imports, first turns
+        for kind, what in ((Worker, "no tools"), (ToolWorker, "AlarmTools' 3 tools")):
+            per_second, plain = throughput(directory, args.alarms, args.agents, kind)
+            print(
+                f"throughput, agent with {what}: {per_second:.1f} alarms/s delivered by one "
+                f"runner ({args.alarms} alarms, {args.agents} agents); the same turns "
+                f"without a runner, under PersistenceHandler: {plain:.1f}/s"
+            )
+        known = delays_known(directory, args.delayed, args.span)
+        print(
+            f"delay, alarms known in advance ({args.delayed} over {args.span:g} s): "
+            f"median {statistics.median(known):.1f} ms, p99 {p(known, 0.99):.1f} ms"
+        )
+        other = delays_other_process(directory, args.delayed)
+        print(
+            f"delay, alarms scheduled by another connection while the runner sleeps "
+            f"({args.delayed}): median {statistics.median(other):.1f} ms, "
+            f"p99 {p(other, 0.99):.1f} ms"
+        )
+    print(f"load average: {os.getloadavg()[0]:.2f} (the machine may be shared)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

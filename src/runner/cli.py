@@ -1,0 +1,79 @@
+"""``effectful-durable run``: load the user's factories, set up logging, run the runner."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from ..errors import DurableError
+from .runner import AgentRunner
+
+# Attributes of a LogRecord that every record has; the rest came from ``extra=``.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``time level logger message key=value ...``: the record's ``extra`` fields appended."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        pairs = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in extra.items())
+        return f"{line} {pairs}" if pairs else line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and the ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def load(spec: str, what: str) -> Any:
+    """Import ``module:attribute`` (the current directory is on the path, as for uvicorn)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        msg = f"{what} must be given as MODULE:FUNCTION, not {spec!r}"
+        raise DurableError(msg)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        msg = f"cannot load {what} {spec!r}: {e}"
+        raise DurableError(msg) from e
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the runner the arguments describe; return the exit status."""
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(
+        JsonFormatter()
+        if args.log_format == "json"
+        else KeyValueFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.addHandler(stream)
+    root.setLevel(args.log_level.upper())
+    try:
+        agents = load(args.agents, "--agents")
+        handlers = load(args.handlers, "--handlers") if args.handlers else None
+        with AgentRunner(args.db, agents=agents, handlers=handlers, config=args.config) as runner:
+            return runner.run()
+    except DurableError as error:
+        print(f"effectful-durable: error: {error}", file=sys.stderr)
+        return 1

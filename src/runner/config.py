@@ -1,0 +1,207 @@
+"""The runner's configuration: a TOML file (stdlib ``tomllib``), re-read on SIGHUP."""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, NoReturn
+
+from ..errors import DurableError
+
+
+class ConfigError(DurableError, ValueError):
+    """A runner configuration file does not parse or holds a bad value.
+
+    .. versionadded:: 0.2.0
+    """
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the configuration says about one agent (its ``[agents.<id>]`` table).
+
+    Args:
+        paused: Deliver none of its alarms until the configuration changes.
+        max_attempts: Overrides the runner's ``max_attempts`` for this agent.
+        extra: Every other key of the table, for the agent's ``on_config_update``.
+
+    .. versionadded:: 0.2.0
+    """
+
+    paused: bool = False
+    max_attempts: int | None = None
+    extra: Mapping[str, Any] = _EMPTY
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How an :class:`~effectful_durable.AgentRunner` runs; every field has a default.
+
+    In a TOML file, ``model`` is a top-level key, the runner's settings live in
+    a ``[runner]`` table, each agent's in ``[agents.<agent id>]``, and feature
+    flags in ``[features]``::
+
+        model = "gpt-4o-mini"
+
+        [runner]
+        poll_interval = 1.0     # seconds; how soon other processes' alarms are noticed
+        lease_seconds = 300     # how long a claimed alarm's turn may run
+        max_attempts = 5        # failed deliveries before an alarm is dead
+        backoff_base = 10       # first retry after 10 s, then 20 s, 40 s, ...
+        backoff_max = 3600      # ... at most an hour apart
+        missed = "coalesce"     # or "each": deliver every missed occurrence
+        grace_seconds = 30      # SIGTERM lets the turn in progress finish this long
+
+        [agents.support-bot]
+        paused = false
+        max_attempts = 3
+
+        [features]
+        summaries = true
+
+    Args:
+        model: The model name the default handler stack gives ``LiteLLMProvider``.
+        poll_interval: Longest sleep between two looks at the database, in seconds.
+        lease_seconds: How long a runner holds a claimed alarm.
+        max_attempts: Deliveries tried before an alarm is dead.
+        backoff_base: Delay before the first retry; it doubles with each attempt.
+        backoff_max: Longest delay between retries.
+        missed: ``"coalesce"`` delivers a recurring alarm's missed occurrences once;
+            ``"each"`` delivers each of them.
+        grace_seconds: How long a stop waits for the turn in progress.
+        agents: Per-agent settings, by agent id.
+        features: Feature flags, passed on to agents' ``on_config_update``.
+        source: The file it was read from, if any.
+
+    .. versionadded:: 0.2.0
+    """
+
+    model: str | None = None
+    poll_interval: float = 1.0
+    lease_seconds: float = 300.0
+    max_attempts: int = 5
+    backoff_base: float = 10.0
+    backoff_max: float = 3600.0
+    missed: Literal["coalesce", "each"] = "coalesce"
+    grace_seconds: float = 30.0
+    agents: Mapping[str, AgentSettings] = field(default_factory=dict)
+    features: Mapping[str, Any] = field(default_factory=dict)
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("poll_interval", "lease_seconds", "backoff_base", "backoff_max"):
+            value = getattr(self, name)
+            if not _number(value) or value <= 0:
+                _bad(f"{name} must be a number of seconds above 0, not {value!r}")
+        if not _number(self.grace_seconds) or self.grace_seconds < 0:
+            _bad(f"grace_seconds must be a number of seconds >= 0, not {self.grace_seconds!r}")
+        if self.poll_interval > 1.0:
+            _bad(f"poll_interval must be at most 1 second, not {self.poll_interval!r}")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            _bad(f"max_attempts must be an integer >= 1, not {self.max_attempts!r}")
+        if self.missed not in ("coalesce", "each"):
+            _bad(f"missed must be 'coalesce' or 'each', not {self.missed!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            _bad(f"model must be a string, not {self.model!r}")
+
+    def agent(self, agent_id: str) -> AgentSettings:
+        """The settings of ``agent_id`` (defaults when the file names it not)."""
+        return self.agents.get(agent_id) or AgentSettings()
+
+    def retry_delay(self, attempts: int) -> float:
+        """Seconds before retrying a delivery that failed ``attempts`` times (>= 1)."""
+        return float(min(self.backoff_max, self.backoff_base * 2 ** max(attempts - 1, 0)))
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str]) -> RunnerConfig:
+        """Read a configuration file.
+
+        Raises:
+            ConfigError: The file cannot be read, is not TOML, has an unknown key,
+                or a value of the wrong type.
+        """
+        source = os.fspath(path)
+        try:
+            with open(source, "rb") as file:
+                data = tomllib.load(file)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            msg = f"cannot read runner config {source}: {e}"
+            raise ConfigError(msg) from e
+        try:
+            return cls.from_mapping(data, source=source)
+        except ConfigError as e:
+            msg = f"runner config {source}: {e}"
+            raise ConfigError(msg) from e
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str | None = None) -> RunnerConfig:
+        """Build a configuration from parsed TOML.
+
+        Raises:
+            ConfigError: An unknown key, or a value of the wrong type.
+        """
+        unknown = set(data) - {"model", "runner", "agents", "features"}
+        if unknown:
+            _bad(
+                f"unknown top-level key(s) {sorted(unknown)}; expected model, [runner], "
+                "[agents.<id>], [features]"
+            )
+        runner = _table(data, "runner")
+        allowed = {
+            "poll_interval",
+            "lease_seconds",
+            "max_attempts",
+            "backoff_base",
+            "backoff_max",
+            "missed",
+            "grace_seconds",
+        }
+        unknown = set(runner) - allowed
+        if unknown:
+            _bad(f"unknown key(s) {sorted(unknown)} in [runner]; expected {sorted(allowed)}")
+        agents = {}
+        for agent_id, table in _table(data, "agents").items():
+            if not isinstance(table, Mapping):
+                _bad(f"[agents.{agent_id}] must be a table")
+            paused = table.get("paused", False)
+            attempts = table.get("max_attempts")
+            if not isinstance(paused, bool):
+                _bad(f"[agents.{agent_id}] paused must be true or false, not {paused!r}")
+            if attempts is not None and (not isinstance(attempts, int) or attempts < 1):
+                _bad(f"[agents.{agent_id}] max_attempts must be an integer >= 1")
+            extra = {k: v for k, v in table.items() if k not in ("paused", "max_attempts")}
+            agents[agent_id] = AgentSettings(paused, attempts, MappingProxyType(extra))
+        try:
+            return cls(
+                model=data.get("model"),
+                agents=MappingProxyType(agents),
+                features=MappingProxyType(dict(_table(data, "features"))),
+                source=source,
+                **runner,
+            )
+        except TypeError as e:
+            msg = str(e)
+            raise ConfigError(msg) from e
+
+
+def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, Mapping):
+        _bad(f"{name} must be a table ([{name}])")
+    checked: Mapping[str, Any] = table
+    return checked
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bad(reason: str) -> NoReturn:
+    raise ConfigError(reason)

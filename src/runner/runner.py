@@ -1,0 +1,599 @@
+"""AgentRunner: the long-running process that delivers agents' alarms as turns."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import Any
+
+from effectful.handlers.llm import Template
+from effectful.ops.semantics import fwd, handler
+from effectful.ops.syntax import ObjectInterpretation, implements
+
+from ..agents.alarms import alarm_delivered
+from ..agents.persistent import PersistentAgent
+from ..errors import AgentInUseError, AlarmLeaseLostError, DurableError
+from ..handlers.effectful_hooks import bound_agent
+from ..handlers.persistence import PersistenceHandler
+from ..store import Durability, Store
+from ..store.alarms import Claim, runner_id
+from .clock import Clock, SystemClock
+from .config import ConfigError, RunnerConfig
+
+log = logging.getLogger("effectful_durable.runner")
+
+_RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
+_IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
+
+
+@dataclasses.dataclass
+class _Armed:
+    agent: PersistentAgent
+    claim: Claim
+    next_fire: float | None
+    now: float
+    marked: bool = False
+
+
+class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+    """Installed just outside PersistenceHandler: when the delivering turn's ``on_alarm``
+    starts, stage "alarm delivered" on that turn, so it commits with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed: _Armed | None = None
+
+    @implements(Template.__apply__)  # type: ignore[untyped-decorator]
+    def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
+        armed = self.armed
+        if (
+            armed is not None
+            and not armed.marked
+            and bound_agent(template, PersistentAgent) is armed.agent
+        ):
+            armed.marked = True
+            alarm_delivered(armed.agent, armed.claim, armed.next_fire, armed.now)
+        return fwd()
+
+
+@dataclasses.dataclass
+class _InProgress:
+    agent_id: str
+    alarm_id: str
+    started: float  # time.monotonic()
+    started_at: float  # epoch seconds
+
+
+class AgentRunner:
+    """Deliver the agents' due alarms, each as a turn of its agent, until stopped.
+
+    Each due alarm is claimed with a lease (this runner's id, an expiry), its
+    agent is built by ``agents(agent_id)`` (once per runner), and
+    ``agent.on_alarm(action)`` runs under the handler stack ``handlers(config)``
+    returns, with a :class:`~effectful_durable.PersistenceHandler` on ``db``
+    innermost (the runner adds one if the stack has none). The alarm is marked
+    delivered in the commit of that turn, fenced by the lease: a turn whose lease
+    another runner took commits nothing. A failed delivery is retried with
+    exponential backoff, then the alarm is dead until re-armed.
+
+    Between alarms it sleeps until the earliest one is due, looking at the
+    database at least every ``poll_interval`` (one indexed read). In the main
+    thread, :meth:`run` handles signals: SIGUSR1 logs a status report and stores
+    it for ``effectful-durable status``; SIGHUP re-reads the config file (a bad
+    one is logged and the old config stays) and calls ``on_config_update(config)``
+    on the agents that define it; SIGTERM and SIGINT stop claiming, let the turn
+    in progress finish within ``grace_seconds`` (else interrupt it, which leaves
+    its handoff), and return 0.
+
+    Example::
+
+        def make_agent(agent_id: str) -> Assistant:
+            return Assistant(agent_id=agent_id)
+
+        def make_handlers(config: RunnerConfig) -> list[Any]:
+            return [LiteLLMProvider(model=config.model), RetryLLMHandler()]
+
+        AgentRunner("state.db", agents=make_agent, handlers=make_handlers,
+                    config="agents.toml").run()
+
+    Args:
+        db: The database file, or an open Store.
+        agents: Builds the agent of an id.
+        handlers: Builds the handler stack, outermost first, from the config; it
+            is built again after each reload. Default: ``LiteLLMProvider(model=
+            config.model)`` and ``RetryLLMHandler()``.
+        config: A :class:`RunnerConfig`, or the path of a TOML file (re-read on
+            SIGHUP), or None for the defaults.
+        clock: Where the time comes from (:class:`~effectful_durable.runner.FakeClock`
+            in tests).
+        durability: As for PersistenceHandler, when ``db`` is a path.
+
+    Raises:
+        ConfigError: The config file does not parse.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | Store,
+        *,
+        agents: Callable[[str], PersistentAgent],
+        handlers: Callable[[RunnerConfig], Sequence[Any]] | None = None,
+        config: RunnerConfig | str | os.PathLike[str] | None = None,
+        clock: Clock | None = None,
+        durability: Durability = "normal",
+    ) -> None:
+        self.store = db if isinstance(db, Store) else Store(db, durability=durability)
+        self._owns_store = not isinstance(db, Store)
+        self._agents_factory = agents
+        self._handlers_factory = handlers or _default_handlers
+        if isinstance(config, RunnerConfig):
+            self.config_path: str | None = config.source
+            self.config = config
+        elif config is None:
+            self.config_path, self.config = None, RunnerConfig()
+        else:
+            self.config_path = os.fspath(config)
+            self.config = RunnerConfig.from_toml(self.config_path)
+        self.config_generation = 1
+        self.config_loaded_at = time.time()
+        self.clock: Clock = clock or SystemClock()
+        self.id = runner_id()
+        self.turns = 0
+        self.errors = 0
+        self.agents: dict[str, PersistentAgent] = {}
+        self._queue = self.store.alarm_queue
+        self._delivery = _Delivery()
+        self._stack: list[Any] = []
+        self._persistence: PersistenceHandler | None = None
+        self._own_persistence: PersistenceHandler | None = None
+        self._pending_config: RunnerConfig | None = None
+        self._in_progress: _InProgress | None = None
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._turn_done = threading.Event()
+        self._turn_done.set()
+        self._interrupting = False
+        self._in_main = False
+        self._running = False
+        self._next_reclaim = 0.0
+        self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._started = time.monotonic()
+        self._started_at = time.time()
+        self._build_stack(self.config)
+
+    # -- public control ----------------------------------------------------------
+
+    def run(self, *, until: float | None = None) -> int:
+        """Deliver alarms until :meth:`stop` (or a signal); return the exit status, 0.
+
+        Args:
+            until: Return once the clock has passed this time and nothing is due
+                (for tests and batch runs on a fake clock).
+        """
+        signals = self._in_main = threading.current_thread() is threading.main_thread()
+        previous = self._install_signals() if signals else {}
+        control = threading.Thread(target=self._control, name="runner-control", daemon=True)
+        control.start()
+        self._started, self._started_at = time.monotonic(), time.time()
+        log.info(
+            "runner %s started on %s",
+            self.id,
+            self.store.path,
+            extra={"runner": self.id, "db": self.store.path, "config": self.config_path},
+        )
+        self._running = True
+        self._record("running")
+        try:
+            self._loop(until)
+        finally:
+            self._running = False
+            self._signals.put(None)
+            control.join(timeout=5)
+            for signum, old in previous.items():
+                signal.signal(signum, old)
+            self._record("stopped")
+            log.info(
+                "runner %s stopped after %d turns (%d errors)",
+                self.id,
+                self.turns,
+                self.errors,
+                extra={"runner": self.id, "turns": self.turns, "errors": self.errors},
+            )
+        return 0
+
+    def stop(self, *, grace: float | None = None) -> None:
+        """Stop claiming alarms; the turn in progress may finish within ``grace`` seconds.
+
+        ``grace`` defaults to the config's ``grace_seconds``. Past it, a turn running
+        in the main thread is interrupted (KeyboardInterrupt), which leaves its handoff.
+        Thread-safe; :meth:`run` returns once the turn ends.
+        """
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._wake.set()
+        grace = self.config.grace_seconds if grace is None else grace
+        in_progress = self._in_progress
+        if in_progress is None:
+            log.info("stopping", extra={"runner": self.id})
+            return
+        log.info(
+            "stopping: waiting up to %g s for the turn of %s (alarm %s)",
+            grace,
+            in_progress.agent_id,
+            in_progress.alarm_id,
+            extra={"agent": in_progress.agent_id, "alarm": in_progress.alarm_id},
+        )
+        threading.Thread(target=self._interrupt_after, args=(grace,), daemon=True).start()
+
+    def reload(self) -> bool:
+        """Re-read the config file; apply it from the next turn on. False if it is bad.
+
+        A file that does not parse is logged, and the config in force stays.
+        """
+        if self.config_path is None:
+            log.warning("reload asked, but the runner has no config file")
+            return False
+        try:
+            config = RunnerConfig.from_toml(self.config_path)
+        except ConfigError as error:
+            log.error(
+                "config not reloaded, keeping generation %d: %s",
+                self.config_generation,
+                error,
+                extra={"config": self.config_path},
+            )
+            return False
+        self._pending_config = config
+        self._wake.set()
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """The status report: uptime, turns, errors, alarms, agents, the turn in progress."""
+        uptime = time.monotonic() - self._started
+        attempts = self.turns + self.errors
+        try:
+            counts = self._queue.counts(self.clock.now())
+        except DurableError as error:
+            counts = {"error": str(error)}  # type: ignore[dict-item]
+        in_progress = self._in_progress
+        return {
+            "runner": self.id,
+            "pid": os.getpid(),
+            "uptime_seconds": round(uptime, 3),
+            "turns": self.turns,
+            "errors": self.errors,
+            "error_rate": round(self.errors / attempts, 4) if attempts else 0.0,
+            "alarms_due": counts.get("due"),
+            "alarms_pending": counts.get("pending"),
+            "alarms_dead": counts.get("dead"),
+            "agents_seen": len(self.agents),
+            "in_progress": None
+            if in_progress is None
+            else {
+                "agent": in_progress.agent_id,
+                "alarm": in_progress.alarm_id,
+                "seconds": round(time.monotonic() - in_progress.started, 3),
+            },
+            "config": {
+                "path": self.config_path,
+                "generation": self.config_generation,
+                "features": dict(self.config.features),
+            },
+        }
+
+    def report_status(self) -> dict[str, Any]:
+        """Log the status report and store it where ``effectful-durable status`` reads it."""
+        report = self.status()
+        log.info(
+            "status: %d turns, %d errors, %s alarms due, %s pending, %s dead, %d agents%s",
+            report["turns"],
+            report["errors"],
+            report["alarms_due"],
+            report["alarms_pending"],
+            report["alarms_dead"],
+            report["agents_seen"],
+            "" if report["in_progress"] is None else f", in turn {report['in_progress']}",
+            extra={"status": report},
+        )
+        self._record("running" if self._running else "stopped", report)
+        return report
+
+    def close(self) -> None:
+        """Close the stores the runner opened."""
+        if self._own_persistence is not None:
+            self._own_persistence.close()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> AgentRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _loop(self, until: float | None) -> None:
+        # The handler stack stays installed between turns (installing it costs
+        # milliseconds), and is installed again when a reload rebuilt it.
+        with contextlib.ExitStack() as installed:
+            stack: list[Any] | None = None
+            while not self._stopping.is_set():
+                self._apply_pending_config()
+                if stack is not self._stack:
+                    installed.close()
+                    installed.enter_context(self._installed())
+                    stack = self._stack
+                if self._step(until):
+                    return
+
+    def _step(self, until: float | None) -> bool:
+        """Deliver one due alarm, or sleep until one may be due; True when ``until`` passed."""
+        now = self.clock.now()
+        if time.monotonic() >= self._next_reclaim:
+            freed = self._queue.reclaim_dead_owners(now)
+            if freed:
+                log.info("took back %d alarm(s) from dead runners", freed)
+            self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        due = self._queue.next_due()  # a read: claim (a write) only when one is due
+        if due is not None and due <= now:
+            claim = self._queue.claim(self.id, now, self.config.lease_seconds)
+            if claim is not None:
+                self._deliver(claim, now)
+                return False
+            due = self._queue.next_due()
+        # A fake clock in a test has no other process to notice: skip the polls.
+        wait = self.config.poll_interval if getattr(self.clock, "polls", True) else 1e9
+        if due is not None:
+            wait = min(wait, max(due - now, 0.0))
+        if until is not None:
+            if now >= until:
+                return True
+            wait = min(wait, until - now)
+        self.clock.sleep(wait, self._wake)
+        self._wake.clear()
+        return False
+
+    def _deliver(self, claim: Claim, now: float) -> None:
+        config = self.config
+        settings = config.agent(claim.agent_id)
+        context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
+        if settings.paused:
+            self._queue.release(claim, now + max(config.poll_interval, 60.0))
+            log.debug("agent paused: alarm put back", extra=context)
+            return
+        started = time.monotonic()
+        log.info("delivering alarm %s to %s", claim.alarm_id, claim.agent_id, extra=context)
+        self._in_progress = _InProgress(claim.agent_id, claim.alarm_id, started, time.time())
+        self._turn_done.clear()
+        try:
+            agent = self._agent(claim.agent_id)
+            template = getattr(agent, "on_alarm", None)
+            if not isinstance(template, Template):
+                msg = (
+                    f"agent {claim.agent_id!r} ({type(agent).__name__}) has no on_alarm "
+                    "template; mix in AlarmTools or define one"
+                )
+                raise DurableError(msg)
+            coalesce = config.missed == "coalesce"
+            next_fire = claim.schedule.next_after(claim.schedule.fire_at, now, coalesce=coalesce)
+            self._delivery.armed = _Armed(agent, claim, next_fire, now)
+            assert self._persistence is not None
+            with self._persistence._delivering(agent, claim):
+                template(claim.action)
+            if not self._delivery.armed.marked:
+                msg = f"on_alarm of {claim.agent_id!r} ran without a turn of its agent"
+                raise DurableError(msg)
+        except AlarmLeaseLostError as error:
+            self.errors += 1
+            log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
+        except AgentInUseError:
+            self._queue.release(claim, now + _IN_USE_RETRY)
+            log.info("agent busy in another process; alarm put back", extra=context)
+        except KeyboardInterrupt:
+            # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
+            # handoff; give the alarm back so that the next runner delivers it at once.
+            with contextlib.suppress(DurableError):
+                self._queue.release(claim, now)
+            log.warning("turn interrupted; alarm put back", extra=context)
+            self._stopping.set()
+        except Exception as error:
+            self.errors += 1
+            self._failed(claim, error, now, settings.max_attempts or config.max_attempts)
+        else:
+            self.turns += 1
+            duration = time.monotonic() - started
+            committed = agent.__dict__.get("__durable__")
+            version = getattr(committed, "version", None)
+            log.info(
+                "delivered alarm %s to %s as version %s in %.3f s",
+                claim.alarm_id,
+                claim.agent_id,
+                version,
+                duration,
+                extra={**context, "turn": version, "duration": round(duration, 6)},
+            )
+        finally:
+            self._delivery.armed = None
+            self._in_progress = None
+            self._turn_done.set()
+
+    def _failed(self, claim: Claim, error: Exception, now: float, max_attempts: int) -> None:
+        attempts = claim.attempts + 1
+        retry_at = None if attempts >= max_attempts else now + self.config.retry_delay(attempts)
+        text = f"{type(error).__name__}: {error}"
+        status = self._queue.fail(claim, text, retry_at)
+        context = {"agent": claim.agent_id, "alarm": claim.alarm_id, "attempt": attempts}
+        if status == "dead":
+            log.error(
+                "alarm %s is dead after %d failed deliveries: %s",
+                claim.alarm_id,
+                attempts,
+                text,
+                extra=context,
+            )
+        else:
+            log.warning(
+                "delivery %d of alarm %s failed, retrying in %g s: %s",
+                attempts,
+                claim.alarm_id,
+                (retry_at or now) - now,
+                text,
+                extra=context,
+            )
+
+    def _agent(self, agent_id: str) -> PersistentAgent:
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            agent = self._agents_factory(agent_id)
+            if not isinstance(agent, PersistentAgent) or agent.agent_id != agent_id:
+                msg = f"the agent factory returned {agent!r} for agent id {agent_id!r}"
+                raise DurableError(msg)
+            self._notify(agent, self.config)
+            self.agents[agent_id] = agent
+        return agent
+
+    # -- handler stack and config ------------------------------------------------
+
+    def _build_stack(self, config: RunnerConfig) -> None:
+        stack = list(self._handlers_factory(config))
+        found = [h for h in stack if isinstance(h, PersistenceHandler)]
+        if len(found) > 1:
+            msg = "the handler factory returned more than one PersistenceHandler"
+            raise DurableError(msg)
+        if found:
+            persistence = found[0]
+            if os.path.realpath(persistence.store.path) != os.path.realpath(self.store.path):
+                msg = (
+                    f"the handler factory's PersistenceHandler uses {persistence.store.path}, "
+                    f"but the runner delivers the alarms of {self.store.path}"
+                )
+                raise DurableError(msg)
+        else:
+            if self._own_persistence is None:
+                self._own_persistence = PersistenceHandler(self.store)
+            persistence = self._own_persistence
+            stack.append(persistence)
+        persistence.clock = self.clock.now
+        at = stack.index(persistence)
+        stack.insert(at, self._delivery)  # just outside: it sees the turn already begun
+        self._stack, self._persistence = stack, persistence
+
+    @contextlib.contextmanager
+    def _installed(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for interpretation in self._stack:
+                stack.enter_context(handler(interpretation))
+            yield
+
+    def _apply_pending_config(self) -> None:
+        config, self._pending_config = self._pending_config, None
+        if config is None:
+            return
+        try:
+            self._build_stack(config)
+        except Exception as error:
+            log.error(
+                "config not applied, keeping generation %d: %s", self.config_generation, error
+            )
+            return
+        self.config = config
+        self.config_generation += 1
+        self.config_loaded_at = time.time()
+        for agent in self.agents.values():
+            self._notify(agent, config)
+        log.info(
+            "config reloaded: generation %d from %s",
+            self.config_generation,
+            self.config_path,
+            extra={"config": self.config_path, "generation": self.config_generation},
+        )
+
+    def _notify(self, agent: PersistentAgent, config: RunnerConfig) -> None:
+        hook = getattr(agent, "on_config_update", None)
+        if not callable(hook):
+            return
+        try:
+            hook(config)
+        except Exception:
+            log.exception("on_config_update of %s failed", agent.agent_id)
+
+    # -- signals -------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGUSR1, signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread between two bytecodes, maybe inside a turn's
+        # transaction: hand the work to the control thread, which has its own
+        # connection. SimpleQueue.put is safe here (it is reentrant).
+        stop = signum in (signal.SIGINT, signal.SIGTERM)
+        if stop and (self._interrupting or (self._stopping.is_set() and self._in_progress)):
+            # The grace period is over, or a second Ctrl-C: interrupt the turn now.
+            self._interrupting = False
+            raise KeyboardInterrupt
+        self._signals.put(signum)
+
+    def _control(self) -> None:
+        while True:
+            signum = self._signals.get()
+            if signum is None:
+                return
+            try:
+                if signum == signal.SIGUSR1:
+                    self.report_status()
+                elif signum == signal.SIGHUP:
+                    log.info("SIGHUP: reloading %s", self.config_path)
+                    self.reload()
+                else:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    self.stop()
+            except Exception:
+                log.exception("handling signal %s failed", signum)
+
+    def _interrupt_after(self, grace: float) -> None:
+        if self._turn_done.wait(grace) or not self._in_main:
+            return  # done in time; or in another thread, where it cannot be interrupted
+        log.warning("grace period of %g s over: interrupting the turn in progress", grace)
+        self._interrupting = True
+        # A real signal to the main thread, not _thread.interrupt_main(): that one
+        # only sets a flag, which a blocking call (a model request) never checks.
+        main = threading.main_thread().ident
+        assert main is not None
+        signal.pthread_kill(main, signal.SIGINT)
+
+    def _record(self, state: Any, report: dict[str, Any] | None = None) -> None:
+        try:
+            self._queue.record_status(
+                self.id,
+                state=state,
+                started_at=self._started_at,
+                report=report if report is not None else self.status(),
+            )
+        except DurableError as error:
+            log.warning("could not store the status report: %s", error)
+
+
+def _default_handlers(config: RunnerConfig) -> list[Any]:
+    from effectful.handlers.llm.completions import LiteLLMProvider, RetryLLMHandler
+
+    provider = (
+        LiteLLMProvider(model=config.model)  # type: ignore[no-untyped-call]
+        if config.model
+        else LiteLLMProvider()  # type: ignore[no-untyped-call]
+    )
+    return [provider, RetryLLMHandler()]

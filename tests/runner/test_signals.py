@@ -1,0 +1,159 @@
+"""``effectful-durable run`` as a real process: SIGUSR1, SIGHUP (good and bad), SIGTERM."""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import persisted_rows
+
+from effectful_durable import Store
+from effectful_durable.cli import main
+from effectful_durable.store.alarms import make_schedule
+
+TESTS = Path(__file__).parents[1]
+START_TIMEOUT = 120.0
+
+
+class Runner:
+    """One ``effectful-durable run`` process whose log lines are read with deadlines."""
+
+    def __init__(self, db_path: Path, config: Path, *, slow: float) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            "ALARMS_APP_SLOW": str(slow),
+        }
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "effectful_durable",
+                "run",
+                str(db_path),
+                "--agents",
+                "alarms_app:make_agent",
+                "--handlers",
+                "alarms_app:make_handlers",
+                "--config",
+                str(config),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.log: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            self._lines.put(line.rstrip())
+        self._lines.put(None)
+
+    def expect(self, text: str, timeout: float = 30.0) -> str:
+        """Wait for a log line containing ``text``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                line = ""
+            if line is None or time.monotonic() > deadline:
+                log = "\n".join(self.log[-30:])
+                raise AssertionError(f"no log line with {text!r}; last lines:\n{log}")
+            if text in line:
+                return line
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def schedule(db_path: Path, agent_id: str, action: str, delay: float = 0.0) -> str:
+    with Store(db_path) as store:
+        return store.schedule_alarm(agent_id, action, make_schedule(time.time(), delay=delay))
+
+
+def write_config(path: Path, hooks: Path, mood: str, grace: float) -> None:
+    path.write_text(
+        f"[runner]\npoll_interval = 0.1\ngrace_seconds = {grace}\n\n"
+        f'[features]\nhook_file = "{hooks}"\nmood = "{mood}"\n'
+    )
+
+
+@pytest.mark.slow
+class TestSignals:
+    """The runner reacts to its signals as the docs say."""
+
+    def test_status_reload_and_clean_stop(
+        self, db_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """SIGUSR1 reports, SIGHUP reloads (a bad file changes nothing), SIGTERM waits."""
+        hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
+        write_config(config, hooks, "calm", grace=30)
+        schedule(db_path, "k", "first")
+        runner = Runner(db_path, config, slow=1.5)
+        try:
+            runner.expect("started", timeout=START_TIMEOUT)
+            runner.expect("delivered alarm")
+
+            runner.signal(signal.SIGUSR1)
+            line = runner.expect("status:")
+            assert "1 turns, 0 errors" in line
+            assert main(["status", str(db_path), "--json"]) == 0
+            assert '"turns": 1' in capsys.readouterr().out
+
+            config.write_text("[runner\n")
+            runner.signal(signal.SIGHUP)
+            runner.expect("config not reloaded, keeping generation 1")
+            write_config(config, hooks, "busy", grace=30)
+            runner.signal(signal.SIGHUP)
+            runner.expect("config reloaded: generation 2")
+            moods = hooks.read_text().splitlines()
+            assert len(moods) == 2 and '"busy"' in moods[1]  # seen at start, then reload
+
+            schedule(db_path, "k", "slow second")
+            runner.expect("delivering alarm")  # noticed within the poll interval
+            runner.signal(signal.SIGTERM)
+            runner.expect("stopping: waiting up to 30 s")
+            runner.expect("delivered alarm")
+            runner.expect("stopped after 2 turns")
+            assert runner.proc.wait(timeout=30) == 0
+        finally:
+            runner.stop()
+        rows = persisted_rows(db_path, "SELECT action, status FROM alarms ORDER BY created_at")
+        assert rows == [("first", "done"), ("slow second", "done")]
+        assert main(["status", str(db_path)]) == 0
+        assert "state: stopped" in capsys.readouterr().out
+
+    def test_stop_past_grace_interrupts_the_turn(self, db_path: Path, tmp_path: Path) -> None:
+        """A turn longer than the grace period is interrupted: handoff left, alarm kept."""
+        hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
+        write_config(config, hooks, "calm", grace=0.5)
+        runner = Runner(db_path, config, slow=30)
+        try:
+            runner.expect("started", timeout=START_TIMEOUT)
+            schedule(db_path, "k", "slow job")
+            runner.expect("delivering alarm")
+            runner.signal(signal.SIGTERM)
+            runner.expect("grace period of 0.5 s over")
+            runner.expect("turn interrupted; alarm put back")
+            assert runner.proc.wait(timeout=30) == 0
+        finally:
+            runner.stop()
+        assert persisted_rows(db_path, "SELECT status, attempts FROM alarms") == [("pending", 0)]
+        (handoff,) = persisted_rows(db_path, "SELECT status, error FROM handoffs")
+        assert handoff[0] == "failed" and "KeyboardInterrupt" in handoff[1]
+        assert persisted_rows(db_path, "SELECT count(*) FROM versions") == [(0,)]

@@ -1,0 +1,318 @@
+"""The alarms part of the store: schedules, cron, and how alarms follow versions."""
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import croniter
+import pytest
+from cronsim import CronSim
+from helpers import integrity, persisted_rows
+
+from effectful_durable import InvalidAlarmError, NotFoundError, Store
+from effectful_durable.store.alarms import (
+    AlarmWrite,
+    cron_next,
+    make_schedule,
+    new_alarm_id,
+    pending_at,
+)
+from effectful_durable.store.history import HistoryChange
+
+NOW = 1_800_000_000.0
+
+
+def commit(store: Store, agent_id: str, write: AlarmWrite | None = None) -> int:
+    """Commit an empty turn of ``agent_id`` carrying ``write``; return its version."""
+    base = next((a.version for a in store.agents() if a.agent_id == agent_id), 0)
+    return store.commit_turn(
+        agent_id,
+        base_version=base,
+        template="t",
+        change=HistoryChange([], [], 0),
+        state=None,
+        writes=[write] if write else [],
+    )
+
+
+def scheduled(action: str, delay: float = 60.0) -> AlarmWrite:
+    write = AlarmWrite()
+    write.schedule(new_alarm_id(), action, make_schedule(NOW, delay=delay), NOW)
+    return write
+
+
+def pending_actions(store: Store, agent_id: str) -> list[str]:
+    return sorted(a.action for a in store.alarms(agent_id) if a.status == "pending")
+
+
+class TestSchedule:
+    """make_schedule checks what callers ask for and computes the first occurrence."""
+
+    @pytest.mark.parametrize(
+        ("kwargs", "reason"),
+        [
+            ({"delay": -1}, "delay must be a number of seconds >= 0"),
+            ({"delay": float("nan")}, "delay must be"),
+            ({"delay": 11 * 366 * 86400}, "at most"),
+            ({"at": NOW - 3600}, "in the past"),
+            ({"at": datetime(2030, 1, 1)}, "no timezone"),
+            ({"every": 0}, "every must be"),
+            ({"cron": "61 * * * *"}, "does not parse"),
+            ({"cron": "* * *"}, "does not parse"),
+            ({"cron": "0 9 * * *", "timezone": "Mars/Base"}, "unknown timezone"),
+            ({"delay": 1, "at": NOW + 5}, "not both"),
+            ({}, "give delay"),
+        ],
+        ids=[
+            "negative",
+            "nan",
+            "too-far",
+            "past",
+            "naive",
+            "zero-every",
+            "bad-minute",
+            "few-fields",
+            "bad-zone",
+            "both",
+            "nothing",
+        ],
+    )
+    def test_bad_input_is_refused(self, kwargs: dict, reason: str) -> None:
+        """Each bad request raises InvalidAlarmError saying what is wrong."""
+        with pytest.raises(InvalidAlarmError, match=reason):
+            make_schedule(NOW, **kwargs)
+
+    def test_interval_coalesces_missed_occurrences(self) -> None:
+        """After a long gap the next occurrence is the first one after now, on the grid."""
+        schedule = make_schedule(NOW, every=60)
+        assert schedule.fire_at == NOW + 60
+        assert schedule.next_after(NOW + 60, NOW + 60) == NOW + 120
+        assert schedule.next_after(NOW + 60, NOW + 1000) == NOW + 1020
+        assert schedule.next_after(NOW + 60, NOW + 1000, coalesce=False) == NOW + 120
+
+    def test_one_shot_has_no_next(self) -> None:
+        """A one-shot alarm ends after its delivery."""
+        assert make_schedule(NOW, delay=5).next_after(NOW + 5, NOW + 5) is None
+
+
+CRON_CASES = [
+    "*/5 * * * *",
+    "0 9 * * 1-5",
+    "30 2 1 * *",
+    "0 0 29 2 *",
+    "15 10 * * sun",
+    "0 */6 1,15 * *",
+    "59 23 31 12 *",
+    "0 12 * jan,jul mon",
+]
+
+
+class TestCron:
+    """Cron next-fire times come from cronsim and agree with croniter."""
+
+    @pytest.mark.parametrize("expression", CRON_CASES)
+    def test_next_fire_times_match_both_libraries(self, expression: str) -> None:
+        """Ten successive occurrences equal cronsim's and croniter's, in UTC."""
+        start = datetime(2026, 2, 27, 13, 7, tzinfo=UTC)
+        ours, moment = [], start.timestamp()
+        for _ in range(10):
+            moment = cron_next(expression, moment)
+            ours.append(datetime.fromtimestamp(moment, UTC))
+        sim = CronSim(expression, start)
+        expected = [next(sim) for _ in range(10)]
+        itr = croniter.croniter(expression, start)
+        other = [itr.get_next(datetime) for _ in range(10)]
+        assert ours == expected == other
+
+    def test_timezone_is_honoured_across_dst(self) -> None:
+        """09:00 in Europe/Paris is 08:00 UTC in winter and 07:00 UTC in summer."""
+        march = datetime(2026, 3, 27, 12, tzinfo=UTC).timestamp()
+        first = cron_next("0 9 * * *", march, "Europe/Paris")
+        second = cron_next("0 9 * * *", first, "Europe/Paris")
+        assert datetime.fromtimestamp(first, UTC).hour == 8  # 28 March, CET
+        assert (
+            datetime.fromtimestamp(second, UTC).hour == 7
+        )  # 29 March, CEST (DST began that night)
+
+    def test_cron_schedule_first_fires_at_next_match(self) -> None:
+        """A cron schedule with no delay first fires at the next match after now."""
+        schedule = make_schedule(NOW, cron="0 * * * *")
+        assert schedule.fire_at == cron_next("0 * * * *", NOW)
+        assert schedule.fire_at - NOW <= 3600
+        later = NOW + timedelta(days=3).total_seconds()
+        assert schedule.next_after(schedule.fire_at, later) == cron_next("0 * * * *", later)
+
+
+class TestTurnWrites:
+    """Alarms staged in a turn commit in its transaction."""
+
+    def test_staged_alarm_commits_with_the_turn(self, db_path: Path) -> None:
+        """A scheduled alarm is on disk after the commit, created in that version."""
+        with Store(db_path) as store:
+            version = commit(store, "a", scheduled("check"))
+        rows = persisted_rows(db_path, "SELECT action, created_in, status FROM alarms")
+        assert rows == [("check", version, "pending")]
+
+    def test_failed_commit_writes_no_alarm(self, db_path: Path) -> None:
+        """A commit that fails (stale base version) leaves no alarm behind."""
+        with Store(db_path) as store:
+            commit(store, "a")
+            with pytest.raises(Exception, match="in use"):
+                store.commit_turn(
+                    "a",
+                    base_version=0,
+                    template="t",
+                    change=HistoryChange([], [], 0),
+                    state=None,
+                    writes=[scheduled("check")],
+                )
+        assert persisted_rows(db_path, "SELECT count(*) FROM alarms") == [(0,)]
+
+
+class TestVersions:
+    """Rollback, fork, prune and delete treat pending alarms as part of each version."""
+
+    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(self, db_path: Path) -> None:
+        """After rollback to v the pending alarms are exactly those pending at v."""
+        with Store(db_path) as store:
+            keep = scheduled("keep")
+            v1 = commit(store, "a", keep)
+            kept_id = keep.added[0][0]
+            cancel = AlarmWrite()
+            cancel.cancel(kept_id)
+            commit(store, "a", cancel)
+            commit(store, "a", scheduled("later"))
+            assert pending_actions(store, "a") == ["later"]
+            v4 = store.rollback("a", v1)
+            assert pending_actions(store, "a") == ["keep"]
+            assert [a.alarm_id for a in store.alarms("a")] == [kept_id]
+            with store._reading() as conn:
+                assert len(pending_at(conn, "a", 3)) == 1  # "later" was pending at 3
+                assert pending_at(conn, "a", v4) == [kept_id]
+            store.rollback("a", 3)
+            assert pending_actions(store, "a") == ["later"]
+        assert integrity(db_path) == "ok"
+
+    def test_rollback_brings_back_a_delivered_one_shot_alarm(self, db_path: Path) -> None:
+        """A one-shot alarm whose delivering turn is rolled back is pending again."""
+        with Store(db_path) as store:
+            v1 = commit(store, "a", scheduled("once", delay=0))
+            queue = store.alarm_queue
+            claim = queue.claim("me", NOW + 1, 60)
+            assert claim is not None
+            deliver = AlarmWrite()
+            deliver.deliver(claim, None, NOW + 1)
+            commit(store, "a", deliver)
+            assert store.alarms("a") == []
+            store.rollback("a", v1)
+            (alarm,) = store.alarms("a")
+            assert (alarm.action, alarm.status, alarm.leased_by) == ("once", "pending", None)
+
+    def test_fork_copies_pending_alarms_under_new_ids(self, db_path: Path) -> None:
+        """The fork gets the alarms pending at the forked version, with ids of its own."""
+        with Store(db_path) as store:
+            v1 = commit(store, "a", scheduled("first"))
+            commit(store, "a", scheduled("second"))
+            store.fork("a", v1, "b")
+            (copied,) = store.alarms("b")
+            (original, _) = store.alarms("a")
+            assert copied.action == "first" and copied.created_in == 1
+            assert copied.alarm_id != original.alarm_id
+
+    def test_prune_keeps_what_later_versions_need(self, db_path: Path) -> None:
+        """Pruning drops spans that ended before keep_from; rollbacks after it stay exact."""
+        with Store(db_path) as store:
+            early = scheduled("early")
+            commit(store, "a", early)
+            cancel = AlarmWrite()
+            cancel.cancel(early.added[0][0])
+            commit(store, "a", cancel)  # v2: early ended here
+            v3 = commit(store, "a", scheduled("late"))
+            commit(store, "a", scheduled("later"))
+            from effectful_durable.store.alarms import AlarmPart
+
+            with store._writing() as conn:
+                AlarmPart().prune(conn, "a", v3)
+            actions = [r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms")]
+            assert sorted(actions) == ["late", "later"]
+            store.rollback("a", v3)
+            assert pending_actions(store, "a") == ["late"]
+
+    def test_store_prune_keeps_alarms_kept_versions_need(self, db_path: Path) -> None:
+        """Store.prune removes ended alarms only old versions held; rollback stays exact."""
+        with Store(db_path) as store:
+            early = scheduled("early")
+            commit(store, "a", early)
+            cancel = AlarmWrite()
+            cancel.cancel(early.added[0][0])
+            commit(store, "a", cancel)
+            v3 = commit(store, "a", scheduled("late"))
+            commit(store, "a", scheduled("later"))
+            store.prune("a", keep_versions=2)
+            actions = sorted(r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms"))
+            assert actions == ["late", "later"]
+            store.rollback("a", v3)
+            assert pending_actions(store, "a") == ["late"]
+
+    def test_delete_removes_alarms(self, db_path: Path) -> None:
+        """Deleting an agent deletes its alarms, even those scheduled before its first turn."""
+        with Store(db_path) as store:
+            commit(store, "a", scheduled("x"))
+            store.schedule_alarm("a", "y", make_schedule(NOW, delay=5), now=NOW)
+            store.delete("a")
+        assert persisted_rows(db_path, "SELECT count(*) FROM alarms") == [(0,)]
+
+
+class TestQueue:
+    """Claims are leases; failures back off; dead alarms can be re-armed."""
+
+    def test_claim_leases_the_earliest_due_alarm(self, db_path: Path) -> None:
+        """Only due alarms are claimed, earliest first, and a leased one is not claimed again."""
+        with Store(db_path) as store:
+            store.schedule_alarm("a", "late", make_schedule(NOW, delay=20), now=NOW)
+            store.schedule_alarm("a", "soon", make_schedule(NOW, delay=10), now=NOW)
+            queue = store.alarm_queue
+            assert queue.claim("r1", NOW + 5, 30) is None
+            assert queue.next_due() == NOW + 10
+            claim = queue.claim("r1", NOW + 25, 30)
+            assert claim is not None and claim.action == "soon"
+            second = queue.claim("r2", NOW + 26, 30)
+            assert second is not None and second.action == "late"
+            assert queue.claim("r3", NOW + 27, 30) is None
+            again = queue.claim("r3", NOW + 55.5, 30)  # r1's lease ran out, r2's not yet
+            assert again is not None and again.action == "soon"
+            assert not queue.release(claim, NOW)  # r1's token is stale
+
+    def test_fail_then_dead_then_rearm(self, db_path: Path) -> None:
+        """A failure sets the retry time; a final one makes the alarm dead; rearm revives it."""
+        with Store(db_path) as store:
+            alarm_id = store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
+            queue = store.alarm_queue
+            claim = queue.claim("r", NOW, 30)
+            assert claim is not None
+            assert queue.fail(claim, "boom", NOW + 10) == "pending"
+            assert queue.claim("r", NOW + 5, 30) is None
+            claim = queue.claim("r", NOW + 10, 30)
+            assert claim is not None and claim.attempts == 1
+            assert queue.fail(claim, "boom again", None) == "dead"
+            assert queue.next_due() is None
+            (dead,) = store.alarms("a")
+            assert (dead.status, dead.attempts, dead.last_error) == ("dead", 2, "boom again")
+            store.rearm_alarm(alarm_id, at=NOW + 20)
+            (alive,) = store.alarms("a")
+            assert (alive.status, alive.attempts) == ("pending", 0)
+            with pytest.raises(NotFoundError):
+                store.rearm_alarm("alm_nope")
+
+    def test_delivery_is_fenced_by_the_lease(self, db_path: Path) -> None:
+        """A delivery whose lease another runner took aborts the whole turn."""
+        with Store(db_path) as store:
+            store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
+            queue = store.alarm_queue
+            stale = queue.claim("r1", NOW, 30)
+            assert stale is not None
+            assert queue.claim("r2", NOW + 31, 30) is not None
+            deliver = AlarmWrite()
+            deliver.deliver(stale, None, NOW + 32)
+            with pytest.raises(Exception, match="lease"):
+                commit(store, "a", deliver)
+            assert store.agents() == []  # the turn committed nothing
