@@ -33,6 +33,7 @@ import apsw
 from cronsim import CronSim, CronSimError
 
 from ..errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
+from .rows import utc
 
 if TYPE_CHECKING:
     from .store import Store
@@ -396,7 +397,7 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
         agent_id,
         action,
         status,
-        _time(fire_at),
+        utc(fire_at),
         every,
         cron,
         timezone,
@@ -406,8 +407,8 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
         owner if owner is not None and due_at > now else None,
         created_in,
         ended_in,
-        _time(created_at),
-        _time(due_at) if status == "pending" else None,
+        utc(created_at),
+        utc(due_at) if status == "pending" else None,
     )
 
 
@@ -676,8 +677,8 @@ def statuses(conn: apsw.Connection) -> list[dict[str, Any]]:
             "host": host,
             "pid": pid,
             "state": state,
-            "started_at": _time(started),
-            "reported_at": _time(reported),
+            "started_at": utc(started),
+            "reported_at": utc(reported),
             **json.loads(report),
         }
         for runner, host, pid, state, started, reported, report in rows
@@ -773,10 +774,6 @@ def _finite(value: object) -> bool:
 
 def _invalid(reason: str) -> NoReturn:
     raise InvalidAlarmError(reason)
-
-
-def _time(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC)
 
 
 class AlarmQueue:

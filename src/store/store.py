@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import apsw
@@ -29,6 +29,7 @@ from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
 from .connection import Durability, connect, quarantine, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
+from .journal import WorkflowJournal, step_number
 from .locks import AgentBusy, AgentLocks
 from .memory import KEY, NOTE, MemoryNote, MemoryPart, MemoryRows, memory_at, note_of
 from .parts import TurnWrite, VersionedPart
@@ -40,12 +41,10 @@ from .records import (
     Handoff,
     LoadedAgent,
     PruneResult,
-    StepInfo,
     TurnStart,
     VersionInfo,
-    WorkflowInfo,
-    WorkflowReset,
 )
+from .rows import current_version, dumps, utc
 from .workspace import SQLResult, WorkspaceFiles, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()
@@ -60,7 +59,7 @@ _PARTS: tuple[VersionedPart, ...] = (
 )
 
 
-class Store:
+class Store(WorkflowJournal):
     """The durable log of every agent in one SQLite database file.
 
     Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,
@@ -170,7 +169,7 @@ class Store:
             """
         )
         return [
-            AgentRecord(agent_id, version, messages, _time(created), _time(updated))
+            AgentRecord(agent_id, version, messages, utc(created), utc(updated))
             for agent_id, version, created, updated, messages in rows
         ]
 
@@ -366,7 +365,7 @@ class Store:
                 removed,
                 bool(changed),
                 json.loads(detail) if detail else None,
-                _time(committed),
+                utc(committed),
                 conversation,
             )
             for (
@@ -481,7 +480,7 @@ class Store:
         validate_agent_id(new_agent_id)
         with self.agent_lock(new_agent_id), self._writing() as conn:
             version = self._checked_version(conn, agent_id, version)
-            if _current_version(conn, new_agent_id) is not None:
+            if current_version(conn, new_agent_id) is not None:
                 msg = (
                     f"cannot fork into {new_agent_id!r}: that agent already exists in "
                     f"{self.path}. Choose another id, or delete it first."
@@ -532,7 +531,7 @@ class Store:
             AgentInUseError: A turn of the agent is running.
         """
         with self.agent_lock(agent_id), self._writing() as conn:
-            found = _current_version(conn, agent_id) is not None
+            found = current_version(conn, agent_id) is not None
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
                 raise NotFoundError(_no_agent(agent_id, self.path))
@@ -755,147 +754,6 @@ class Store:
             )
         return new
 
-    # -- workflows -------------------------------------------------------------
-
-    def workflows(self) -> list[WorkflowInfo]:
-        """Every workflow with a journal, by name."""
-        rows = self._connection().execute(
-            """
-            SELECT workflow, count(*), sum(status = 'done'), sum(status = 'running'),
-                   sum(status = 'failed'), min(started_at),
-                   max(coalesce(finished_at, started_at))
-              FROM workflow_steps GROUP BY workflow ORDER BY workflow
-            """
-        )
-        return [
-            WorkflowInfo(name, steps, done, running, failed, _time(first), _time(last))
-            for name, steps, done, running, failed, first, last in rows
-        ]
-
-    def steps(self, workflow: str) -> list[StepInfo]:
-        """The workflow's journal, in step order.
-
-        Raises:
-            NotFoundError: No journal for ``workflow``.
-        """
-        rows = (
-            self._connection()
-            .execute(f"{_STEP_SELECT} WHERE workflow = ? ORDER BY number", (workflow,))
-            .fetchall()
-        )
-        if not rows:
-            raise NotFoundError(_no_workflow(workflow, self.path))
-        return [_step(row) for row in rows]
-
-    def step(self, workflow: str, key: str) -> StepInfo | None:
-        """One step of the journal by key, or None: one indexed read."""
-        row = (
-            self._connection()
-            .execute(f"{_STEP_SELECT} WHERE workflow = ? AND step_key = ?", (workflow, key))
-            .fetchone()
-        )
-        return None if row is None else _step(row)
-
-    def reset_workflow(
-        self, workflow: str, from_step: int = 1, *, dry_run: bool = False
-    ) -> WorkflowReset:
-        """Forget steps ``from_step`` and later, so the next run does them afresh.
-
-        Each agent those steps ran on is rolled back to its version before the
-        first of them, so their turns are not in its history twice; an agent the
-        forgotten steps created (it had no version before them) is deleted.
-        Earlier steps stay in the journal and keep replaying.
-
-        Args:
-            workflow: The workflow's name.
-            from_step: The first step to forget.
-            dry_run: Change nothing; return what a reset would do.
-
-        Returns:
-            The agents rolled back and deleted, and the number of steps forgotten.
-
-        Raises:
-            NotFoundError: No journal for ``workflow``, or a version to roll back to
-                was pruned (then nothing is changed).
-            AgentInUseError: One of those agents is running a turn.
-
-        .. versionchanged:: 0.2.0
-           Returns a :class:`WorkflowReset` rather than the list of agents, and
-           takes ``dry_run``.
-        """
-        steps = [s for s in self.steps(workflow) if s.number >= from_step]
-        first_base: dict[str, int] = {}
-        for step in steps:
-            if step.agent_id is not None and step.base_version is not None:
-                first_base.setdefault(step.agent_id, step.base_version)
-        rolled_back: list[tuple[str, int]] = []
-        deleted: list[str] = []
-        with self._reading() as conn:
-            for agent_id, base in first_base.items():
-                current = _current_version(conn, agent_id)
-                if current is None or current <= base:
-                    continue
-                if base == 0:
-                    deleted.append(agent_id)
-                else:
-                    self._checked_version(conn, agent_id, base)  # refuse a pruned one now
-                    rolled_back.append((agent_id, base))
-        reset = WorkflowReset(
-            workflow,
-            from_step,
-            len(steps),
-            tuple(agent_id for agent_id, _ in rolled_back),
-            tuple(deleted),
-        )
-        if dry_run:
-            return reset
-        for agent_id, base in rolled_back:
-            self.rollback(agent_id, base)
-        for agent_id in deleted:
-            self.delete(agent_id)
-        with self._writing() as conn:
-            conn.execute(
-                "DELETE FROM workflow_steps WHERE workflow = ? AND number >= ?",
-                (workflow, from_step),
-            )
-        return reset
-
-    def discard_steps(self, workflow: str, key_prefix: str, from_number: int) -> None:
-        """Forget steps numbered ``from_number`` or later whose key starts with ``key_prefix``.
-
-        Used when a step that runs again makes other nested calls than last time.
-        """
-        with self._writing() as conn:
-            conn.execute(
-                """
-                DELETE FROM workflow_steps
-                 WHERE workflow = ?1 AND number >= ?3
-                   AND substr(step_key, 1, length(?2)) = ?2
-                """,
-                (workflow, key_prefix, from_number),
-            )
-
-    def record_step(
-        self, workflow: str, key: str, *, template: str, arguments: Any, result: str
-    ) -> int:
-        """Record a finished step that has no agent to commit (a free template).
-
-        Returns:
-            The step's number.
-        """
-        now = time.time()
-        with self._writing() as conn:
-            number = _step_number(conn, workflow, key)
-            conn.execute(
-                """
-                INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number, template,
-                    arguments, status, result, started_at, finished_at)
-                VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)
-                """,
-                (workflow, key, number, template, _dumps(arguments), result, now, now),
-            )
-        return number
-
     # -- the turn protocol, used by PersistenceHandler -----------------------
 
     @contextmanager
@@ -922,7 +780,7 @@ class Store:
         conversation is.
         """
         with self._reading() as conn:
-            version = _current_version(conn, agent_id)
+            version = current_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
             rows: list[tuple[Any, ...]] = conn.execute(
@@ -974,10 +832,10 @@ class Store:
             not commit (crashed or failed), which this one replaces, and the step's
             number.
         """
-        arguments_json = _dumps(arguments)
+        arguments_json = dumps(arguments)
         now = time.time()
         with self._writing() as conn:
-            version = _current_version(conn, agent_id) or 0
+            version = current_version(conn, agent_id) or 0
             row = conn.execute(
                 f"{_HANDOFF_SELECT} WHERE agent_id = ? AND conversation = ?",
                 (agent_id, conversation),
@@ -1004,7 +862,7 @@ class Store:
             number = None
             if step is not None:
                 workflow, key = step
-                number = _step_number(conn, workflow, key)
+                number = step_number(conn, workflow, key)
                 conn.execute(
                     """
                     INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number,
@@ -1186,7 +1044,7 @@ class Store:
             conn.execute("COMMIT")
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
-        current = _current_version(conn, agent_id)
+        current = current_version(conn, agent_id)
         if current is None:
             raise NotFoundError(_no_agent(agent_id, self.path))
         if version is None:
@@ -1212,7 +1070,7 @@ class Store:
             raise NotFoundError(_no_conversation(agent_id, conversation, version))
 
     def _check_base(self, conn: apsw.Connection, agent_id: str, base_version: int) -> None:
-        current = _current_version(conn, agent_id) or 0
+        current = current_version(conn, agent_id) or 0
         if current != base_version:
             holder = f"a writer that committed version {current} during this turn"
             raise AgentInUseError(agent_id, holder)
@@ -1368,13 +1226,13 @@ class Store:
                 state,
                 added,
                 removed,
-                _dumps(detail) if detail else None,
+                dumps(detail) if detail else None,
                 time.time(),
             ),
         )
 
     def _version_of(self, agent_id: str) -> int | None:
-        return _current_version(self._connection(), agent_id)
+        return current_version(self._connection(), agent_id)
 
     def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
         if busy.holder != "another process":
@@ -1397,59 +1255,6 @@ class Store:
             return busy.holder
         pid, host, template = row
         return f"process {pid} on {host} (running {template})"
-
-
-_STEP_SELECT = """
-    SELECT workflow, number, step_key, agent_id, template, arguments, status, result,
-           base_version, version, started_at, finished_at, conversation
-      FROM workflow_steps
-"""
-
-
-def _step(row: tuple[Any, ...]) -> StepInfo:
-    (
-        workflow,
-        number,
-        key,
-        agent_id,
-        template,
-        arguments,
-        status,
-        result,
-        base,
-        version,
-        started,
-        finished,
-        conversation,
-    ) = row
-    return StepInfo(
-        workflow,
-        number,
-        key,
-        agent_id,
-        template,
-        json.loads(arguments),
-        status,
-        json.loads(result) if result is not None else None,
-        base,
-        version,
-        _time(started),
-        _time(finished) if finished is not None else None,
-        conversation,
-    )
-
-
-def _step_number(conn: apsw.Connection, workflow: str, key: str) -> int:
-    """The step's number: kept if the key was started before, else the next one."""
-    number = conn.execute(
-        """
-        SELECT coalesce(
-            (SELECT number FROM workflow_steps WHERE workflow = ?1 AND step_key = ?2),
-            (SELECT coalesce(max(number), 0) + 1 FROM workflow_steps WHERE workflow = ?1))
-        """,
-        (workflow, key),
-    ).get
-    return int(number)
 
 
 _HANDOFF_SELECT = """
@@ -1484,8 +1289,8 @@ def _handoff(row: tuple[Any, ...]) -> Handoff:
         json.loads(interrupted) if interrupted else None,
         host,
         pid,
-        _time(started),
-        _time(ended) if ended is not None else None,
+        utc(started),
+        utc(ended) if ended is not None else None,
         conversation,
     )
 
@@ -1493,7 +1298,7 @@ def _handoff(row: tuple[Any, ...]) -> Handoff:
 def _handoff_json(handoff: Handoff | None) -> str | None:
     if handoff is None:
         return None
-    return _dumps(
+    return dumps(
         {
             "template": handoff.template,
             "arguments": handoff.arguments,
@@ -1503,11 +1308,6 @@ def _handoff_json(handoff: Handoff | None) -> str | None:
             "started_at": handoff.started_at.isoformat(),
         }
     )
-
-
-def _current_version(conn: apsw.Connection, agent_id: str) -> int | None:
-    row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
-    return None if row is None else int(row[0])
 
 
 def _state_at(conn: apsw.Connection, agent_id: str, version: int) -> str | None:
@@ -1532,24 +1332,12 @@ def _decode_messages(bodies: Iterator[str] | Any) -> list[dict[str, Any]]:
     return decoded
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
-
-
 def _dumps_message(agent_id: str, message: Mapping[str, Any]) -> str:
     try:
         return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
         owner = f"agent {agent_id!r} message {message.get('id')!r}"
         raise StateSerializationError(owner, "body", type(message).__name__, str(e)) from e
-
-
-def _time(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC)
-
-
-def _no_workflow(workflow: str, path: str) -> str:
-    return f"no workflow {workflow!r} in {path}; Store.workflows() lists the journals it holds"
 
 
 def _no_conversation(agent_id: str, conversation: str, version: int) -> str:
