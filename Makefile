@@ -15,5 +15,5 @@ format:
 docs:
 	bash scripts/docs.sh
 
-bench:
-	bash -c 'source scripts/env.sh && "$$PYTHON" bench/bench_persistence.py'
+bench:  ## per-turn cost up to 10,000 turns and with 50 agents (~15 min); see bench/README.md
+	bash -c 'source scripts/env.sh && "$$PYTHON" bench/bench_persistence.py --long --agents 50 --profile'
