@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -61,30 +62,37 @@ def start(folder: Path, *options: str) -> subprocess.Popen[str]:
     )
 
 
-def finish(child: subprocess.Popen[str], before: str = "", timeout: float = 300) -> Outcome:
+def finish(child: subprocess.Popen[str], before: str = "") -> Outcome:
     """Wait for the demo to end."""
-    output, _ = child.communicate(timeout=timeout)
+    output, _ = child.communicate(timeout=300)
     return Outcome(child.returncode, before + output)
 
 
 def interrupt(child: subprocess.Popen[str], pattern: str) -> Outcome:
     """Press Ctrl-C as soon as the demo prints a line matching ``pattern``.
 
-    Pressed again every half second until the demo exits, as a person would: in
-    full-suite runs a single SIGINT was sometimes not acted on (cause not found).
+    Until the demo shows the interrupt took effect (a step failed, or it says it
+    was interrupted), press again every two seconds, as a person would: in loaded
+    full-suite runs one SIGINT was sometimes not acted on (cause not found).
     """
     assert child.stdout is not None
     lines = []
     for line in child.stdout:
         lines.append(line)
         if re.match(pattern, line):
-            child.send_signal(signal.SIGINT)
             break
-    while True:
-        try:
-            return finish(child, "".join(lines), timeout=0.5)
-        except subprocess.TimeoutExpired:
+    child.send_signal(signal.SIGINT)
+    pressed = len(lines)
+    while not any(re.match(r"\s*failed  |interrupted:", line) for line in lines[pressed:]):
+        ready, _, _ = select.select([child.stdout], [], [], 2.0)
+        if not ready:
             child.send_signal(signal.SIGINT)
+            continue
+        line = child.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+    return finish(child, "".join(lines))
 
 
 def model_calls(output: str) -> int:
