@@ -12,6 +12,8 @@ from typing import Any
 
 from effectful.handlers.llm import Template
 
+from ..agents.history import replace_history
+
 type Interpretation = Mapping[Any, Callable[..., Any]]
 
 
@@ -32,9 +34,7 @@ def bound_agent[A](template: Template[..., Any], kind: type[A]) -> A | None:
 
 def set_history(agent: Any, messages: Sequence[Mapping[str, Any]]) -> None:
     """Replace the agent's history in place (templates hold a reference to it)."""
-    history: OrderedDict[str, Any] = agent.__history__
-    history.clear()
-    history.update((message["id"], message) for message in messages)
+    replace_history(agent.__history__, messages)
 
 
 def with_prompt_cache_hints(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
