@@ -10,6 +10,7 @@ from .agents import (
     SQLTools,
     StateTools,
     ephemeral,
+    per_conversation,
 )
 from .errors import (
     AgentInUseError,
@@ -89,5 +90,6 @@ __all__ = [
     "WorkflowInfo",
     "WorkflowReset",
     "ephemeral",
+    "per_conversation",
     "summarize_context",
 ]

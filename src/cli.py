@@ -177,7 +177,7 @@ def _conversations(store: Store, args: argparse.Namespace) -> int:
 
 
 def _state(store: Store, args: argparse.Namespace) -> int:
-    state = store.state(args.agent, args.version)
+    state = store.state(args.agent, args.version, conversation=args.conversation)
     if args.json:
         _print_json(state)
         return 0
@@ -527,6 +527,14 @@ def _parser() -> argparse.ArgumentParser:
     def at_version(sub: argparse.ArgumentParser, what: str) -> None:
         sub.add_argument("--version", type=int, metavar="N", help=f"{what} (default: latest)")
 
+    def in_conversation(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--conversation",
+            default="default",
+            metavar="ID",
+            help="the conversation (default: the agent's default one)",
+        )
+
     command("agents", _agents, "list the agents: version, active messages, last commit")
     sub = command("history", _history, "print an agent's messages, one line each")
     agent(sub)
@@ -534,18 +542,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--all", action="store_true", help="include the originals compaction replaced"
     )
-    sub.add_argument(
-        "--conversation",
-        default="default",
-        metavar="ID",
-        help="the conversation (default: the agent's default one)",
-    )
+    in_conversation(sub)
     sub = command("conversations", _conversations, "list an agent's conversations")
     agent(sub)
     at_version(sub, "as of this version")
     sub = command("state", _state, "print an agent's persisted fields")
     agent(sub)
     at_version(sub, "as of this version")
+    in_conversation(sub)  # for the fields declared per conversation
     sub = command("memory", _memory, "print the keys and context notes an agent kept")
     agent(sub)
     at_version(sub, "as of this version")

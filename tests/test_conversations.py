@@ -16,6 +16,7 @@ from effectful_durable import (
     PersistenceHandler,
     Store,
 )
+from effectful_durable.store.migrations import SCHEMA_VERSION
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, persisted, persisted_rows, running, texts
 
@@ -451,7 +452,7 @@ class TestSchema1Migration:
             assert [v.conversation for v in store.versions("bot-copy")] == [None, None]
             assert questions(store.history("bot-copy")) == questions(store.history("bot", 3))
             assert store.check()["integrity"] == "ok"
-        assert persisted_rows(old_db, "PRAGMA user_version") == [(2,)]
+        assert persisted_rows(old_db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
         assert persisted_rows(old_db, "PRAGMA foreign_key_check") == []
 
     def test_agent_continues_after_migration(self, old_db: Path) -> None:

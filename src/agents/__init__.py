@@ -4,7 +4,7 @@ from .alarms import AlarmTools
 from .memory import AgentMemory, MemoryDigest, MemoryLimits, StateTools
 from .persistent import PersistentAgent
 from .sql_tools import SQLTools
-from .state import ephemeral
+from .state import ephemeral, per_conversation
 from .tools import RecallTools
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "SQLTools",
     "StateTools",
     "ephemeral",
+    "per_conversation",
 ]

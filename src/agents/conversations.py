@@ -16,11 +16,13 @@ from effectful.ops.types import Operation
 from ..errors import DurableError
 from ..store.ids import DEFAULT_CONVERSATION
 from .history import history_messages, replace_history
+from .state import conversation_fields, reset_conversation_state
 
 # Keys of the framework's entries in an agent's __dict__ (dunder names cannot
 # clash with dataclass fields).
 _CURRENT = "__conversation__"
 _PARKED = "__durable_parked__"  # histories left behind, when nothing persists them
+_PARKED_FIELDS = "__durable_parked_fields__"  # per-conversation field values left behind
 _CLEAR = "__durable_clear__"  # the conversation whose stored history the next turn drops
 _IN_TURN = "__durable_in_turn__"
 
@@ -39,6 +41,29 @@ def parked(agent: Any) -> dict[str, list[Any]]:
     """The histories of conversations the agent left that no database holds yet."""
     found: dict[str, list[Any]] = agent.__dict__.setdefault(_PARKED, {})
     return found
+
+
+def parked_fields(agent: Any) -> dict[str, dict[str, Any]]:
+    """The values of per-conversation fields in the conversations the agent left."""
+    found: dict[str, dict[str, Any]] = agent.__dict__.setdefault(_PARKED_FIELDS, {})
+    return found
+
+
+def leave_fields(agent: Any, conversation: str) -> None:
+    """Keep the per-conversation fields' values of ``conversation``, which the agent
+    leaves, and give the fields their defaults."""
+    names = conversation_fields(agent)
+    if names:
+        parked_fields(agent)[conversation] = {name: getattr(agent, name) for name in names}
+        reset_conversation_state(agent)
+
+
+def enter_fields(agent: Any, conversation: str) -> None:
+    """Put back the per-conversation fields' values kept when the agent left
+    ``conversation``, if memory holds them."""
+    values = parked_fields(agent).pop(conversation, None)
+    for name, value in (values or {}).items():
+        object.__setattr__(agent, name, value)
 
 
 def clear_pending(agent: Any) -> str | None:

@@ -17,6 +17,7 @@ from ..errors import DurableError
 from ..store.ids import validate_agent_id, validate_conversation_id
 from . import conversations as _conversations
 from .history import History, replace_history
+from .state import reset_conversation_state
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -32,7 +33,9 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
 
     An agent holds any number of conversations, each with its own history,
     compactions, crash handoff and workflow steps; its fields belong to the agent
-    and are shared by all of them. One that never names a conversation uses
+    and are shared by all of them, except those declared
+    :func:`~effectful_durable.per_conversation`, which hold one value per
+    conversation. One that never names a conversation uses
     ``"default"``. Switch for a block with :meth:`conversation`, for good with
     :meth:`new_conversation`; :attr:`current_conversation` tells which is current.
     A class may define the hooks ``on_new_conversation(conversation_id)``,
@@ -89,9 +92,10 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
         """Run the block in ``conversation_id``, then switch back to the current one.
 
         The conversation is created by its first turn if it is new, and resumed
-        with its history if not. Under PersistenceHandler the switch reads that
-        history from the database (one indexed read); without it, the agent keeps
-        the histories it leaves in memory::
+        with its history and its values of the fields declared
+        :func:`~effectful_durable.per_conversation` if not. Under
+        PersistenceHandler the switch reads them from the database (two indexed
+        reads); without it, the agent keeps what it leaves in memory::
 
             with bot.conversation("c-42"):
                 bot.ask("Where were we?")
@@ -117,8 +121,9 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
 
         It stays current until the next switch. An existing conversation is
         resumed with its history, unless ``clear``: then its history starts
-        empty, and the next turn in it removes its stored messages, as part of
-        that turn's version (so a rollback can bring them back). Calls
+        empty and its per-conversation fields take their defaults, and the next
+        turn in it removes its stored messages, as part of that turn's version
+        (so a rollback can bring them back). Calls
         ``on_new_conversation(conversation_id)`` if the class defines it.
 
         Returns:
@@ -135,6 +140,7 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
         self._switch_to(conversation_id)
         if clear:
             replace_history(self.__history__, [])
+            reset_conversation_state(self)
             _conversations.parked(self).pop(conversation_id, None)
             _conversations.mark_clear(self, conversation_id)
         hook = getattr(self, "on_new_conversation", None)
@@ -166,6 +172,7 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
             )
             raise DurableError(msg)
         _conversations.delete_conversation(self, conversation_id)
+        _conversations.parked_fields(self).pop(conversation_id, None)
         if _conversations.clear_pending(self) == conversation_id:
             _conversations.mark_clear(self, None)
         hook = getattr(self, "on_conversation_deleted", None)
@@ -178,7 +185,13 @@ class PersistentAgent(Agent):  # type: ignore[no-untyped-call]  # effectful is u
         if conversation_id == previous:
             return
         _conversations.check_not_in_turn(self, "switch the conversation")
-        _conversations.switch_conversation(self, previous, conversation_id)
+        _conversations.leave_fields(self, previous)
+        try:
+            _conversations.switch_conversation(self, previous, conversation_id)
+        except BaseException:
+            _conversations.enter_fields(self, previous)
+            raise
+        _conversations.enter_fields(self, conversation_id)
         _conversations.set_current_conversation(self, conversation_id)
         hook = getattr(self, "on_conversation_switched", None)
         if callable(hook):

@@ -17,6 +17,7 @@ from ..errors import StateSerializationError
 logger = logging.getLogger("effectful_durable.state")
 
 _EPHEMERAL = "effectful_durable.ephemeral"
+_PER_CONVERSATION = "effectful_durable.per_conversation"
 _IDENTITY_FIELDS = frozenset({"agent_id"})
 
 
@@ -36,28 +37,62 @@ def ephemeral(**field_options: Any) -> Any:
     return dataclasses.field(metadata=metadata, **field_options)
 
 
-_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+def per_conversation(**field_options: Any) -> Any:
+    """A persisted dataclass field with one value per conversation of the agent.
+
+    Takes the options of :func:`dataclasses.field`; the default (or
+    ``default_factory``) is the value in a conversation that has none yet. A turn
+    commits the value of its own conversation; switching conversation puts that
+    conversation's value in the field. Other fields are shared by all the
+    agent's conversations::
+
+        @dataclasses.dataclass
+        class Support(PersistentAgent):
+            known_issues: list[str] = dataclasses.field(default_factory=list)  # shared
+            ticket: str | None = per_conversation(default=None)  # one per conversation
+
+    .. versionadded:: 0.2.0
+    """
+    if "default" not in field_options and "default_factory" not in field_options:
+        msg = (
+            "per_conversation() needs a default or a default_factory: the value the "
+            "field takes in a conversation that has none yet"
+        )
+        raise TypeError(msg)
+    metadata = {**field_options.pop("metadata", {}), _PER_CONVERSATION: True}
+    return dataclasses.field(metadata=metadata, **field_options)
 
 
-def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+type _Fields = tuple[tuple[str, Any], ...]
+_FIELD_TYPES: dict[type, tuple[_Fields, _Fields]] = {}
+
+
+def _field_types(cls: type, *, per_conversation: bool = False) -> _Fields:
+    """The persisted fields of ``cls`` and their annotations: shared or per conversation."""
     found = _FIELD_TYPES.get(cls)
     if found is None:
         found = _FIELD_TYPES[cls] = _find_field_types(cls)
-    return found
+    return found[per_conversation]
 
 
-def _find_field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+def _find_field_types(cls: type) -> tuple[_Fields, _Fields]:
     if not dataclasses.is_dataclass(cls):
-        return ()
+        return (), ()
     try:
         hints = typing.get_type_hints(cls, include_extras=True)
     except (NameError, TypeError):  # unresolvable forward reference: use the raw annotation
         hints = {}
-    return tuple(
-        (field.name, hints.get(field.name, field.type))
+    persisted = [
+        field
         for field in dataclasses.fields(cls)
         if field.name not in _IDENTITY_FIELDS and not field.metadata.get(_EPHEMERAL)
-    )
+    ]
+    shared: list[tuple[str, Any]] = []
+    own: list[tuple[str, Any]] = []
+    for field in persisted:
+        kind = own if field.metadata.get(_PER_CONVERSATION) else shared
+        kind.append((field.name, hints.get(field.name, field.type)))
+    return tuple(shared), tuple(own)
 
 
 @functools.cache
@@ -65,15 +100,23 @@ def _adapter(annotation: Any) -> pydantic.TypeAdapter[Any]:
     return pydantic.TypeAdapter(annotation)
 
 
-def dump_state(agent: Any) -> str:
+def conversation_fields(agent: Any) -> tuple[str, ...]:
+    """The names of the agent's fields declared :func:`per_conversation`."""
+    return tuple(name for name, _ in _field_types(type(agent), per_conversation=True))
+
+
+def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
     """Serialise the agent's persisted fields as one JSON object.
+
+    The shared fields, or with ``per_conversation`` the fields declared
+    :func:`per_conversation` (their values in the current conversation).
 
     Raises:
         StateSerializationError: A field's value cannot be stored as JSON of its
             annotated type; it names the agent, the field and the value's type.
     """
     values: dict[str, Any] = {}
-    for name, annotation in _field_types(type(agent)):
+    for name, annotation in _field_types(type(agent), per_conversation=per_conversation):
         value = getattr(agent, name)
         try:
             values[name] = _adapter(annotation).dump_python(value, mode="json", warnings="error")
@@ -84,11 +127,14 @@ def dump_state(agent: Any) -> str:
     return json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def restore_state(agent: Any, state: str, *, on_invalid: str = "raise") -> None:
+def restore_state(
+    agent: Any, state: str, *, on_invalid: str = "raise", per_conversation: bool = False
+) -> None:
     """Set the agent's persisted fields from JSON written by :func:`dump_state`.
 
-    Fields missing from ``state`` keep their current value; stored fields the class
-    no longer has are ignored. A stored value that no longer fits its field raises,
+    Fields missing from ``state`` keep their current value (with
+    ``per_conversation``: take their default); stored fields the class no
+    longer has are ignored. A stored value that no longer fits its field raises,
     or with ``on_invalid="default"`` is replaced by the field's default (its
     current value if it has none) and a warning is logged.
 
@@ -96,8 +142,10 @@ def restore_state(agent: Any, state: str, *, on_invalid: str = "raise") -> None:
         StateSerializationError: A stored value no longer fits its field's type.
     """
     stored = json.loads(state)
-    for name, annotation in _field_types(type(agent)):
+    for name, annotation in _field_types(type(agent), per_conversation=per_conversation):
         if name not in stored:
+            if per_conversation:
+                object.__setattr__(agent, name, _default(agent, name))
             continue
         try:
             value = _adapter(annotation).validate_python(stored[name])
@@ -118,6 +166,11 @@ def restore_state(agent: Any, state: str, *, on_invalid: str = "raise") -> None:
                 value,
             )
         object.__setattr__(agent, name, value)
+
+
+def reset_conversation_state(agent: Any) -> None:
+    """Give the agent's :func:`per_conversation` fields their defaults."""
+    restore_state(agent, "{}", per_conversation=True)
 
 
 def _default(agent: Any, name: str) -> Any:

@@ -7,7 +7,7 @@ import inspect
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import pydantic_core
@@ -15,13 +15,19 @@ from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 
-from ..agents.conversations import current_conversation, set_current_conversation, set_in_turn
+from ..agents.conversations import (
+    current_conversation,
+    parked_fields,
+    set_current_conversation,
+    set_in_turn,
+)
 from ..agents.history import History, history_messages
 from ..agents.persistent import PersistentAgent
-from ..agents.state import dump_state, restore_state
+from ..agents.state import conversation_fields, dump_state, reset_conversation_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
+from ..store.conversation_fields import ConversationFieldsWrite
 from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
 from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
 from ..store.parts import TurnWrite
@@ -49,6 +55,7 @@ class _Committed:
     history: ActiveHistory  # of the conversation below
     state: str | None
     conversation: str = DEFAULT_CONVERSATION
+    conversation_state: str | None = None  # its per-conversation fields
 
 
 @dataclass
@@ -62,6 +69,7 @@ class _Turn:
     # What a failed turn puts back when its conversation holds nothing committed.
     uncommitted_history: list[Any] | None = None
     uncommitted_state: str | None = None
+    uncommitted_conversation_state: str | None = None
     compacted: Compacted | None = None
     step_number: int | None = None
     # What the turn staged besides messages and fields, by part ("memory", ...);
@@ -284,9 +292,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             )
             _set_committed(
                 agent,
-                _Committed(
-                    self._database, version, history, committed.state, committed.conversation
-                ),
+                replace(committed, version=version, history=history),
             )
         return None
 
@@ -334,6 +340,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 turn.uncommitted_history = history_messages(agent.__history__)
             if committed.version == 0:
                 turn.uncommitted_state = dump_state(agent)
+            if committed.conversation_state is None and conversation_fields(agent):
+                turn.uncommitted_conversation_state = dump_state(agent, per_conversation=True)
             cleared = self._begin_conversation(agent)
             if cleared is not None:
                 turn.uncommitted_history = cleared
@@ -365,9 +373,27 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             set_history(agent, loaded.history.messages)
         if history_only:
             state = committed.state  # type: ignore[union-attr]  # set above
-        elif loaded.version and loaded.state is not None:
-            restore_state(agent, loaded.state, on_invalid=self.on_invalid_state)
-        committed = _Committed(self._database, loaded.version, loaded.history, state, conversation)
+        elif loaded.version:
+            parked_fields(agent).clear()  # the database wins over what memory kept
+            if loaded.state is not None:
+                restore_state(agent, loaded.state, on_invalid=self.on_invalid_state)
+        if loaded.conversation_state is not None:
+            restore_state(
+                agent,
+                loaded.conversation_state,
+                on_invalid=self.on_invalid_state,
+                per_conversation=True,
+            )
+        elif loaded.conversation_found or not keep_memory:
+            reset_conversation_state(agent)
+        committed = _Committed(
+            self._database,
+            loaded.version,
+            loaded.history,
+            state,
+            conversation,
+            loaded.conversation_state,
+        )
         _set_committed(agent, committed)
         return committed
 
@@ -417,6 +443,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         committed = turn.committed
         assert committed is not None
         state = dump_state(agent)
+        writes = [*turn.staged.values(), *self._pruning]
+        own = dump_state(agent, per_conversation=True) if conversation_fields(agent) else None
+        if own is not None and own != committed.conversation_state:
+            writes.append(ConversationFieldsWrite(committed.conversation, own))
         step, result_json = None, None
         if self.journal is not None and turn.step is not None:
             step = (self.journal.workflow, turn.step.key)
@@ -438,13 +468,13 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             step=step,
             result=result_json,
             compaction=compaction,
-            writes=[*turn.staged.values(), *self._pruning],
+            writes=writes,
             conversation=committed.conversation,
         )
         if history is committed.history:
             history.extend(change)  # a logged plan: true now that it is committed
         turn.committed = _Committed(
-            self._database, version, history, state, committed.conversation
+            self._database, version, history, state, committed.conversation, own
         )
         _set_committed(agent, turn.committed)
         self._commit_conversation(agent)
@@ -461,6 +491,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             state = committed.state if committed.version else turn.uncommitted_state
             if state is not None:
                 restore_state(agent, state, on_invalid=self.on_invalid_state)
+            own = committed.conversation_state or turn.uncommitted_conversation_state
+            if own is not None:
+                restore_state(agent, own, on_invalid=self.on_invalid_state, per_conversation=True)
             _set_committed(agent, committed)
         self._record_failure(agent, turn, error)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 
 APPLICATION_ID = 0x45464455  # "EFDU": PRAGMA application_id of every file we create
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE agents (
@@ -312,9 +312,24 @@ CREATE TABLE runner_status (
 ) STRICT;
 """
 
+# Schema 3 adds the values of fields declared per conversation.
+_V3 = """
+CREATE TABLE conversation_fields (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    added_in     INTEGER NOT NULL,
+    removed_in   INTEGER CHECK (removed_in > added_in),
+    state        TEXT NOT NULL,
+    PRIMARY KEY (agent_id, conversation, added_in)
+) STRICT;
+CREATE UNIQUE INDEX conversation_fields_active ON conversation_fields (agent_id, conversation)
+    WHERE removed_in IS NULL;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
+    _V3,
 )
 
 

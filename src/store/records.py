@@ -117,12 +117,14 @@ class TurnStart:
 @dataclass(frozen=True, slots=True)
 class LoadedAgent:
     """What a handler needs to restore an agent: version, one conversation's active
-    history, state, and whether that conversation exists at that version."""
+    history, state, whether that conversation exists at that version, and its
+    values of the fields declared per conversation (None if it has none)."""
 
     version: int
     history: ActiveHistory
     state: str | None
     conversation_found: bool = False
+    conversation_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

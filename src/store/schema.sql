@@ -1,4 +1,4 @@
--- effectful-durable database schema, version 2.
+-- effectful-durable database schema, version 3.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
@@ -141,6 +141,22 @@ CREATE TABLE conversations (
 ) STRICT;
 
 CREATE UNIQUE INDEX conversations_active ON conversations (agent_id, conversation)
+    WHERE removed_in IS NULL;
+
+-- The values of an agent's fields declared per_conversation() in each of its
+-- conversations, one JSON object per row, versioned as memory is: version v
+-- holds the row with added_in <= v and removed_in NULL or > v. A turn adds a
+-- row only when its conversation's values changed.
+CREATE TABLE conversation_fields (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    added_in     INTEGER NOT NULL,
+    removed_in   INTEGER CHECK (removed_in > added_in),
+    state        TEXT NOT NULL,
+    PRIMARY KEY (agent_id, conversation, added_in)
+) STRICT;
+
+CREATE UNIQUE INDEX conversation_fields_active ON conversation_fields (agent_id, conversation)
     WHERE removed_in IS NULL;
 
 -- == Retention: what Store.prune removed, per agent ==

@@ -23,8 +23,8 @@ from ..errors import (
     StateSerializationError,
 )
 from . import alarms as _alarms
+from . import conversation_fields, retention
 from . import conversations as _conversations
-from . import retention
 from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
 from .connection import Durability, connect, quarantine, write_transaction
 from .history import ActiveHistory, HistoryChange
@@ -53,6 +53,7 @@ _HOST = socket.gethostname()
 # carry each of them (see parts.py).
 _PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
+    conversation_fields.ConversationFields(),
     MemoryPart(),
     WorkspacePart(),
     AlarmPart(),
@@ -271,16 +272,32 @@ class Store(WorkflowJournal):
         )
         return _decode_messages(body for (body,) in bodies)
 
-    def state(self, agent_id: str, version: int | None = None) -> dict[str, Any]:
+    def state(
+        self,
+        agent_id: str,
+        version: int | None = None,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> dict[str, Any]:
         """The agent's persisted fields as JSON values, at ``version`` (default: latest).
+
+        The shared fields, and the values ``conversation`` holds of the fields
+        declared :func:`~effectful_durable.per_conversation` (absent until a turn
+        in it stored them).
 
         Raises:
             NotFoundError: No such agent or version.
+
+        .. versionchanged:: 0.2.0
+           ``conversation``.
         """
+        validate_conversation_id(conversation)
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
             state = _state_at(conn, agent_id, version)
-        return json.loads(state) if state is not None else {}
+            own = conversation_fields.state_at(conn, agent_id, conversation, version)
+        values: dict[str, Any] = json.loads(state) if state is not None else {}
+        return values | json.loads(own) if own is not None else values
 
     def memory(self, agent_id: str, version: int | None = None) -> dict[str, Any]:
         """The keys the agent stored in its memory, with their values, at ``version``.
@@ -714,8 +731,9 @@ class Store(WorkflowJournal):
     def delete_conversation(self, agent_id: str, conversation: str) -> int:
         """Delete one conversation of the agent, as a new version.
 
-        Its messages leave the active history and its handoff is dropped; fields,
-        memory and the other conversations are untouched. Nothing is destroyed:
+        Its messages and its values of the fields declared per conversation leave
+        the active record and its handoff is dropped; shared fields, memory and
+        the other conversations are untouched. Nothing is destroyed:
         :meth:`rollback` to an earlier version brings the conversation back, and
         :meth:`history` still reads it at earlier versions. To free the space for
         good, delete the whole agent (or prune old versions).
@@ -736,6 +754,7 @@ class Store(WorkflowJournal):
                 raise NotFoundError(_no_conversation(agent_id, conversation, current))
             new = current + 1
             removed = _conversations.remove(conn, agent_id, conversation, new)
+            conversation_fields.remove(conn, agent_id, conversation, new)
             self._insert_version(
                 conn,
                 agent_id,
@@ -793,9 +812,10 @@ class Store(WorkflowJournal):
             ).fetchall()
             found = bool(rows) or _conversations.exists(conn, agent_id, conversation, version)
             state = _state_at(conn, agent_id, version)
+            own = conversation_fields.state_at(conn, agent_id, conversation, version)
         positions = [position for position, _ in rows]
         messages = _decode_messages(body for _, body in rows)
-        return LoadedAgent(version, ActiveHistory(messages, positions), state, found)
+        return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
     def workspace_turn(self, agent_id: str, **options: Any) -> WorkspaceTurn:
         """Open the agent's SQL workspace for its running turn (its lock is held)."""

@@ -1,0 +1,103 @@
+"""Fields declared per conversation: one JSON object per conversation, versioned like memory.
+
+A row holds the values of an agent's :func:`~effectful_durable.per_conversation`
+fields in one conversation, from the version that wrote them (``added_in``) to
+the one that replaced them or deleted the conversation (``removed_in``). A turn
+writes a row only when its conversation's values changed, so a turn costs what
+it changed however many conversations the agent has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apsw
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationFieldsWrite:
+    """A turn's new values of its conversation's fields (a TurnWrite)."""
+
+    conversation: str
+    state: str
+
+    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+        """Make ``state`` the conversation's values from ``version`` on."""
+        remove(conn, agent_id, self.conversation, version)
+        conn.execute(
+            """
+            INSERT INTO conversation_fields (agent_id, conversation, added_in, state)
+            VALUES (?, ?, ?, ?)
+            """,
+            (agent_id, self.conversation, version, self.state),
+        )
+
+
+class ConversationFields:
+    """The ``conversation_fields`` table as a versioned part (a VersionedPart)."""
+
+    def rollback(
+        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
+    ) -> None:
+        """Make ``new_version`` hold the values ``to_version`` held."""
+        conn.execute(
+            """
+            UPDATE conversation_fields SET removed_in = ?3
+             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2
+            """,
+            (agent_id, to_version, new_version),
+        )
+        conn.execute(
+            """
+            INSERT INTO conversation_fields (agent_id, conversation, added_in, state)
+            SELECT agent_id, conversation, ?3, state FROM conversation_fields
+             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
+            """,
+            (agent_id, to_version, new_version),
+        )
+
+    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+        """Give ``new_agent_id`` (at version 1) the values ``agent_id`` held at ``version``."""
+        conn.execute(
+            """
+            INSERT INTO conversation_fields (agent_id, conversation, added_in, state)
+            SELECT ?3, conversation, 1, state FROM conversation_fields
+             WHERE agent_id = ?1 AND added_in <= ?2
+               AND (removed_in IS NULL OR removed_in > ?2)
+            """,
+            (agent_id, version, new_agent_id),
+        )
+
+    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+        """Delete the rows no version from ``keep_from`` on holds."""
+        conn.execute(
+            "DELETE FROM conversation_fields WHERE agent_id = ? AND removed_in <= ?",
+            (agent_id, keep_from),
+        )
+
+    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+        """Nothing to do: the agents row's cascade deletes the rows."""
+
+
+def remove(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> None:
+    """End the conversation's current values at ``version`` (a new row or a deletion)."""
+    conn.execute(
+        """
+        UPDATE conversation_fields SET removed_in = ?3
+         WHERE agent_id = ?1 AND conversation = ?2 AND removed_in IS NULL
+        """,
+        (agent_id, conversation, version),
+    )
+
+
+def state_at(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> str | None:
+    """The JSON values of the conversation's fields at ``version``, or None if it has none."""
+    row = conn.execute(
+        """
+        SELECT state FROM conversation_fields
+         WHERE agent_id = ?1 AND conversation = ?2 AND added_in <= ?3
+           AND (removed_in IS NULL OR removed_in > ?3)
+        """,
+        (agent_id, conversation, version),
+    ).fetchone()
+    return None if row is None else str(row[0])
