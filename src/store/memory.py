@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import apsw
 
+from .parts import VersionedRows
+
 type Kind = Literal["key", "note"]
 KEY: Kind = "key"
 NOTE: Kind = "note"
@@ -62,51 +64,11 @@ class MemoryChanges:
                 )
 
 
-class MemoryPart:
-    """Memory as a versioned part: rollback, fork, prune and delete (a VersionedPart)."""
+class MemoryPart(VersionedRows):
+    """Memory as a versioned part: rollback, fork, prune and delete."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
-        """Make ``new_version`` hold the memory ``to_version`` held."""
-        conn.execute(
-            """
-            UPDATE memory SET removed_in = ?3
-             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-        conn.execute(
-            """
-            INSERT INTO memory (agent_id, kind, key, added_in, value)
-            SELECT agent_id, kind, key, ?3, value FROM memory
-             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
-        """Give ``new_agent_id`` (at version 1) the memory ``agent_id`` held at ``version``."""
-        conn.execute(
-            """
-            INSERT INTO memory (agent_id, kind, key, added_in, value)
-            SELECT ?3, kind, key, 1, value FROM memory
-             WHERE agent_id = ?1 AND added_in <= ?2
-               AND (removed_in IS NULL OR removed_in > ?2)
-            """,
-            (agent_id, version, new_agent_id),
-        )
-
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
-        """Delete the rows no version from ``keep_from`` on holds."""
-        conn.execute(
-            "DELETE FROM memory WHERE agent_id = ? AND removed_in <= ?",
-            (agent_id, keep_from),
-        )
-
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
-        """Delete all memory of ``agent_id`` (the agents row's cascade would too)."""
-        conn.execute("DELETE FROM memory WHERE agent_id = ?", (agent_id,))
+    def __init__(self) -> None:
+        super().__init__("memory", ("kind", "key", "value"))
 
 
 class MemoryRows:
