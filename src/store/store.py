@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import apsw
+import pydantic_core
 
 from ..errors import (
     AgentInUseError,
@@ -1347,8 +1348,14 @@ def _state_at(conn: apsw.Connection, agent_id: str, version: int) -> str | None:
 
 
 def _decode_messages(bodies: Iterator[str] | Any) -> list[dict[str, Any]]:
-    # One json.loads over the joined rows is several times faster than one per row.
-    decoded: list[dict[str, Any]] = json.loads("[" + ",".join(bodies) + "]")
+    # One parse of the joined rows is several times faster than one per row, and
+    # pydantic-core's parser about twice as fast as json's. It refuses what only
+    # json accepts (an escaped lone surrogate): then json decides.
+    text = "[%s]" % ",".join(bodies)  # noqa: UP031  # one copy, where + makes two
+    try:
+        decoded: list[dict[str, Any]] = pydantic_core.from_json(text)
+    except ValueError:
+        decoded = json.loads(text)
     return decoded
 
 
