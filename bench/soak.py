@@ -89,6 +89,11 @@ def agent_id(worker: int, index: int) -> str:
     return f"w{worker}-{KINDS[index % len(KINDS)]}-{index:02d}"
 
 
+def shared_id(index: int) -> str:
+    """The id of an agent every worker drives: memory and SQL agents, alternately."""
+    return f"shared-{('mem', 'sql')[index % 2]}-{index:02d}"
+
+
 def kind_of(agent: str) -> str:
     return agent.split("-")[1]
 
@@ -225,6 +230,7 @@ class Findings:
     duplicated_turns: int = 0
     duplicated_steps: int = 0
     alarms_scheduled: int = 0
+    alarms_recurring: int = 0
     alarms_delivered: int = 0
     alarms_pending: int = 0
     alarms_dead: int = 0
@@ -271,6 +277,7 @@ class _Db:
     questions: dict[str, list[tuple[str, int, str]]]  # marker -> (agent, added_in, plan)
     delivered: collections.Counter[str]  # alarm marker -> committed on_alarm turns
     memory: dict[tuple[str, str, int], str]
+    memory_now: dict[tuple[str, str], str]  # (agent, key) -> value at the agent's version
     sql_versions: set[tuple[str, int]]
     alarms: dict[str, list[tuple[Any, ...]]]  # marker -> rows
     steps: dict[tuple[str, str], tuple[str, int | None, float | None]]
@@ -302,6 +309,12 @@ def _read(db: Path) -> _Db:
             (a, key, added_in): value
             for a, key, added_in, value in conn.execute(
                 "SELECT agent_id, key, added_in, value FROM memory WHERE kind = 'key'"
+            )
+        }
+        memory_now = {
+            (a, key): value
+            for a, key, value in conn.execute(
+                "SELECT agent_id, key, value FROM memory WHERE kind = 'key' AND removed_in IS NULL"
             )
         }
         sql_versions = {
@@ -356,6 +369,7 @@ def _read(db: Path) -> _Db:
         dict(questions),
         delivered,
         memory,
+        memory_now,
         sql_versions,
         dict(alarms),
         steps,
@@ -381,6 +395,7 @@ def check(db: Path, logdir: Path, *, final: bool = False) -> Findings:
     _check_alarms(f, data, logs, final=final)
     if final:
         _check_workspaces(f, db, data, expected_tables)
+        _check_histories(f, db, data)
     return f
 
 
@@ -402,6 +417,7 @@ def _check_committed_turns(f: Findings, data: _Db) -> dict[str, dict[int, tuple[
     """Each committed question's turn holds all its plan's writes; returns the tables' rows."""
     bumps: collections.Counter[str] = collections.Counter()
     tables: dict[str, dict[int, tuple[int, str]]] = collections.defaultdict(dict)
+    keys: dict[tuple[str, str], tuple[int, str]] = {}  # the last committed put of each key
     for marker, rows in data.questions.items():
         if len(rows) > 1:
             if step_key(marker):
@@ -417,9 +433,12 @@ def _check_committed_turns(f: Findings, data: _Db) -> dict[str, dict[int, tuple[
             f.problem(f"{marker}: its question is in {a} v{v}, which is not a turn")
         if plan.bump:
             bumps[a] += 1
-        if plan.mem is not None and data.memory.get((a, f"k{plan.mem}", v)) != json.dumps(marker):
-            f.partial_turns += 1
-            f.problem(f"{marker}: {a} v{v} committed without its memory key k{plan.mem}")
+        if plan.mem is not None:
+            if data.memory.get((a, f"k{plan.mem}", v)) != json.dumps(marker):
+                f.partial_turns += 1
+                f.problem(f"{marker}: {a} v{v} committed without its memory key k{plan.mem}")
+            if keys.get((a, f"k{plan.mem}"), (0, ""))[0] < v:
+                keys[(a, f"k{plan.mem}")] = (v, json.dumps(marker))
         if plan.sql is not None:
             if (a, v) not in data.sql_versions:
                 f.partial_turns += 1
@@ -436,6 +455,11 @@ def _check_committed_turns(f: Findings, data: _Db) -> dict[str, dict[int, tuple[
             if status != "done" or version != v:
                 f.partial_turns += 1
                 f.problem(f"{marker}: {a} v{v} committed, its step is {status} at v{version}")
+    now = {key: value for key, (_, value) in keys.items()}
+    if data.memory_now != now:
+        wrong = sorted(set(now.items()) ^ set(data.memory_now.items()))
+        f.partial_turns += 1
+        f.problem(f"the memory now is not the committed turns' last puts: {wrong[:4]}")
     for a in data.agents:
         if data.counts.get(a, 0) != bumps[a]:
             f.partial_turns += 1
@@ -507,6 +531,7 @@ def _check_alarms(f: Findings, data: _Db, logs: Logs, *, final: bool) -> None:
             f.problem(f"alarm of {marker} is in the database under several ids: {rows}")
         _, _, _, status, deliveries, every, error = rows[-1]
         if every is not None:
+            f.alarms_recurring += 1
             f.recurring_deliveries += delivered
             if delivered != deliveries:
                 f.duplicated_deliveries += delivered > deliveries
@@ -559,6 +584,35 @@ def _check_workspaces(
             f.problem(f"{path.name}: {result}")
 
 
+def _check_histories(f: Findings, db: Path, data: _Db) -> None:
+    """At the end: each agent's history, compacted originals included, holds its committed
+    questions in version order, and its active history pairs every tool call and result."""
+    order: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
+    for marker, rows in data.questions.items():
+        for a, v, _ in rows:
+            order[a].append((v, marker))
+    with Store(db, readonly=True) as store:
+        for a in data.agents:
+            everything = store.history(a, include_compacted=True)
+            found = [m[1] for m in QUESTION.finditer(json.dumps(everything))]
+            if found != [marker for _, marker in sorted(order[a])]:
+                f.partial_turns += 1
+                f.problem(f"{a}: its history holds {len(found)} questions out of order")
+            active = store.history(a)
+            calls: set[str] = set()
+            answered: set[str] = set()
+            for message in active:
+                calls.update(c["id"] for c in message.get("tool_calls") or ())
+                if message["role"] == "tool":
+                    answered.add(message["tool_call_id"])
+                    if message["tool_call_id"] not in calls:
+                        f.partial_turns += 1
+                        f.problem(f"{a}: a tool result precedes its call in the active history")
+            if not active or active[0]["role"] != "system" or calls - answered:
+                f.partial_turns += 1
+                f.problem(f"{a}: its active history is not whole ({len(active)} messages)")
+
+
 # -- processes ----------------------------------------------------------------------
 
 
@@ -599,6 +653,7 @@ class Zygote:
                 str(logdir),
                 f"--durability={durability}",
                 f"--agents={args.agents}",
+                f"--shared={args.shared}",
                 f"--threads={args.threads}",
                 f"--model-ms={args.model_ms}",
             ],
@@ -716,11 +771,11 @@ class Result:
             " uncommitted versions)",
             f"  duplicated steps         {f.duplicated_steps}",
             f"  duplicated turns         {f.duplicated_turns}",
-            f"  alarms                   {f.alarms_scheduled} scheduled: {f.alarms_delivered}"
-            f" delivered, {f.alarms_pending} pending, {f.alarms_dead} dead, {f.alarms_lost} lost;"
-            f" {f.duplicated_deliveries} duplicated; {f.rerun_deliveries} delivery turns re-run"
-            " after a kill (allowed); "
-            f"{f.recurring_deliveries} recurring deliveries",
+            f"  alarms                   {f.alarms_scheduled} scheduled, {f.alarms_recurring}"
+            f" of them recurring ({f.recurring_deliveries} deliveries); one-shots:"
+            f" {f.alarms_delivered} delivered, {f.alarms_pending} pending, {f.alarms_dead} dead,"
+            f" {f.alarms_lost} lost; {f.duplicated_deliveries} delivered twice;"
+            f" {f.rerun_deliveries} delivery turns run again after a kill (allowed)",
             f"  version gaps             {f.version_gaps}",
             f"  integrity checks passed  {self.integrity_passed} of {self.checks}"
             f" (+{f.workspaces_checked - f.workspaces_bad} of {f.workspaces_checked}"
@@ -926,6 +981,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of kills")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--agents", type=int, default=16, help="per worker")
+    parser.add_argument("--shared", type=int, default=4, help="agents all workers drive")
     parser.add_argument("--threads", type=int, default=4, help="per worker")
     parser.add_argument("--kill-every", type=float, default=2.0, help="mean seconds")
     parser.add_argument("--check-every", type=float, default=20.0, help="seconds")

@@ -1,7 +1,7 @@
 """The processes of the soak (``bench/soak.py``): a zygote that forks workers and the runner.
 
 Usage (soak.py starts it): ``python bench/soak_worker.py DB LOGDIR [--durability D]
-[--agents N] [--threads T] [--model-ms M]``
+[--agents N] [--shared S] [--threads T] [--model-ms M]``
 
 Importing litellm costs seconds, so this process imports everything once, prints
 ``loaded``, then forks a child for each line on stdin and answers ``started <pid>``:
@@ -50,6 +50,7 @@ from soak import (
     agent_id,
     kind_of,
     question,
+    shared_id,
     step_key,
     workflow_name,
     workflows_in_progress,
@@ -71,6 +72,7 @@ from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 MAX_MESSAGES = 16  # compact every few turns
 KEEP_RECENT = 6
 SUMMARISE = "Summarise the conversation below"  # how summarize_context's prompt starts
+SHARED_SHARE = 0.2  # of a thread's turns go to the agents all workers share
 
 
 # -- the agents: one class per kind, so that each model request offers few tools ----
@@ -293,6 +295,8 @@ class Worker:
         return 2 if self.crashed.is_set() else 0
 
     def _drive(self, agents: list[Counting]) -> None:
+        # Every worker thread drives the shared agents too, through instances of its own.
+        shared = [make_agent(shared_id(j)) for j in range(self.args.shared)]
         model = Model(self.log, self.args.model_ms)
         fake = FakeLLM(respond=model)
         try:
@@ -303,7 +307,8 @@ class Worker:
                 handler(Stopwatch("inner")),
             ):
                 while not self.stop.is_set():
-                    agent = random.choice(agents)
+                    use_shared = shared and random.random() < SHARED_SHARE
+                    agent = random.choice(shared if use_shared else agents)
                     try:
                         if kind_of(agent.agent_id) == "wf":
                             self._step(agent)
@@ -472,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logdir")
     parser.add_argument("--durability", choices=["normal", "full"], default="normal")
     parser.add_argument("--agents", type=int, default=16)
+    parser.add_argument("--shared", type=int, default=4)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--model-ms", type=float, default=5.0)
     return serve(parser.parse_args(argv))
