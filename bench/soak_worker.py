@@ -22,6 +22,7 @@ import os
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # before litellm is imported
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,7 @@ class Times(threading.local):
         self.outer: tuple[float, float] | None = None
         self.inner: tuple[float, float] | None = None
         self.model = 0.0  # inside the fake model
+        self.lock = 0.0  # waiting for the agent's lock (another thread or process has it)
         self.calls = 0
 
 
@@ -183,6 +185,17 @@ class Stopwatch(ObjectInterpretation[Any, Any]):
         finally:
             self._local.busy = False
             setattr(TIMES, self.slot, (time.perf_counter() - start, time.thread_time() - cpu))
+
+
+class TimedStore(Store):
+    """A Store that adds the time a turn waits for its agent's lock to ``TIMES.lock``."""
+
+    @contextlib.contextmanager
+    def agent_lock(self, agent_id: str, *, wait: float = 0.0) -> Iterator[None]:
+        start = time.perf_counter()
+        with super().agent_lock(agent_id, wait=wait):
+            TIMES.lock += time.perf_counter() - start
+            yield
 
 
 class Model:
@@ -267,7 +280,7 @@ class Worker:
         self.index, self.start, self.args = index, start, args
         self.log = SideLog(logdir / f"worker-{index}-{start}-{os.getpid()}.jsonl")
         self.log.write(e="start", pid=os.getpid(), t=time.time())
-        self.store = Store(db, durability=args.durability)
+        self.store = TimedStore(db, durability=args.durability)
         self.persistence = PersistenceHandler(self.store, wait=WAIT)
         self.agents = [make_agent(agent_id(index, j)) for j in range(args.agents)]
         self.stop = stop
@@ -378,6 +391,7 @@ class Worker:
             wf=workflow.name if workflow else None,
             own=round((TIMES.outer[0] - TIMES.inner[0]) * 1000, 4),
             cpu=round((TIMES.outer[1] - TIMES.inner[1]) * 1000, 4),
+            lock=round(TIMES.lock * 1000, 4),
             wall=round(wall * 1000, 4),
             model=round(TIMES.model * 1000, 4),
             t=time.time(),
