@@ -45,6 +45,7 @@ from .records import (
     VersionInfo,
 )
 from .rows import current_version, dumps, utc
+from .translate import translated
 from .workspace import SQLResult, WorkspaceFiles, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()
@@ -135,7 +136,7 @@ class Store(WorkflowJournal):
                 quarantine(self.path)
                 self._connection()
         self._locks = AgentLocks.for_database(self.path)
-        self.memory_rows = MemoryRows(self._connection)  # current memory, for the handler
+        self.memory_rows = MemoryRows(self._reading)  # current memory, for the handler
 
     def __repr__(self) -> str:
         return f"Store({self.path!r})"
@@ -161,14 +162,15 @@ class Store(WorkflowJournal):
 
     def agents(self) -> list[AgentRecord]:
         """Every agent in the database, by id."""
-        rows = self._connection().execute(
-            """
-            SELECT agent_id, version, created_at, updated_at,
-                   (SELECT count(*) FROM messages AS m
-                     WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
-              FROM agents AS a ORDER BY agent_id
-            """
-        )
+        with self._reading() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT agent_id, version, created_at, updated_at,
+                       (SELECT count(*) FROM messages AS m
+                         WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
+                  FROM agents AS a ORDER BY agent_id
+                """
+            ).fetchall()
         return [
             AgentRecord(agent_id, version, messages, utc(created), utc(updated))
             for agent_id, version, created, updated, messages in rows
@@ -259,17 +261,18 @@ class Store(WorkflowJournal):
         words = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
         if not words:
             return []
-        bodies = self._connection().execute(
-            """
-            SELECT m.body FROM compacted_text AS t
-              JOIN messages AS m
-                ON m.agent_id = t.agent_id AND m.position = t.position
-               AND m.removed_in = t.version
-             WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
-             ORDER BY t.rank LIMIT ?3
-            """,
-            (agent_id, words, limit, conversation),
-        )
+        with self._reading() as conn:
+            bodies = conn.execute(
+                """
+                SELECT m.body FROM compacted_text AS t
+                  JOIN messages AS m
+                    ON m.agent_id = t.agent_id AND m.position = t.position
+                   AND m.removed_in = t.version
+                 WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
+                 ORDER BY t.rank LIMIT ?3
+                """,
+                (agent_id, words, limit, conversation),
+            ).fetchall()
         return _decode_messages(body for (body,) in bodies)
 
     def state(
@@ -400,7 +403,8 @@ class Store(WorkflowJournal):
 
     def handoffs(self) -> list[Handoff]:
         """Turns that started and did not commit: running, crashed or failed."""
-        rows = self._connection().execute(f"{_HANDOFF_SELECT} ORDER BY agent_id, conversation")
+        with self._reading() as conn:
+            rows = conn.execute(f"{_HANDOFF_SELECT} ORDER BY agent_id, conversation").fetchall()
         return [_handoff(row) for row in rows]
 
     def check(self) -> dict[str, Any]:
@@ -1057,11 +1061,16 @@ class Store(WorkflowJournal):
     def _reading(self) -> Iterator[apsw.Connection]:
         """One read transaction, so several SELECTs see the same snapshot."""
         conn = self._connection()
-        conn.execute("BEGIN DEFERRED")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+        with translated(self.path, conn):
+            if conn.in_transaction:  # inside a write: read what it sees
+                yield conn
+                return
+            conn.execute("BEGIN DEFERRED")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:  # an I/O error has rolled it back already
+                    conn.execute("COMMIT")
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
         current = current_version(conn, agent_id)
