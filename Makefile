@@ -1,4 +1,4 @@
-.PHONY: demo test lint format docs bench
+.PHONY: demo test lint format docs bench faults
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
@@ -17,3 +17,6 @@ docs:
 
 bench:  ## per-turn cost up to 10,000 turns and with 50 agents (~15 min); see bench/README.md
 	bash -c 'source scripts/env.sh && "$$PYTHON" bench/bench_persistence.py --long --agents 50 --profile'
+
+faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
+	bash scripts/faults.sh

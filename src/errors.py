@@ -184,11 +184,15 @@ class AlarmLeaseLostError(DurableError):
 class StorageError(DurableError):
     """The operating system failed a read, write or sync of a database file (an I/O error).
 
-    The operation that met it committed nothing, and every earlier commit is
+    The operation that met it did not commit, and every earlier commit is
     intact: SQLite rolls back what it had begun. ``path`` is the database file
     (its ``-wal`` file is part of it), ``operation`` what failed (``"write"``,
     ``"sync"``, ``"read"``, ...), ``errno`` the operating system's error number
     when SQLite reported one, and ``code`` SQLite's extended result code.
+
+    A commit whose sync failed is gone for this process, and its next commit
+    overwrites it; but the disk may have kept it, so after a crash it may show
+    as committed (whole) when the database is reopened.
 
     .. versionadded:: 0.2.0
     """
@@ -198,7 +202,7 @@ class StorageError(DurableError):
         self.operation = operation
         self.errno = errno
         self.code = code
-        msg = f"cannot {operation} {path}: {self._problem()}. {self._advice()}."
+        msg = f"cannot {operation} {path}: {self._problem()}. {self._outcome()} {self._advice()}."
         super().__init__(msg)
 
     def _problem(self) -> str:
@@ -207,15 +211,20 @@ class StorageError(DurableError):
             return f"{os.strerror(self.errno)} ({name}; SQLite {self.code})"
         return f"an I/O error (SQLite {self.code})"
 
+    def _outcome(self) -> str:
+        if self.operation == "sync":
+            return (
+                "The operation did not commit (after a crash it may show as committed: "
+                "the disk may have kept it); every earlier commit is intact."
+            )
+        return "The operation did not commit; every earlier commit is intact."
+
     def _advice(self) -> str:
-        return (
-            "The operation committed nothing; every earlier commit is intact. "
-            "Check the disk and the system log (dmesg), then retry"
-        )
+        return "Check the disk and the system log (dmesg), then retry"
 
 
 class DiskFullError(StorageError):
-    """The disk holding the database is full; the operation committed nothing.
+    """The disk holding the database is full; the operation did not commit.
 
     .. versionadded:: 0.2.0
     """
@@ -224,7 +233,4 @@ class DiskFullError(StorageError):
         return f"the disk is full (ENOSPC; SQLite {self.code})"
 
     def _advice(self) -> str:
-        return (
-            "The operation committed nothing; every earlier commit is intact. Free "
-            "space on that disk, or move the database to a larger one, then retry"
-        )
+        return "Free space on that disk, or move the database to a larger one, then retry"

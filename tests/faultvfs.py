@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno as errnos
+import json
 import os
 import threading
 from collections import Counter
@@ -39,6 +40,26 @@ from collections.abc import Iterator
 from typing import Any, Literal, Self
 
 import apsw
+
+# EFFECTFUL_DURABLE_FAULT_SWEEP=full makes the sweeps try every call (scripts/faults.sh).
+FULL = os.environ.get("EFFECTFUL_DURABLE_FAULT_SWEEP") == "full"
+
+
+def sample(total: int, size: int) -> list[int]:
+    """Call numbers 1..total to fail: all in a full sweep, else ``size`` spread evenly, ends in."""
+    if FULL or total <= size:
+        return list(range(1, total + 1))
+    step = (total - 1) / (size - 1)
+    return sorted({1 + round(i * step) for i in range(size)})
+
+
+def report(**facts: Any) -> None:
+    """Append one JSON line of facts to $EFFECTFUL_DURABLE_FAULT_REPORT (scripts/faults.sh)."""
+    path = os.environ.get("EFFECTFUL_DURABLE_FAULT_REPORT")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps(facts) + "\n")
+
 
 type Kind = Literal["read", "write", "sync", "truncate"]
 KINDS: tuple[Kind, ...] = ("read", "write", "sync", "truncate")
@@ -184,8 +205,14 @@ class FaultVFS(apsw.VFS):
     def power_loss(self) -> None:
         """Drop every write since each file's last sync, and the -shm files; power back on.
 
-        Close every connection first: a reboot ends the processes too.
+        Every connection to a file written here is closed first, as a reboot ends
+        the processes too: one left open would keep this process's copy of the
+        WAL index alive, which a reboot loses.
         """
+        for conn in apsw.connections():
+            if conn.filename in self._unsynced:
+                with contextlib.suppress(apsw.Error):
+                    conn.close()  # SQLite closes it; apsw re-raises the failed checkpoint
         with self._lock:
             for path, unsynced in self._unsynced.items():
                 if not os.path.exists(path):

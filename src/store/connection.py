@@ -125,6 +125,27 @@ def write_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
             raise
 
 
+@contextmanager
+def read_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """``BEGIN DEFERRED`` ... ``COMMIT``: several SELECTs on one snapshot (or the open write's).
+
+    An I/O error in the block rolls the transaction back in SQLite: then there is
+    nothing to commit, and that error is what the caller sees. Errors of the block
+    are the caller's to translate (it may use other files meanwhile).
+    """
+    if conn.in_transaction:  # inside a write: read what it sees
+        yield conn
+        return
+    with translated(conn.filename, conn):
+        conn.execute("BEGIN DEFERRED")
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:
+            with translated(conn.filename, conn):
+                conn.execute("COMMIT")
+
+
 def _open(path: str, readonly: bool) -> apsw.Connection:
     if os.path.isdir(path):
         msg = f"cannot open database {path}: it is a directory. Pass the path of a file."

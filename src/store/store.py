@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -21,12 +21,13 @@ from ..errors import (
     NotFoundError,
     NotOurDatabaseError,
     StateSerializationError,
+    StorageError,
 )
 from . import alarms as _alarms
 from . import conversation_fields, retention
 from . import conversations as _conversations
 from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
-from .connection import Durability, connect, quarantine, write_transaction
+from .connection import Durability, connect, quarantine, read_transaction, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .journal import WorkflowJournal, step_number
@@ -689,12 +690,15 @@ class Store(WorkflowJournal):
 
         Raises:
             DatabaseBusyError: Another writer held the database too long.
+            StorageError: Reading or writing the file failed (DiskFullError: no
+                space for the rebuild); the database is as it was.
 
         .. versionadded:: 0.2.0
         """
         before = _file_bytes(self.path)
         try:
-            retention.vacuum(self._connection())
+            with translated(self.path, conn := self._connection()):
+                retention.vacuum(conn)
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e
         return before - _file_bytes(self.path)
@@ -1051,6 +1055,9 @@ class Store(WorkflowJournal):
         try:
             with write_transaction(self._connection()) as conn:
                 yield conn
+        except StorageError:
+            self._reconnect()
+            raise
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e
         except apsw.ReadOnlyError as e:
@@ -1061,16 +1068,34 @@ class Store(WorkflowJournal):
     def _reading(self) -> Iterator[apsw.Connection]:
         """One read transaction, so several SELECTs see the same snapshot."""
         conn = self._connection()
-        with translated(self.path, conn):
-            if conn.in_transaction:  # inside a write: read what it sees
+        nested = conn.in_transaction
+        try:
+            with translated(self.path, conn), read_transaction(conn):
                 yield conn
-                return
-            conn.execute("BEGIN DEFERRED")
-            try:
-                yield conn
-            finally:
-                if conn.in_transaction:  # an I/O error has rolled it back already
-                    conn.execute("COMMIT")
+        except StorageError:
+            if not nested:
+                self._reconnect()
+            raise
+
+    def _reconnect(self) -> None:
+        """Replace this thread's connection after an I/O error, opening the new one first.
+
+        SQLite rolls a failed transaction back in the file, but FTS5's state in the
+        connection did not follow and damaged its index at the next insert (found
+        by tests/test_faults.py). Closing the process's last connection first would
+        drop the WAL index, and a commit whose sync failed could then be recovered.
+        """
+        old = self._local.conn
+        self._local.conn = None
+        try:
+            self._connection()
+        except DurableError:
+            self._local.conn = old  # keep it: nothing better to offer
+            return
+        with self._connections_lock:
+            self._connections.remove(old)
+        with suppress(apsw.Error):
+            old.close()
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
         current = current_version(conn, agent_id)

@@ -1,6 +1,8 @@
 """I/O failures reach the developer as StorageError and DiskFullError, naming the file."""
 
 import errno
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,7 +59,9 @@ class TestErrors:
                 "SQLITE_FULL",
             )
             assert str(error).startswith(f"cannot write {db_path}: the disk is full")
-            assert "Free space on that disk" in str(error)
+            assert "did not commit; every earlier commit is intact. Free space on that disk" in (
+                str(error)
+            )
             assert isinstance(error.__cause__, apsw.FullError)
             assert commit(store) == 2
         assert persisted_rows(db_path, "SELECT count(*) FROM versions") == [(2,)]
@@ -129,6 +133,64 @@ class TestErrors:
             Store(db_path)
         vfs.clear()
         Store(db_path).close()
+
+
+class TestFailedSync:
+    """A commit whose fsync failed: gone for this process; whole or absent after it stops."""
+
+    CHILD = """
+import os, sys
+import apsw
+from effectful_durable import DiskFullError, Store
+from effectful_durable.store.history import HistoryChange
+from tests.faultvfs import SYNC_ENOSPC, FaultVFS
+
+def commit(store):
+    start = store.begin_turn("bot", template="t", arguments={})
+    message = {"id": f"m{start.version}", "role": "user"}
+    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
+    return store.commit_turn(
+        "bot", base_version=start.version, template="t", change=change, state=None
+    )
+
+vfs = FaultVFS()
+store = Store(sys.argv[1], durability="full")
+commit(store)
+vfs.fail(SYNC_ENOSPC, nth=1)
+try:
+    commit(store)
+except DiskFullError:
+    print([v.version for v in store.versions("bot")])
+if sys.argv[2] == "close":
+    try:  # the disk still full: SQLite ignores the failed checkpoint; apsw reports it
+        store.close()
+    except apsw.IOError:
+        pass
+vfs.clear()
+if sys.argv[2] == "commit-again":
+    print(commit(store))
+os._exit(0)  # dies: no close, no checkpoint
+"""
+
+    @pytest.mark.parametrize("then", ["die", "close", "commit-again"])
+    def test_outcome(self, db_path: Path, then: str) -> None:
+        """The process goes on at version 1; the file reopens at version 1 or 2, whole.
+
+        Its frames may be whole in the WAL (the disk may have kept them): this
+        process's WAL index never counts them and its next commit overwrites
+        them, but SQLite could recover them once no process has the file open.
+        Either way the database holds whole versions only.
+        """
+        out = subprocess.run(
+            [sys.executable, "-c", self.CHILD, str(db_path), then],
+            capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
+        ).stdout.split()  # fmt: skip
+        assert out[0] == "[1]"
+        with Store(db_path) as store:
+            found = [v.version for v in store.versions("bot")]
+            assert found in ([1], [1, 2]) and (then != "commit-again" or found == [1, 2])
+            assert [m["id"] for m in store.history("bot")] == [f"m{v - 1}" for v in found]
+        assert integrity(db_path) == "ok"
 
 
 class TestTranslation:
