@@ -1,4 +1,4 @@
-.PHONY: demo test lint format docs bench soak
+.PHONY: demo test lint format docs bench soak faults
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
@@ -20,3 +20,6 @@ bench:  ## per-turn cost up to 10,000 turns and with 50 agents (~15 min); see be
 
 soak:  ## 4 processes x 16 agents SIGKILLed at random, 2 min per durability setting (~6 min); see bench/README.md
 	bash -c 'source scripts/env.sh && "$$PYTHON" bench/soak.py $(SOAK_ARGS)'
+
+faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
+	bash scripts/faults.sh

@@ -16,6 +16,7 @@ from .errors import (
     AgentInUseError,
     AlarmLeaseLostError,
     DatabaseBusyError,
+    DiskFullError,
     DurableError,
     InvalidAgentIdError,
     InvalidAlarmError,
@@ -26,6 +27,7 @@ from .errors import (
     SchemaTooNewError,
     SQLWorkspaceError,
     StateSerializationError,
+    StorageError,
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
@@ -59,6 +61,7 @@ __all__ = [
     "ConversationInfo",
     "ConfigError",
     "DatabaseBusyError",
+    "DiskFullError",
     "DurableError",
     "ForkedAgent",
     "Handoff",
@@ -84,6 +87,7 @@ __all__ = [
     "StateTools",
     "StateSerializationError",
     "StepInfo",
+    "StorageError",
     "Store",
     "VersionInfo",
     "WorkflowDivergedError",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -75,29 +76,30 @@ class MemoryRows:
     """Reads of agents' current memory, on the calling thread's connection.
 
     Args:
-        connection: Returns the connection to read on.
+        reading: Opens a read of the database (``Store._reading``), which turns
+            I/O errors into StorageError.
     """
 
-    def __init__(self, connection: Callable[[], apsw.Connection]) -> None:
-        self._connection = connection
+    def __init__(self, reading: Callable[[], AbstractContextManager[apsw.Connection]]) -> None:
+        self._reading = reading
 
     def value(self, agent_id: str, kind: Kind, key: str) -> str | None:
         """The JSON text ``key`` holds now, or None."""
-        return _active_value(self._connection(), agent_id, kind, key)
+        with self._reading() as conn:
+            return _active_value(conn, agent_id, kind, key)
 
     def count(self, agent_id: str, kind: Kind) -> int:
         """How many keys (or notes) the agent holds now."""
-        return int(
-            self._connection()
-            .execute(
-                """
-                SELECT count(*) FROM memory
-                 WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
-                """,
-                (agent_id, kind),
+        with self._reading() as conn:
+            return int(
+                conn.execute(
+                    """
+                    SELECT count(*) FROM memory
+                     WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
+                    """,
+                    (agent_id, kind),
+                ).get
             )
-            .get
-        )
 
     def entries(
         self,
@@ -114,9 +116,8 @@ class MemoryRows:
         when ``small`` is negative), else None. At most ``limit`` rows (negative:
         all); keys that do not start with ``prefix`` are left out.
         """
-        rows: list[tuple[Any, ...]] = (
-            self._connection()
-            .execute(
+        with self._reading() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT key, octet_length(value),
                        CASE WHEN ?5 < 0 OR octet_length(value) <= ?5 THEN value END
@@ -127,24 +128,19 @@ class MemoryRows:
                  ORDER BY key LIMIT ?4
                 """,
                 (agent_id, kind, prefix, limit, small, _prefix_end(prefix)),
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return rows
 
     def last_key(self, agent_id: str, kind: Kind) -> str | None:
         """The greatest current key of ``kind``, or None."""
-        row = (
-            self._connection()
-            .execute(
+        with self._reading() as conn:
+            row = conn.execute(
                 """
                 SELECT max(key) FROM memory
                  WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
                 """,
                 (agent_id, kind),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
 

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -22,12 +22,13 @@ from ..errors import (
     NotFoundError,
     NotOurDatabaseError,
     StateSerializationError,
+    StorageError,
 )
 from . import alarms as _alarms
 from . import conversation_fields, retention
 from . import conversations as _conversations
 from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
-from .connection import Durability, connect, quarantine, write_transaction
+from .connection import Durability, connect, quarantine, read_transaction, write_transaction
 from .history import ActiveHistory, HistoryChange
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .journal import WorkflowJournal, step_number
@@ -46,6 +47,7 @@ from .records import (
     VersionInfo,
 )
 from .rows import current_version, dumps, utc
+from .translate import translated
 from .workspace import SQLResult, WorkspaceFiles, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()
@@ -136,7 +138,7 @@ class Store(WorkflowJournal):
                 quarantine(self.path)
                 self._connection()
         self._locks = AgentLocks.for_database(self.path)
-        self.memory_rows = MemoryRows(self._connection)  # current memory, for the handler
+        self.memory_rows = MemoryRows(self._reading)  # current memory, for the handler
 
     def __repr__(self) -> str:
         return f"Store({self.path!r})"
@@ -162,14 +164,15 @@ class Store(WorkflowJournal):
 
     def agents(self) -> list[AgentRecord]:
         """Every agent in the database, by id."""
-        rows = self._connection().execute(
-            """
-            SELECT agent_id, version, created_at, updated_at,
-                   (SELECT count(*) FROM messages AS m
-                     WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
-              FROM agents AS a ORDER BY agent_id
-            """
-        )
+        with self._reading() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT agent_id, version, created_at, updated_at,
+                       (SELECT count(*) FROM messages AS m
+                         WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
+                  FROM agents AS a ORDER BY agent_id
+                """
+            ).fetchall()
         return [
             AgentRecord(agent_id, version, messages, utc(created), utc(updated))
             for agent_id, version, created, updated, messages in rows
@@ -260,17 +263,18 @@ class Store(WorkflowJournal):
         words = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
         if not words:
             return []
-        bodies = self._connection().execute(
-            """
-            SELECT m.body FROM compacted_text AS t
-              JOIN messages AS m
-                ON m.agent_id = t.agent_id AND m.position = t.position
-               AND m.removed_in = t.version
-             WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
-             ORDER BY t.rank LIMIT ?3
-            """,
-            (agent_id, words, limit, conversation),
-        )
+        with self._reading() as conn:
+            bodies = conn.execute(
+                """
+                SELECT m.body FROM compacted_text AS t
+                  JOIN messages AS m
+                    ON m.agent_id = t.agent_id AND m.position = t.position
+                   AND m.removed_in = t.version
+                 WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
+                 ORDER BY t.rank LIMIT ?3
+                """,
+                (agent_id, words, limit, conversation),
+            ).fetchall()
         return _decode_messages(body for (body,) in bodies)
 
     def state(
@@ -401,7 +405,8 @@ class Store(WorkflowJournal):
 
     def handoffs(self) -> list[Handoff]:
         """Turns that started and did not commit: running, crashed or failed."""
-        rows = self._connection().execute(f"{_HANDOFF_SELECT} ORDER BY agent_id, conversation")
+        with self._reading() as conn:
+            rows = conn.execute(f"{_HANDOFF_SELECT} ORDER BY agent_id, conversation").fetchall()
         return [_handoff(row) for row in rows]
 
     def check(self) -> dict[str, Any]:
@@ -686,12 +691,15 @@ class Store(WorkflowJournal):
 
         Raises:
             DatabaseBusyError: Another writer held the database too long.
+            StorageError: Reading or writing the file failed (DiskFullError: no
+                space for the rebuild); the database is as it was.
 
         .. versionadded:: 0.2.0
         """
         before = _file_bytes(self.path)
         try:
-            retention.vacuum(self._connection())
+            with translated(self.path, conn := self._connection()):
+                retention.vacuum(conn)
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e
         return before - _file_bytes(self.path)
@@ -1048,6 +1056,9 @@ class Store(WorkflowJournal):
         try:
             with write_transaction(self._connection()) as conn:
                 yield conn
+        except StorageError:
+            self._reconnect()
+            raise
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e
         except apsw.ReadOnlyError as e:
@@ -1058,11 +1069,34 @@ class Store(WorkflowJournal):
     def _reading(self) -> Iterator[apsw.Connection]:
         """One read transaction, so several SELECTs see the same snapshot."""
         conn = self._connection()
-        conn.execute("BEGIN DEFERRED")
+        nested = conn.in_transaction
         try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+            with translated(self.path, conn), read_transaction(conn):
+                yield conn
+        except StorageError:
+            if not nested:
+                self._reconnect()
+            raise
+
+    def _reconnect(self) -> None:
+        """Replace this thread's connection after an I/O error, opening the new one first.
+
+        SQLite rolls a failed transaction back in the file, but FTS5's state in the
+        connection did not follow and damaged its index at the next insert (found
+        by tests/test_faults.py). Closing the process's last connection first would
+        drop the WAL index, and a commit whose sync failed could then be recovered.
+        """
+        old = self._local.conn
+        self._local.conn = None
+        try:
+            self._connection()
+        except DurableError:
+            self._local.conn = old  # keep it: nothing better to offer
+            return
+        with self._connections_lock:
+            self._connections.remove(old)
+        with suppress(apsw.Error):
+            old.close()
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
         current = current_version(conn, agent_id)

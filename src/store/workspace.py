@@ -39,7 +39,9 @@ from typing import Any
 import apsw
 
 from ..errors import SQLWorkspaceError
+from .connection import read_transaction
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
+from .translate import translated
 
 WORKSPACE_APPLICATION_ID = 0x45465753  # "EFWS": PRAGMA application_id of workspace files
 _RESET = "-- reset"  # a DDL step that drops every table: snapshots start with it
@@ -181,18 +183,20 @@ def workspace_path(db_path: str, agent_id: str) -> str:
 
 
 def _current(main: apsw.Connection, agent_id: str) -> int:
-    row = main.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+    with translated(main.filename, main):
+        row = main.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
     return 0 if row is None else int(row[0])
 
 
 def _log(main: apsw.Connection, agent_id: str, after: int, upto: int) -> list[Step]:
-    rows = main.execute(
-        """
-        SELECT ddl, changeset FROM workspace_log
-         WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
-        """,
-        (agent_id, after, upto),
-    ).fetchall()
+    with translated(main.filename, main):
+        rows = main.execute(
+            """
+            SELECT ddl, changeset FROM workspace_log
+             WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
+            """,
+            (agent_id, after, upto),
+        ).fetchall()
     return [(_text(ddl), _blob(changeset)) for ddl, changeset in rows]
 
 
@@ -474,6 +478,8 @@ def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
                         raise apsw.ConstraintError(msg)
                     _apply(ws, _log(main, agent_id, held, current))
                     ws.execute("RELEASE catch_up")
+                except (apsw.IOError, apsw.FullError):
+                    raise  # the disk failed, not the log
                 except apsw.Error:
                     ws.execute("ROLLBACK TO catch_up")
                     ws.execute("RELEASE catch_up")
@@ -489,14 +495,8 @@ def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
 
 @contextlib.contextmanager
 def _read(main: apsw.Connection) -> Iterator[None]:
-    if main.in_transaction:
+    with read_transaction(main):
         yield
-        return
-    main.execute("BEGIN DEFERRED")
-    try:
-        yield
-    finally:
-        main.execute("COMMIT")
 
 
 def materialize(main: apsw.Connection, path: str, agent_id: str, version: int) -> apsw.Connection:
@@ -651,23 +651,27 @@ class WorkspaceTurn:
         self.protected = frozenset(declaration.tables)
         self.path = workspace_path(db_path, agent_id)
         self._files = files or WorkspaceFiles(limit=0)
-        self.conn = self._files.open(self.path, limits, busy_timeout=busy_timeout)
+        with translated(self.path):
+            self.conn = self._files.open(self.path, limits, busy_timeout=busy_timeout)
         self.version: int | None = None
         self._finished = False
         self._steps: list[Step] = []
         self._tables: list[TableInfo] | None = None
         try:
-            catch_up(self.conn, main, agent_id)
-            self.conn.execute("BEGIN IMMEDIATE")
-            self._session = self._new_session()
-            for ddl in plan_migration(self.conn, declaration, owner):
-                self._cut()
-                try:
-                    self.conn.execute(ddl)
-                except apsw.Error as e:
-                    msg = f"cannot migrate the SQL workspace of {agent_id!r}: {e} in {ddl!r}"
-                    raise SQLWorkspaceError(msg) from e
-                self._steps.append((ddl, None))
+            with translated(self.path, self.conn):
+                catch_up(self.conn, main, agent_id)
+                self.conn.execute("BEGIN IMMEDIATE")
+                self._session = self._new_session()
+                for ddl in plan_migration(self.conn, declaration, owner):
+                    self._cut()
+                    try:
+                        self.conn.execute(ddl)
+                    except (apsw.IOError, apsw.FullError):
+                        raise
+                    except apsw.Error as e:
+                        msg = f"cannot migrate the SQL workspace of {agent_id!r}: {e} in {ddl!r}"
+                        raise SQLWorkspaceError(msg) from e
+                    self._steps.append((ddl, None))
         except BaseException:
             self.finish(committed=False)
             raise
@@ -688,8 +692,9 @@ class WorkspaceTurn:
     def _recover(self) -> None:
         """Redo the turn's earlier steps after SQLite rolled its transaction back."""
         self._session.close()
-        self.conn.execute("BEGIN IMMEDIATE")
-        _apply(self.conn, self._steps)
+        with translated(self.path, self.conn):
+            self.conn.execute("BEGIN IMMEDIATE")
+            _apply(self.conn, self._steps)
         self._session = self._new_session()
         self._tables = None
 
