@@ -162,3 +162,23 @@ def in_new_process(script: str) -> str:
         check=True,
         cwd=Path(__file__).parents[1],
     ).stdout
+
+
+def run_cli_in_fresh_python(command: str, db: str) -> subprocess.CompletedProcess[str]:
+    """Run ``effectful-durable COMMAND DB`` in a new interpreter; its last output line
+    lists the modules of litellm and of effectful's LLM layer it loaded (``loaded: []``)."""
+    script = (
+        "import runpy, sys\n"
+        f"sys.argv = ['effectful-durable', '{command}', sys.argv[1]]\n"
+        "try:\n"
+        "    runpy.run_module('effectful_durable', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
+        "loaded = [m for m in sys.modules if m.startswith('litellm')\n"
+        "          or m == 'effectful.handlers.llm.completions']\n"
+        "print('loaded:', loaded)\n"
+    )
+    root = Path(__file__).parents[1]
+    return subprocess.run(
+        [sys.executable, "-c", script, db], capture_output=True, text=True, cwd=root
+    )

@@ -13,7 +13,7 @@ import pytest
 from effectful_durable import CompactionHandler, PersistenceHandler, Store
 from effectful_durable.cli import main
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, Keeper, persisted, running
+from tests.helpers import Assistant, Keeper, persisted, run_cli_in_fresh_python, running
 
 ROOT = Path(__file__).parents[1]
 
@@ -570,20 +570,7 @@ class TestErrors:
 class TestImports:
     def test_command_never_imports_litellm(self, db: str) -> None:
         """python -m effectful_durable runs without loading litellm or effectful's LLM layer."""
-        script = (
-            "import runpy, sys\n"
-            "sys.argv = ['effectful-durable', 'agents', sys.argv[1]]\n"
-            "try:\n"
-            "    runpy.run_module('effectful_durable', run_name='__main__')\n"
-            "except SystemExit as exit:\n"
-            "    assert exit.code == 0, exit.code\n"
-            "loaded = [m for m in sys.modules if m.startswith('litellm')\n"
-            "          or m == 'effectful.handlers.llm.completions']\n"
-            "print('loaded:', loaded)\n"
-        )
-        result = subprocess.run(
-            [sys.executable, "-c", script, db], capture_output=True, text=True, cwd=ROOT
-        )
+        result = run_cli_in_fresh_python("agents", db)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0].split()[:3] == ["agent_id", "version", "messages"]
         assert result.stdout.splitlines()[-1] == "loaded: []"

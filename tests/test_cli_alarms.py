@@ -1,8 +1,6 @@
 """The alarm commands of effectful-durable: alarms, status, rearm, and run's errors."""
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -11,8 +9,7 @@ import pytest
 from effectful_durable import Store
 from effectful_durable.cli import main
 from effectful_durable.store.alarms import make_schedule
-
-ROOT = Path(__file__).parents[1]
+from tests.helpers import run_cli_in_fresh_python
 
 
 @pytest.fixture
@@ -112,19 +109,6 @@ class TestImports:
     @pytest.mark.parametrize("command", ["alarms", "status"])
     def test_no_litellm(self, db: str, command: str) -> None:
         """alarms and status run without loading litellm or effectful's LLM layer."""
-        script = (
-            "import runpy, sys\n"
-            f"sys.argv = ['effectful-durable', '{command}', sys.argv[1]]\n"
-            "try:\n"
-            "    runpy.run_module('effectful_durable', run_name='__main__')\n"
-            "except SystemExit as exit:\n"
-            "    assert exit.code == 0, exit.code\n"
-            "loaded = [m for m in sys.modules if m.startswith('litellm')\n"
-            "          or m == 'effectful.handlers.llm.completions']\n"
-            "print('loaded:', loaded)\n"
-        )
-        result = subprocess.run(
-            [sys.executable, "-c", script, db], capture_output=True, text=True, cwd=ROOT
-        )
+        result = run_cli_in_fresh_python(command, db)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[-1] == "loaded: []"
