@@ -15,8 +15,6 @@ from effectful_durable.cli import main
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, Keeper, persisted, run_cli_in_fresh_python, running
 
-ROOT = Path(__file__).parents[1]
-
 READS = [
     ["agents"],
     ["history", "bot"],
