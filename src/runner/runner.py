@@ -358,14 +358,7 @@ class AgentRunner:
         self.errors += 1
         wait = self.config.poll_interval
         log.error("the database failed, trying again in %g s: %s", wait, error)
-        now = self.clock.now()
-        if until is not None:
-            if now >= until:
-                return True
-            wait = min(wait, until - now)
-        self.clock.sleep(wait, self._wake)
-        self._wake.clear()
-        return False
+        return self._sleep(wait, self.clock.now(), until)
 
     def _step(self, until: float | None) -> bool:
         """Deliver one due alarm, or sleep until one may be due; True when ``until`` passed."""
@@ -386,6 +379,14 @@ class AgentRunner:
         wait = self.config.poll_interval if getattr(self.clock, "polls", True) else 1e9
         if due is not None:
             wait = min(wait, max(due - now, 0.0))
+        return self._sleep(wait, now, until)
+
+    def _sleep(self, wait: float, now: float, until: float | None) -> bool:
+        """Sleep ``wait`` seconds, less if ``until`` comes first or a signal wakes us.
+
+        Returns:
+            True, without sleeping, when ``until`` has passed.
+        """
         if until is not None:
             if now >= until:
                 return True
