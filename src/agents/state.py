@@ -102,7 +102,12 @@ def _adapter(annotation: Any) -> pydantic.TypeAdapter[Any]:
 
 def conversation_fields(agent: Any) -> tuple[str, ...]:
     """The names of the agent's fields declared :func:`per_conversation`."""
-    return tuple(name for name, _ in _field_types(type(agent), per_conversation=True))
+    return _conversation_field_names(type(agent))
+
+
+@functools.cache
+def _conversation_field_names(cls: type) -> tuple[str, ...]:
+    return tuple(name for name, _ in _field_types(cls, per_conversation=True))
 
 
 def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
