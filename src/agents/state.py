@@ -102,12 +102,15 @@ def _adapter(annotation: Any) -> pydantic.TypeAdapter[Any]:
 
 def conversation_fields(agent: Any) -> tuple[str, ...]:
     """The names of the agent's fields declared :func:`per_conversation`."""
-    return _conversation_field_names(type(agent))
+    cls = type(agent)
+    names = _CONVERSATION_FIELD_NAMES.get(cls)
+    if names is None:
+        fields = _field_types(cls, per_conversation=True)
+        names = _CONVERSATION_FIELD_NAMES[cls] = tuple(name for name, _ in fields)
+    return names
 
 
-@functools.cache
-def _conversation_field_names(cls: type) -> tuple[str, ...]:
-    return tuple(name for name, _ in _field_types(cls, per_conversation=True))
+_CONVERSATION_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
