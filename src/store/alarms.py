@@ -33,6 +33,7 @@ import apsw
 from cronsim import CronSim, CronSimError
 
 from ..errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
+from .damage import watched
 from .rows import utc
 
 if TYPE_CHECKING:
@@ -776,6 +777,7 @@ def _invalid(reason: str) -> NoReturn:
     raise InvalidAlarmError(reason)
 
 
+@watched(lambda queue: queue._store._damage)
 class AlarmQueue:
     """The runner's side of the alarms of one Store: claim, fail, release, report.
 

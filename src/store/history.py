@@ -10,11 +10,15 @@ prefix found by C-speed list comparisons.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..errors import StateSerializationError
+from .rows import storable
 
 type Message = Mapping[str, Any]
 
@@ -228,6 +232,57 @@ def _rewrite_from(
     added = [(base + 1 + i, m) for i, m in enumerate(new[start:])]
     after = ActiveHistory(new, old.positions[:start] + [p for p, _ in added])
     return HistoryChange(added, removed, len(tail)), after
+
+
+_MESSAGE_ADVICE = (
+    "Each message of an agent's __history__ must be a dict of JSON values whose "
+    "string 'id' is its key there, as effectful makes them."
+)
+
+
+def check_messages(
+    agent_id: str, messages: Iterable[Any], history: Mapping[str, Any] | None
+) -> None:
+    """Refuse messages that could not be stored and loaded back as they are.
+
+    Each must be a mapping with a string ``"id"``; with ``history`` (the agent's
+    ``__history__``), the one kept there under that id. Costs what it checks:
+    a commit checks the messages it adds.
+
+    Raises:
+        StateSerializationError: A message that is not such a mapping.
+    """
+    for message in messages:
+        if not isinstance(message, Mapping):
+            reason = "a message must be a dict"
+        elif not isinstance(key := message.get("id"), str):
+            reason = "it has no string 'id'"
+        elif history is not None and history.get(key) is not message:
+            reason = f"it is not kept under its id {key!r} in __history__"
+        else:
+            continue
+        owner = f"agent {agent_id!r} message"
+        raise StateSerializationError(
+            owner, "__history__", type(message).__name__, reason, _MESSAGE_ADVICE
+        )
+
+
+def message_json(agent_id: str, message: Message) -> str:
+    """The JSON text a message is stored as.
+
+    Raises:
+        StateSerializationError: It holds a value JSON cannot hold, or nests too deep.
+    """
+    try:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        if not storable(text):  # a lone surrogate: store it as an escape
+            text = json.dumps(message, ensure_ascii=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as e:
+        owner = f"agent {agent_id!r} message {message.get('id')!r}"
+        raise StateSerializationError(
+            owner, "body", type(message).__name__, str(e), _MESSAGE_ADVICE
+        ) from e
+    return text
 
 
 def message_text(message: Message) -> str:

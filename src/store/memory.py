@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import apsw
 
+from .damage import DamageWatch, watched
+
 type Kind = Literal["key", "note"]
 KEY: Kind = "key"
 NOTE: Kind = "note"
@@ -109,15 +111,18 @@ class MemoryPart:
         conn.execute("DELETE FROM memory WHERE agent_id = ?", (agent_id,))
 
 
+@watched(lambda rows: rows.watch)
 class MemoryRows:
     """Reads of agents' current memory, on the calling thread's connection.
 
     Args:
         connection: Returns the connection to read on.
+        watch: The store's watch, which damage met by these reads is reported to.
     """
 
-    def __init__(self, connection: Callable[[], apsw.Connection]) -> None:
+    def __init__(self, connection: Callable[[], apsw.Connection], watch: DamageWatch) -> None:
         self._connection = connection
+        self.watch = watch
 
     def value(self, agent_id: str, kind: Kind, key: str) -> str | None:
         """The JSON text ``key`` holds now, or None."""

@@ -17,17 +17,18 @@ import apsw
 from ..errors import (
     AgentInUseError,
     DatabaseBusyError,
+    DatabaseCorruptError,
     DurableError,
     NotFoundError,
     NotOurDatabaseError,
-    StateSerializationError,
 )
 from . import alarms as _alarms
 from . import conversation_fields, retention
 from . import conversations as _conversations
 from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
 from .connection import Durability, connect, quarantine, write_transaction
-from .history import ActiveHistory, HistoryChange
+from .damage import DamageWatch, watched
+from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .journal import WorkflowJournal, step_number
 from .locks import AgentBusy, AgentLocks
@@ -60,6 +61,7 @@ _PARTS: tuple[VersionedPart, ...] = (
 )
 
 
+@watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
 class Store(WorkflowJournal):
     """The durable log of every agent in one SQLite database file.
 
@@ -79,7 +81,8 @@ class Store(WorkflowJournal):
         readonly: Open for inspection only.
         on_unreadable: What to do when ``path`` is not an effectful-durable
             database (not SQLite, damaged, or another program's): ``"refuse"``
-            raises NotOurDatabaseError and touches nothing; ``"quarantine"``
+            raises NotOurDatabaseError (DatabaseCorruptError if damaged) and
+            touches nothing; ``"quarantine"``
             renames it (with its ``-wal`` and ``-shm`` files) to
             ``<name>.unreadable-<UTC time>``, logs a warning naming the new name,
             and starts a new database at ``path``. A file written by a newer
@@ -87,6 +90,8 @@ class Store(WorkflowJournal):
 
     Raises:
         NotOurDatabaseError: ``path`` is not an effectful-durable database.
+        DatabaseCorruptError: SQLite found ``path`` damaged, on opening or later
+            (every method may raise it; the store then refuses to write).
         SchemaTooNewError: ``path`` was written by a newer version.
 
     Example::
@@ -116,6 +121,7 @@ class Store(WorkflowJournal):
         self._workspace_caches: list[WorkspaceFiles] = []
         self._connections_lock = threading.Lock()
         self._closed = False
+        self._damage = DamageWatch(self.path, self._connections)
         if on_unreadable not in ("refuse", "quarantine") or (
             readonly and on_unreadable == "quarantine"
         ):
@@ -126,16 +132,16 @@ class Store(WorkflowJournal):
             raise ValueError(msg)
         try:
             self._connection()  # fail here, not at the first turn, if the file is bad
-        except NotOurDatabaseError:
+        except (NotOurDatabaseError, DatabaseCorruptError):
             if on_unreadable == "refuse":
                 raise
             try:  # another process may have moved it aside and started afresh meanwhile
                 self._connection()
-            except NotOurDatabaseError:
+            except (NotOurDatabaseError, DatabaseCorruptError):
                 quarantine(self.path)
                 self._connection()
         self._locks = AgentLocks.for_database(self.path)
-        self.memory_rows = MemoryRows(self._connection)  # current memory, for the handler
+        self.memory_rows = MemoryRows(self._connection, self._damage)  # for the handler
 
     def __repr__(self) -> str:
         return f"Store({self.path!r})"
@@ -1044,8 +1050,9 @@ class Store(WorkflowJournal):
 
     @contextmanager
     def _writing(self) -> Iterator[apsw.Connection]:
+        self._damage.check_writable("a write")
         try:
-            with write_transaction(self._connection()) as conn:
+            with self._damage.watching("a write"), write_transaction(self._connection()) as conn:
                 yield conn
         except apsw.BusyError as e:
             raise DatabaseBusyError(self.path, self.busy_timeout) from e
@@ -1057,11 +1064,12 @@ class Store(WorkflowJournal):
     def _reading(self) -> Iterator[apsw.Connection]:
         """One read transaction, so several SELECTs see the same snapshot."""
         conn = self._connection()
-        conn.execute("BEGIN DEFERRED")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+        with self._damage.watching("a read"):
+            conn.execute("BEGIN DEFERRED")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
         current = current_version(conn, agent_id)
@@ -1117,7 +1125,7 @@ class Store(WorkflowJournal):
                 version,
                 message.get("id"),
                 message.get("role", ""),
-                _dumps_message(agent_id, message),
+                message_json(agent_id, message),
             )
             for position, message in change.added
         ]
@@ -1350,14 +1358,6 @@ def _decode_messages(bodies: Iterator[str] | Any) -> list[dict[str, Any]]:
     # One json.loads over the joined rows is several times faster than one per row.
     decoded: list[dict[str, Any]] = json.loads("[" + ",".join(bodies) + "]")
     return decoded
-
-
-def _dumps_message(agent_id: str, message: Mapping[str, Any]) -> str:
-    try:
-        return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        owner = f"agent {agent_id!r} message {message.get('id')!r}"
-        raise StateSerializationError(owner, "body", type(message).__name__, str(e)) from e
 
 
 def _no_conversation(agent_id: str, conversation: str, version: int) -> str:
