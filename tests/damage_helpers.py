@@ -37,6 +37,7 @@ from effectful_durable import (
     NotOurDatabaseError,
     PersistenceHandler,
     PersistentAgent,
+    RecallTools,
     SchemaTooNewError,
     SQLTools,
     StateTools,
@@ -53,7 +54,7 @@ FRAME_HEADER = 24
 
 
 @dataclasses.dataclass
-class Worker(PersistentAgent, StateTools, SQLTools, AlarmTools):
+class Worker(PersistentAgent, StateTools, SQLTools, AlarmTools, RecallTools):
     """You keep track of things."""
 
     __sql_schema__ = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER)"

@@ -27,7 +27,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import DatabaseCorruptError
+from ..errors import DatabaseCorruptError, DurableError
 from .migrations import schema_sql
 
 #: What SQLite raises for a file whose pages are malformed.
@@ -238,5 +238,15 @@ def _translating(
             if translated is e:
                 raise
             raise translated from e
+        except UnicodeEncodeError as e:  # SQLite stores text as UTF-8
+            msg = (
+                f"{during} was given text holding a lone surrogate "
+                f"({e.object[e.start : e.end]!r}), which SQLite cannot store or look up; "
+                "nothing was read or written"
+            )
+            raise DurableError(msg) from e
+        except OverflowError as e:  # SQLite integers are 64-bit
+            msg = f"{during} was given a number that does not fit in 64 bits ({e})"
+            raise DurableError(msg) from e
 
     return method

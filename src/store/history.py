@@ -286,12 +286,29 @@ def message_json(agent_id: str, message: Message) -> str:
 
 
 def message_text(message: Message) -> str:
-    """A message as plain text: its text blocks, then one line per tool call it makes."""
+    """A message as plain text: its text blocks, then one line per tool call it makes.
+
+    Parts of other shapes than effectful makes are shown as JSON, or left out.
+    """
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(str(block.get("text", "")) for block in content)
-    lines = [str(content or "")]
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {})
-        lines.append(f"-> calls {function.get('name')}({function.get('arguments')})")
+        content = "".join(
+            _shown(block.get("text", "") if isinstance(block, dict) else block)
+            for block in content
+        )
+    lines = [_shown(content)]
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            lines.append(f"-> calls {function.get('name')}({function.get('arguments')})")
     return "\n".join(line for line in lines if line)
+
+
+def _shown(value: Any) -> str:
+    if value is None or isinstance(value, str):
+        return value or ""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"

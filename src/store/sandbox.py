@@ -184,6 +184,9 @@ def vet(
     except apsw.Error as e:
         msg = f"SQL error: {e}"
         raise Refused(msg) from None
+    except ValueError as e:  # a NUL, or a lone surrogate, which has no UTF-8 form
+        msg = f"the statement is not valid text: {e}"
+        raise Refused(msg) from None
     finally:
         conn.authorizer = previous
     if info.query_remaining is not None and _has_statement(conn, info.query_remaining):

@@ -45,7 +45,7 @@ from .records import (
     TurnStart,
     VersionInfo,
 )
-from .rows import current_version, dumps, utc
+from .rows import current_version, dumps, storable, utc
 from .workspace import SQLResult, WorkspaceFiles, WorkspacePart, WorkspaceTurn, read_sql
 
 _HOST = socket.gethostname()
@@ -262,8 +262,10 @@ class Store(WorkflowJournal):
         .. versionchanged:: 0.2.0
            ``conversation``.
         """
-        words = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
-        if not words:
+        words = " ".join(
+            '"' + w.replace('"', '""') + '"' for w in query.replace("\0", " ").split()
+        )
+        if not words or not storable(words):  # a lone surrogate is in no stored text
             return []
         bodies = self._connection().execute(
             """
@@ -1072,7 +1074,7 @@ class Store(WorkflowJournal):
                 conn.execute("COMMIT")
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
-        current = current_version(conn, agent_id)
+        current = current_version(conn, validate_agent_id(agent_id))
         if current is None:
             raise NotFoundError(_no_agent(agent_id, self.path))
         if version is None:
@@ -1199,7 +1201,8 @@ class Store(WorkflowJournal):
             ),
         )
         # Index the text of the originals, for RecallTools: text blocks, plain
-        # content and tool-call arguments.
+        # content and tool-call arguments (of bodies SQLite's JSON functions read:
+        # not nested deeper than 1,000, sqlite.org/json1.html#jmini).
         conn.execute(
             """
             INSERT INTO compacted_text (text, agent_id, position, version)
@@ -1214,7 +1217,7 @@ class Store(WorkflowJournal):
                    agent_id, position, removed_in
               FROM messages
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
-               AND position BETWEEN ?3 AND ?4
+               AND position BETWEEN ?3 AND ?4 AND json_valid(body)
             """,
             (
                 agent_id,

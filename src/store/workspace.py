@@ -990,6 +990,12 @@ class WorkspaceTurn:
         except apsw.Error as e:
             msg = f"SQL error: {e}"
             raise Refused(msg) from None
+        except UnicodeDecodeError as e:
+            msg = (
+                f"a text value in the result is not valid UTF-8 ({e}); select it as "
+                "hex(column) or CAST(column AS BLOB), or replace it with UPDATE"
+            )
+            raise Refused(msg) from None
         except (TypeError, ValueError, OverflowError) as e:
             msg = f"bad parameter value: {e}"
             raise Refused(msg) from None
