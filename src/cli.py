@@ -105,7 +105,8 @@ def _unusable(path: str) -> str | None:
 
 
 def _fail(message: str, *, code: int = 1) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    line = " ".join(message.splitlines())  # one line, whatever an error quotes
+    print(f"{PROG}: error: {line}", file=sys.stderr)
     return code
 
 
@@ -138,12 +139,12 @@ def _cli_words(message: str, db: str) -> str:
         ("made with Store.backup", f"made with `{PROG} backup`"),
         (
             "pass on_unreadable='quarantine' to move it aside and start a new database",
-            "move it aside (with its -wal and -shm files) to start a new database",
+            "move it aside with its -wal and -shm files to start a new database",
         ),
         (f"`{PROG} check`", f"`{PROG} check {db}`"),
     ):
         message = message.replace(python, shell)
-    return message
+    return re.sub(r", found during [\w.]+\(\)", "", message)
 
 
 # -- reads ----------------------------------------------------------------------

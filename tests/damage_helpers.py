@@ -34,6 +34,7 @@ from effectful_durable import (
     CompactionHandler,
     DatabaseCorruptError,
     DurableError,
+    NotFoundError,
     NotOurDatabaseError,
     PersistenceHandler,
     PersistentAgent,
@@ -351,6 +352,8 @@ def probe(db_path: Path, states: set[str]) -> Outcome:
         after = file_hashes(db_path)
         if after.get("") != before.get("") or (not wrote and after != before):
             outcome.problems.append(f"the refusal changed the file: {e}")
+    except NotFoundError:  # a damaged version number: the history of -4 is not found
+        outcome.kind = "wrong"
     except DurableError as e:
         outcome.problems.append(f"an unexpected DurableError: {type(e).__name__}: {e}")
     except Exception as e:

@@ -9,8 +9,8 @@ state (``integrity_check`` ok, every row equal to what some commit held), or it
 is refused with a DurableError that says to restore a backup, leaving the file's
 bytes as they were; never a traceback, never a raw apsw error.
 
-``EFFECTFUL_DURABLE_DAMAGE=full`` tries every byte and every truncation point
-instead of a sample (minutes instead of seconds).
+``EFFECTFUL_DURABLE_DAMAGE=full`` tries 25 times as many sampled cases, and a
+truncation point every 97 bytes (about 8,000 cases: minutes instead of seconds).
 """
 
 import collections
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from effectful_durable import Store
+from effectful_durable import DatabaseCorruptError, Store
+from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.workspace import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.damage_helpers import (
@@ -125,11 +126,9 @@ def run_cases(
 
 
 def sample(population: range, k: int, seed: int) -> list[int]:
-    return (
-        list(population)
-        if FULL or len(population) <= k
-        else random.Random(seed).sample(population, k)
-    )
+    """``k`` of ``population`` (all when it is no bigger), 25 times as many when FULL."""
+    k = k * 25 if FULL else k
+    return list(population) if len(population) <= k else random.Random(seed).sample(population, k)
 
 
 class TestMainFile:
@@ -291,3 +290,41 @@ def test_wal_frames_parse(built: Built) -> None:
     assert page_size == PAGE
     assert sum(commit for _, commit in frames(wal)) >= 10
     assert len(built.states) >= 12
+
+
+class TestAfterDamage:
+    """What a Store does once it has found damage, and a turn that meets it."""
+
+    @pytest.fixture
+    def damaged(self, built: Built, tmp_path: Path) -> Path:
+        """w1's messages table with its root page zeroed (the file opens; reads fail)."""
+        db_path = tmp_path / "state.db"
+        restore(built.flat, db_path)
+        with Store(db_path) as store:
+            root = (
+                store._connection()
+                .execute("SELECT rootpage FROM sqlite_schema WHERE name = 'messages'")
+                .get
+            )
+        restore(zeroed("", (root - 1) * PAGE, PAGE)(built.flat), db_path)
+        return db_path
+
+    def test_a_store_that_found_damage_writes_nothing(self, damaged: Path) -> None:
+        """After a read met the damage, writes are refused at once and close leaves the WAL."""
+        before = damaged.read_bytes()
+        with Store(damaged) as store:
+            memory = store.memory("w1")  # a table that is whole: reads go on
+            with pytest.raises(DatabaseCorruptError, match="found during Store.history"):
+                store.history("w1")
+            with pytest.raises(DatabaseCorruptError, match="during Store.schedule_alarm"):
+                store.schedule_alarm("w1", "later", make_schedule(0, delay=60))
+            assert store.memory("w1") == memory
+        assert damaged.read_bytes() == before
+
+    def test_a_turn_that_meets_damage(self, damaged: Path) -> None:
+        """A turn fails with DatabaseCorruptError; the agent and the file stay as they were."""
+        before = damaged.read_bytes()
+        agent = Worker(agent_id="w2")
+        with pytest.raises(DatabaseCorruptError), persisted(damaged, FakeLLM(["ok"])):
+            agent.ask("hello")
+        assert damaged.read_bytes() == before

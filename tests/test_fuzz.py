@@ -227,12 +227,11 @@ class Holder(PersistentAgent):
 class TestIds:
     """Agent and conversation ids: valid ones work end to end, the others are refused clearly."""
 
-    @fuzz(60)
+    @fuzz(40)
     @given(agent_id=st.one_of(ANY_TEXT, st.text(max_size=250), st.integers(), st.none()))
     def test_agent_ids(self, base_db: Path, agent_id: Any) -> None:
         """An id is refused with InvalidAgentIdError, or its turn commits and reads back."""
         with copy_of(base_db) as path:
-            before = sha(path)
             try:
                 agent = Holder(agent_id=agent_id)
                 with persisted(path, FakeLLM(["ok"])):
@@ -245,9 +244,8 @@ class TestIds:
             with Store(path) as store:
                 assert [m["role"] for m in store.history(agent_id)][-1] == "assistant"
                 assert store.versions(agent_id)[-1].version == 1
-            code, out, err = cli(["history", str(path), agent_id])
+            code, _, err = cli(["history", str(path), "--", agent_id])  # "-x" is no option
             assert code == 0, err
-            del before
 
     @fuzz(60)
     @given(agent_id=ANY_TEXT, conversation=ANY_TEXT)
@@ -269,7 +267,7 @@ class TestIds:
                 with contextlib.suppress(DurableError):
                     read()
 
-    @fuzz(60)
+    @fuzz(40)
     @given(conversation=st.one_of(ANY_TEXT, st.integers(), st.none()))
     def test_conversation_ids(self, base_db: Path, conversation: Any) -> None:
         """A conversation id is refused with InvalidConversationIdError, or its turn commits."""
@@ -329,7 +327,7 @@ VALUES = st.one_of(
 class TestStateValues:
     """Field values of many types: read back as committed, or StateSerializationError, no write."""
 
-    @fuzz(80)
+    @fuzz(60)
     @given(value=VALUES, tag=ANY_TEXT)
     def test_state_values(self, base_db: Path, value: Any, tag: str) -> None:
         with copy_of(base_db) as path:
@@ -469,7 +467,7 @@ class ToolCaller(ObjectInterpretation):  # type: ignore[misc]
 class TestToolArguments:
     """The model's arguments to memory, SQL and alarm tools: done, or an error text, no write."""
 
-    @fuzz(200)
+    @fuzz(150)
     @given(call=TOOL_CALLS)
     def test_tool_call(self, base_db: Path, call: tuple[str, dict[str, Any]]) -> None:
         name, arguments = call

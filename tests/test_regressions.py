@@ -98,14 +98,6 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 
 
 class TestDamagedFiles:
-    def test_file_cut_inside_its_first_page_is_not_taken_for_new(self, db_path: Path) -> None:
-        """A database cut to 2,048 bytes is refused, not written over as a new one."""
-        data = flat_db(db_path).read_bytes()[:2048]
-        db_path.write_bytes(data)
-        with pytest.raises(DurableError, match="damaged"):
-            Store(db_path).close()
-        assert db_path.read_bytes() == data
-
     def test_one_byte_file_is_not_taken_for_new(self, db_path: Path) -> None:
         """A file of one byte is not SQLite: refused and left as it is."""
         db_path.write_bytes(b"x")

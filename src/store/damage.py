@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import os
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -165,6 +166,7 @@ class DamageWatch:
         self.path = path
         self.found: str | None = None
         self._connections = connections
+        self._doing = threading.local()  # the public method running in this thread
 
     def check_writable(self, during: str) -> None:
         """Refuse a write once damage was found.
@@ -173,7 +175,8 @@ class DamageWatch:
             DatabaseCorruptError: This Store found the file damaged earlier.
         """
         if self.found is not None:
-            raise DatabaseCorruptError(self.path, self.found, during)
+            doing = getattr(self._doing, "name", None) or during
+            raise DatabaseCorruptError(self.path, self.found, doing)
 
     def error(self, error: Exception, during: str) -> Exception:
         """The DatabaseCorruptError for ``error``, or ``error`` itself if it is not damage.
@@ -197,11 +200,11 @@ class DamageWatch:
 
     @contextlib.contextmanager
     def watching(self, during: str) -> Iterator[None]:
-        """Translate damage reported inside the block."""
+        """Translate damage reported inside the block (named after the method running)."""
         try:
             yield
         except _WATCHED as e:
-            translated = self.error(e, during)
+            translated = self.error(e, getattr(self._doing, "name", None) or during)
             if translated is e:
                 raise
             raise translated from e
@@ -231,10 +234,13 @@ def _translating(
 ) -> Callable[..., Any]:
     @functools.wraps(function)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        doing = watch_of(self)._doing
+        outer = getattr(doing, "name", None)
+        doing.name = outer or during
         try:
             return function(self, *args, **kwargs)
         except _WATCHED as e:
-            translated = watch_of(self).error(e, during)
+            translated = watch_of(self).error(e, outer or during)
             if translated is e:
                 raise
             raise translated from e
@@ -248,5 +254,7 @@ def _translating(
         except OverflowError as e:  # SQLite integers are 64-bit
             msg = f"{during} was given a number that does not fit in 64 bits ({e})"
             raise DurableError(msg) from e
+        finally:
+            doing.name = outer
 
     return method

@@ -41,7 +41,7 @@ from typing import Any
 import apsw
 
 from ..errors import SQLWorkspaceError
-from .damage import CORRUPTION
+from .damage import CORRUPTION, header_problem
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
 
 logger = logging.getLogger("effectful_durable.store")
@@ -416,9 +416,15 @@ def _open_workspace(
         if readonly
         else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     )
+    problem = header_problem(path, WORKSPACE_APPLICATION_ID)
+    if problem is not None:
+        raise _NotWorkspace(problem)
     conn = apsw.Connection(path, flags=flags)
     try:
         conn.set_busy_timeout(int(busy_timeout * 1000))
+        if not readonly and conn.readonly("main"):
+            msg = "SQLite opened it read-only (its header, or its permissions)"
+            raise _NotWorkspace(msg)
         application_id = conn.pragma("application_id")
         try:
             empty = conn.execute("SELECT count(*) FROM sqlite_schema").get == 0  # page 1
@@ -613,11 +619,11 @@ def materialize(
     It starts from a copy of the workspace file at ``path`` when that helps, and
     from the log alone when ``path`` is None or the copy turns out damaged.
     """
-    if path is not None:
+    if path is not None and header_problem(path, WORKSPACE_APPLICATION_ID) is None:
         try:
             return _materialize(main, path, agent_id, version)
-        except CORRUPTION:
-            pass  # the copy of the file is damaged (the log's damage raises again below)
+        except apsw.Error:
+            pass  # the copy does not take the log: damaged (the log's damage raises below)
     return _materialize(main, None, agent_id, version)
 
 
@@ -638,7 +644,7 @@ def _materialize(
                     source.close()
                 mem.execute("SELECT count(*) FROM sqlite_schema")  # a copy SQLite can read
                 held = int(mem.pragma("user_version"))
-                if mem.pragma("application_id") != WORKSPACE_APPLICATION_ID:
+                if mem.pragma("application_id") != WORKSPACE_APPLICATION_ID or held < 0:
                     held = current + 1
             except apsw.Error:
                 held = current + 1
