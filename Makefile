@@ -1,4 +1,4 @@
-.PHONY: demo test lint format docs bench
+.PHONY: demo test lint format docs bench soak faults
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
@@ -17,3 +17,9 @@ docs:
 
 bench:  ## per-turn cost up to 10,000 turns and with 50 agents (~15 min); see bench/README.md
 	bash -c 'source scripts/env.sh && "$$PYTHON" bench/bench_persistence.py --long --agents 50 --profile'
+
+soak:  ## 4 processes x 16 agents SIGKILLed at random, 2 min per durability setting (~6 min); see bench/README.md
+	bash -c 'source scripts/env.sh && "$$PYTHON" bench/soak.py $(SOAK_ARGS)'
+
+faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
+	bash scripts/faults.sh

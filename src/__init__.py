@@ -17,6 +17,7 @@ from .errors import (
     AlarmLeaseLostError,
     DatabaseBusyError,
     DatabaseCorruptError,
+    DiskFullError,
     DurableError,
     InvalidAgentIdError,
     InvalidAlarmError,
@@ -27,6 +28,7 @@ from .errors import (
     SchemaTooNewError,
     SQLWorkspaceError,
     StateSerializationError,
+    StorageError,
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
@@ -61,6 +63,7 @@ __all__ = [
     "ConfigError",
     "DatabaseBusyError",
     "DatabaseCorruptError",
+    "DiskFullError",
     "DurableError",
     "ForkedAgent",
     "Handoff",
@@ -86,6 +89,7 @@ __all__ = [
     "StateTools",
     "StateSerializationError",
     "StepInfo",
+    "StorageError",
     "Store",
     "VersionInfo",
     "WorkflowDivergedError",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno as _errno
+import os
+
 
 class DurableError(Exception):
     """Base class for every error raised by effectful-durable."""
@@ -215,3 +218,58 @@ class AlarmLeaseLostError(DurableError):
             "committed nothing. Give turns more time with a longer lease."
         )
         super().__init__(msg)
+
+
+class StorageError(DurableError):
+    """The operating system failed a read, write or sync of a database file (an I/O error).
+
+    The operation that met it did not commit, and every earlier commit is
+    intact: SQLite rolls back what it had begun. ``path`` is the database file
+    (its ``-wal`` file is part of it), ``operation`` what failed (``"write"``,
+    ``"sync"``, ``"read"``, ...), ``errno`` the operating system's error number
+    when SQLite reported one, and ``code`` SQLite's extended result code.
+
+    A commit whose sync failed is gone for this process, and its next commit
+    overwrites it; but the disk may have kept it, so after a crash it may show
+    as committed (whole) when the database is reopened.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, path: str, *, operation: str, errno: int | None, code: str) -> None:
+        self.path = path
+        self.operation = operation
+        self.errno = errno
+        self.code = code
+        msg = f"cannot {operation} {path}: {self._problem()}. {self._outcome()} {self._advice()}."
+        super().__init__(msg)
+
+    def _problem(self) -> str:
+        if self.errno:
+            name = _errno.errorcode.get(self.errno, str(self.errno))
+            return f"{os.strerror(self.errno)} ({name}; SQLite {self.code})"
+        return f"an I/O error (SQLite {self.code})"
+
+    def _outcome(self) -> str:
+        if self.operation == "sync":
+            return (
+                "The operation did not commit (after a crash it may show as committed: "
+                "the disk may have kept it); every earlier commit is intact."
+            )
+        return "The operation did not commit; every earlier commit is intact."
+
+    def _advice(self) -> str:
+        return "Check the disk and the system log (dmesg), then retry"
+
+
+class DiskFullError(StorageError):
+    """The disk holding the database is full; the operation did not commit.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def _problem(self) -> str:
+        return f"the disk is full (ENOSPC; SQLite {self.code})"
+
+    def _advice(self) -> str:
+        return "Free space on that disk, or move the database to a larger one, then retry"

@@ -70,7 +70,7 @@ class History(OrderedDict[str, Any]):
         return self._changes
 
     def copy(self) -> History:
-        filled: Any = _Filling(self)
+        filled: Any = _Filling(_pairs(self))
         filled.__class__ = _LoggingCopy
         draft: _LoggingCopy = filled
         draft.origin, draft.generation, draft.log = self, self._generation, Changes()
@@ -139,7 +139,7 @@ class History(OrderedDict[str, Any]):
         this: Any = self
         cls, this.__class__ = this.__class__, _Filling
         try:
-            OrderedDict.update(this, other, **kwargs)
+            OrderedDict.update(this, _pairs(other), **kwargs)
         finally:
             this.__class__ = cls
 
@@ -166,6 +166,14 @@ class _LoggingCopy(History):
 
     def _touch(self, changes: Changes | None) -> None:
         self.log = None
+
+
+def _pairs(mapping: Any) -> Any:
+    """What to fill an OrderedDict from: for a history in insertion order, its
+    (key, message) pairs read from the dict beneath (faster than its ``items()``)."""
+    if isinstance(mapping, History) and not mapping.reordered:
+        return zip(dict.keys(mapping), dict.values(mapping), strict=True)
+    return mapping
 
 
 def history_messages(history: Mapping[str, Any]) -> list[Any]:

@@ -449,10 +449,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         committed = turn.committed
         assert committed is not None
         state = dump_state(agent)
-        writes = [*turn.staged.values(), *self._pruning]
+        writes = list(turn.staged.values())
         own = dump_state(agent, per_conversation=True) if conversation_fields(agent) else None
         if own is not None and own != committed.conversation_state:
             writes.append(ConversationFieldsWrite(committed.conversation, own))
+        writes += self._pruning
         step, result_json = None, None
         if self.journal is not None and turn.step is not None:
             step = (self.journal.workflow, turn.step.key)

@@ -20,7 +20,7 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 
 from ..agents.alarms import alarm_delivered
 from ..agents.persistent import PersistentAgent
-from ..errors import AgentInUseError, AlarmLeaseLostError, DurableError
+from ..errors import AgentInUseError, AlarmLeaseLostError, DurableError, StorageError
 from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
@@ -82,7 +82,10 @@ class AgentRunner:
     innermost (the runner adds one if the stack has none). The alarm is marked
     delivered in the commit of that turn, fenced by the lease: a turn whose lease
     another runner took commits nothing. A failed delivery is retried with
-    exponential backoff, then the alarm is dead until re-armed.
+    exponential backoff, then the alarm is dead until re-armed. A read or write
+    of the database that fails (:class:`~effectful_durable.StorageError`: a full
+    or failing disk) is logged and tried again after ``poll_interval``; the
+    runner keeps running.
 
     Between alarms it sleeps until the earliest one is due, looking at the
     database at least every ``poll_interval`` (one indexed read). In the main
@@ -335,8 +338,34 @@ class AgentRunner:
                     installed.close()
                     installed.enter_context(self._installed())
                     stack = self._stack
-                if self._step(until):
-                    return
+                try:
+                    if self._step(until):
+                        return
+                except StorageError as error:
+                    if self._storage_failed(error, until):
+                        return
+
+    def _storage_failed(self, error: StorageError, until: float | None) -> bool:
+        """Log a failed read or write of the database, and wait before the next try.
+
+        A full or failing disk must not end a runner meant to run for weeks:
+        what failed committed nothing (a claim without its turn runs out with its
+        lease), so the runner tries again after ``poll_interval``.
+
+        Returns:
+            True when ``until`` has passed.
+        """
+        self.errors += 1
+        wait = self.config.poll_interval
+        log.error("the database failed, trying again in %g s: %s", wait, error)
+        now = self.clock.now()
+        if until is not None:
+            if now >= until:
+                return True
+            wait = min(wait, until - now)
+        self.clock.sleep(wait, self._wake)
+        self._wake.clear()
+        return False
 
     def _step(self, until: float | None) -> bool:
         """Deliver one due alarm, or sleep until one may be due; True when ``until`` passed."""

@@ -791,7 +791,8 @@ class AlarmQueue:
 
     def next_due(self) -> float | None:
         """When the earliest pending alarm becomes claimable (one indexed read)."""
-        return next_due(self._store._connection())
+        with self._store._reading() as conn:
+            return next_due(conn)
 
     def claim(self, owner: str, now: float, lease: float) -> Claim | None:
         """Lease the earliest claimable alarm to ``owner``, or return None."""
@@ -815,7 +816,8 @@ class AlarmQueue:
 
     def counts(self, now: float) -> dict[str, int]:
         """Pending, due and dead alarms of the database."""
-        return counts(self._store._connection(), now)
+        with self._store._reading() as conn:
+            return counts(conn, now)
 
     def record_status(
         self,

@@ -18,6 +18,7 @@ import apsw.bestpractice
 from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
 from .damage import CORRUPTION, header_problem, no_checkpoint_on_close
 from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
+from .translate import translate, translated
 
 type Durability = Literal["normal", "full"]
 
@@ -111,9 +112,12 @@ def connect(
         no_checkpoint_on_close(conn)  # a refused file is left exactly as it was
         conn.close()
         raise DatabaseCorruptError(path, f"SQLite reports: {e}") from e
-    except BaseException:
+    except BaseException as error:
+        ours = translate(error, path, conn) if isinstance(error, apsw.Error) else None
         no_checkpoint_on_close(conn)
         conn.close()
+        if ours is not None:
+            raise ours from error
         raise
     return conn
 
@@ -126,14 +130,36 @@ def write_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
     manager waits out the busy timeout, which freezes every other thread of the
     process, including the one holding the lock. A cursor's BEGIN releases it.
     """
-    conn.execute("BEGIN IMMEDIATE")
+    with translated(conn.filename, conn):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+@contextmanager
+def read_transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """``BEGIN DEFERRED`` ... ``COMMIT``: several SELECTs on one snapshot (or the open write's).
+
+    An I/O error in the block rolls the transaction back in SQLite: then there is
+    nothing to commit, and that error is what the caller sees. Errors of the block
+    are the caller's to translate (it may use other files meanwhile).
+    """
+    if conn.in_transaction:  # inside a write: read what it sees
+        yield conn
+        return
+    with translated(conn.filename, conn):
+        conn.execute("BEGIN DEFERRED")
     try:
         yield conn
-        conn.execute("COMMIT")
-    except BaseException:
+    finally:
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+            with translated(conn.filename, conn):
+                conn.execute("COMMIT")
 
 
 def _open(path: str, readonly: bool) -> apsw.Connection:
@@ -146,7 +172,8 @@ def _open(path: str, readonly: bool) -> apsw.Connection:
         else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     )
     try:
-        return apsw.Connection(path, flags=flags)
+        with translated(path):  # opening reads the header
+            return apsw.Connection(path, flags=flags)
     except apsw.CantOpenError as e:
         msg = f"cannot open database {path}: {e}. Pass the path of a file you may read."
         raise DurableError(msg) from e

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import apsw
 
+from .parts import VersionedRows
+
 
 @dataclass(frozen=True, slots=True)
 class ConversationFieldsWrite:
@@ -33,50 +35,11 @@ class ConversationFieldsWrite:
         )
 
 
-class ConversationFields:
-    """The ``conversation_fields`` table as a versioned part (a VersionedPart)."""
+class ConversationFields(VersionedRows):
+    """The ``conversation_fields`` table as a versioned part of an agent's record."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
-        """Make ``new_version`` hold the values ``to_version`` held."""
-        conn.execute(
-            """
-            UPDATE conversation_fields SET removed_in = ?3
-             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-        conn.execute(
-            """
-            INSERT INTO conversation_fields (agent_id, conversation, added_in, state)
-            SELECT agent_id, conversation, ?3, state FROM conversation_fields
-             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
-        """Give ``new_agent_id`` (at version 1) the values ``agent_id`` held at ``version``."""
-        conn.execute(
-            """
-            INSERT INTO conversation_fields (agent_id, conversation, added_in, state)
-            SELECT ?3, conversation, 1, state FROM conversation_fields
-             WHERE agent_id = ?1 AND added_in <= ?2
-               AND (removed_in IS NULL OR removed_in > ?2)
-            """,
-            (agent_id, version, new_agent_id),
-        )
-
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
-        """Delete the rows no version from ``keep_from`` on holds."""
-        conn.execute(
-            "DELETE FROM conversation_fields WHERE agent_id = ? AND removed_in <= ?",
-            (agent_id, keep_from),
-        )
-
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
-        """Nothing to do: the agents row's cascade deletes the rows."""
+    def __init__(self) -> None:
+        super().__init__("conversation_fields", ("conversation", "state"))
 
 
 def remove(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> None:

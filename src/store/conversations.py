@@ -15,53 +15,15 @@ from typing import Any
 
 import apsw
 
+from .parts import VersionedRows
 from .records import ConversationInfo
 
 
-class Conversations:
+class Conversations(VersionedRows):
     """The ``conversations`` table as a versioned part of an agent's record."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
-        """Make the conversations that existed at ``to_version`` the ones at ``new_version``."""
-        conn.execute(
-            """
-            UPDATE conversations SET removed_in = ?3
-             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-        conn.execute(
-            """
-            INSERT INTO conversations (agent_id, conversation, added_in, created_at)
-            SELECT agent_id, conversation, ?3, created_at FROM conversations
-             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
-        """Give ``new_agent_id`` the conversations ``agent_id`` had at ``version``."""
-        conn.execute(
-            """
-            INSERT INTO conversations (agent_id, conversation, added_in, created_at)
-            SELECT ?3, conversation, 1, created_at FROM conversations
-             WHERE agent_id = ?1 AND added_in <= ?2
-               AND (removed_in IS NULL OR removed_in > ?2)
-            """,
-            (agent_id, version, new_agent_id),
-        )
-
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
-        """Delete rows of conversations gone before ``keep_from``: no kept version sees them."""
-        conn.execute(
-            "DELETE FROM conversations WHERE agent_id = ? AND removed_in <= ?",
-            (agent_id, keep_from),
-        )
-
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
-        """Nothing to do: the agents row's cascade deletes the rows."""
+    def __init__(self) -> None:
+        super().__init__("conversations", ("conversation", "created_at"))
 
 
 def ensure(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> None:

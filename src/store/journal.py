@@ -36,14 +36,15 @@ class WorkflowJournal:
 
     def workflows(self) -> list[WorkflowInfo]:
         """Every workflow with a journal, by name."""
-        rows = self._connection().execute(
-            """
-            SELECT workflow, count(*), sum(status = 'done'), sum(status = 'running'),
-                   sum(status = 'failed'), min(started_at),
-                   max(coalesce(finished_at, started_at))
-              FROM workflow_steps GROUP BY workflow ORDER BY workflow
-            """
-        )
+        with self._reading() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT workflow, count(*), sum(status = 'done'), sum(status = 'running'),
+                       sum(status = 'failed'), min(started_at),
+                       max(coalesce(finished_at, started_at))
+                  FROM workflow_steps GROUP BY workflow ORDER BY workflow
+                """
+            ).fetchall()
         return [
             WorkflowInfo(name, steps, done, running, failed, utc(first), utc(last))
             for name, steps, done, running, failed, first, last in rows
@@ -55,22 +56,20 @@ class WorkflowJournal:
         Raises:
             NotFoundError: No journal for ``workflow``.
         """
-        rows = (
-            self._connection()
-            .execute(f"{STEP_SELECT} WHERE workflow = ? ORDER BY number", (workflow,))
-            .fetchall()
-        )
+        with self._reading() as conn:
+            rows = conn.execute(
+                f"{STEP_SELECT} WHERE workflow = ? ORDER BY number", (workflow,)
+            ).fetchall()
         if not rows:
             raise NotFoundError(no_workflow(workflow, self.path))
         return [step_info(row) for row in rows]
 
     def step(self, workflow: str, key: str) -> StepInfo | None:
         """One step of the journal by key, or None: one indexed read."""
-        row = (
-            self._connection()
-            .execute(f"{STEP_SELECT} WHERE workflow = ? AND step_key = ?", (workflow, key))
-            .fetchone()
-        )
+        with self._reading() as conn:
+            row = conn.execute(
+                f"{STEP_SELECT} WHERE workflow = ? AND step_key = ?", (workflow, key)
+            ).fetchone()
         return None if row is None else step_info(row)
 
     def reset_workflow(

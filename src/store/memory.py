@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import apsw
 
-from .damage import DamageWatch, watched
+from .parts import VersionedRows
 
 type Kind = Literal["key", "note"]
 KEY: Kind = "key"
@@ -64,83 +65,41 @@ class MemoryChanges:
                 )
 
 
-class MemoryPart:
-    """Memory as a versioned part: rollback, fork, prune and delete (a VersionedPart)."""
+class MemoryPart(VersionedRows):
+    """Memory as a versioned part: rollback, fork, prune and delete."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
-        """Make ``new_version`` hold the memory ``to_version`` held."""
-        conn.execute(
-            """
-            UPDATE memory SET removed_in = ?3
-             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-        conn.execute(
-            """
-            INSERT INTO memory (agent_id, kind, key, added_in, value)
-            SELECT agent_id, kind, key, ?3, value FROM memory
-             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
-            """,
-            (agent_id, to_version, new_version),
-        )
-
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
-        """Give ``new_agent_id`` (at version 1) the memory ``agent_id`` held at ``version``."""
-        conn.execute(
-            """
-            INSERT INTO memory (agent_id, kind, key, added_in, value)
-            SELECT ?3, kind, key, 1, value FROM memory
-             WHERE agent_id = ?1 AND added_in <= ?2
-               AND (removed_in IS NULL OR removed_in > ?2)
-            """,
-            (agent_id, version, new_agent_id),
-        )
-
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
-        """Delete the rows no version from ``keep_from`` on holds."""
-        conn.execute(
-            "DELETE FROM memory WHERE agent_id = ? AND removed_in <= ?",
-            (agent_id, keep_from),
-        )
-
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
-        """Delete all memory of ``agent_id`` (the agents row's cascade would too)."""
-        conn.execute("DELETE FROM memory WHERE agent_id = ?", (agent_id,))
+    def __init__(self) -> None:
+        super().__init__("memory", ("kind", "key", "value"))
 
 
-@watched(lambda rows: rows.watch)
 class MemoryRows:
     """Reads of agents' current memory, on the calling thread's connection.
 
     Args:
-        connection: Returns the connection to read on.
-        watch: The store's watch, which damage met by these reads is reported to.
+        reading: Opens a read of the database (``Store._reading``), which turns
+            I/O errors into StorageError.
     """
 
-    def __init__(self, connection: Callable[[], apsw.Connection], watch: DamageWatch) -> None:
-        self._connection = connection
-        self.watch = watch
+    def __init__(self, reading: Callable[[], AbstractContextManager[apsw.Connection]]) -> None:
+        self._reading = reading
 
     def value(self, agent_id: str, kind: Kind, key: str) -> str | None:
         """The JSON text ``key`` holds now, or None."""
-        return _active_value(self._connection(), agent_id, kind, key)
+        with self._reading() as conn:
+            return _active_value(conn, agent_id, kind, key)
 
     def count(self, agent_id: str, kind: Kind) -> int:
         """How many keys (or notes) the agent holds now."""
-        return int(
-            self._connection()
-            .execute(
-                """
-                SELECT count(*) FROM memory
-                 WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
-                """,
-                (agent_id, kind),
+        with self._reading() as conn:
+            return int(
+                conn.execute(
+                    """
+                    SELECT count(*) FROM memory
+                     WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
+                    """,
+                    (agent_id, kind),
+                ).get
             )
-            .get
-        )
 
     def entries(
         self,
@@ -157,9 +116,8 @@ class MemoryRows:
         when ``small`` is negative), else None. At most ``limit`` rows (negative:
         all); keys that do not start with ``prefix`` are left out.
         """
-        rows: list[tuple[Any, ...]] = (
-            self._connection()
-            .execute(
+        with self._reading() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT key, octet_length(value),
                        CASE WHEN ?5 < 0 OR octet_length(value) <= ?5 THEN value END
@@ -170,24 +128,19 @@ class MemoryRows:
                  ORDER BY key LIMIT ?4
                 """,
                 (agent_id, kind, prefix, limit, small, _prefix_end(prefix)),
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return rows
 
     def last_key(self, agent_id: str, kind: Kind) -> str | None:
         """The greatest current key of ``kind``, or None."""
-        row = (
-            self._connection()
-            .execute(
+        with self._reading() as conn:
+            row = conn.execute(
                 """
                 SELECT max(key) FROM memory
                  WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
                 """,
                 (agent_id, kind),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         return None if row is None or row[0] is None else str(row[0])
 
 

@@ -41,3 +41,48 @@ class VersionedPart(Protocol):
 
     def delete(self, conn: apsw.Connection, agent_id: str) -> None:
         """Delete everything of ``agent_id`` that the agents row's cascade does not."""
+
+
+class VersionedRows:
+    """A table of rows each active from ``added_in`` until ``removed_in``, as a VersionedPart.
+
+    Version *v* holds the rows with ``added_in <= v`` and ``removed_in`` NULL or
+    greater than *v*. ``columns`` are the table's columns besides ``agent_id``,
+    ``added_in`` and ``removed_in``; a rollback or fork copies them.
+    """
+
+    def __init__(self, table: str, columns: tuple[str, ...]) -> None:
+        names = ", ".join(columns)
+        self._end_later = f"""
+            UPDATE {table} SET removed_in = ?3
+             WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2"""
+        self._restore = f"""
+            INSERT INTO {table} (agent_id, {names}, added_in)
+            SELECT agent_id, {names}, ?3 FROM {table}
+             WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2"""
+        self._copy = f"""
+            INSERT INTO {table} (agent_id, {names}, added_in)
+            SELECT ?3, {names}, 1 FROM {table}
+             WHERE agent_id = ?1 AND added_in <= ?2
+               AND (removed_in IS NULL OR removed_in > ?2)"""
+        self._prune = f"DELETE FROM {table} WHERE agent_id = ? AND removed_in <= ?"
+        self._delete = f"DELETE FROM {table} WHERE agent_id = ?"
+
+    def rollback(
+        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
+    ) -> None:
+        """End the rows added after ``to_version``; restore those it held that ended since."""
+        conn.execute(self._end_later, (agent_id, to_version, new_version))
+        conn.execute(self._restore, (agent_id, to_version, new_version))
+
+    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+        """Copy the rows ``version`` holds to ``new_agent_id``, at its version 1."""
+        conn.execute(self._copy, (agent_id, version, new_agent_id))
+
+    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+        """Delete the rows no version from ``keep_from`` on holds."""
+        conn.execute(self._prune, (agent_id, keep_from))
+
+    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+        """Delete every row of ``agent_id``."""
+        conn.execute(self._delete, (agent_id,))

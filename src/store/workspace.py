@@ -41,8 +41,10 @@ from typing import Any
 import apsw
 
 from ..errors import SQLWorkspaceError
+from .connection import read_transaction
 from .damage import CORRUPTION, header_problem
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
+from .translate import translated
 
 logger = logging.getLogger("effectful_durable.store")
 
@@ -186,18 +188,20 @@ def workspace_path(db_path: str, agent_id: str) -> str:
 
 
 def _current(main: apsw.Connection, agent_id: str) -> int:
-    row = main.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+    with translated(main.filename, main):
+        row = main.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
     return 0 if row is None else int(row[0])
 
 
 def _log(main: apsw.Connection, agent_id: str, after: int, upto: int) -> list[Step]:
-    rows = main.execute(
-        """
-        SELECT ddl, changeset FROM workspace_log
-         WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
-        """,
-        (agent_id, after, upto),
-    ).fetchall()
+    with translated(main.filename, main):
+        rows = main.execute(
+            """
+            SELECT ddl, changeset FROM workspace_log
+             WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
+            """,
+            (agent_id, after, upto),
+        ).fetchall()
     return [(_text(ddl), _blob(changeset)) for ddl, changeset in rows]
 
 
@@ -404,6 +408,7 @@ class _NotWorkspace(Exception):
 
 
 _UNUSABLE: tuple[type[Exception], ...] = (*CORRUPTION, _NotWorkspace)
+_NOT_THE_DECLARATION: tuple[type[Exception], ...] = (*CORRUPTION, apsw.IOError, apsw.FullError)
 
 
 def _open_workspace(
@@ -586,6 +591,8 @@ def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
                         raise apsw.ConstraintError(msg)
                     _apply(ws, _log(main, agent_id, held, current))
                     ws.execute("RELEASE catch_up")
+                except (apsw.IOError, apsw.FullError):
+                    raise  # the disk failed, not the log
                 except apsw.Error:
                     ws.execute("ROLLBACK TO catch_up")
                     ws.execute("RELEASE catch_up")
@@ -601,14 +608,8 @@ def catch_up(ws: apsw.Connection, main: apsw.Connection, agent_id: str) -> int:
 
 @contextlib.contextmanager
 def _read(main: apsw.Connection) -> Iterator[None]:
-    if main.in_transaction:
+    with read_transaction(main):
         yield
-        return
-    main.execute("BEGIN DEFERRED")
-    try:
-        yield
-    finally:
-        main.execute("COMMIT")
 
 
 def materialize(
@@ -785,14 +786,18 @@ class WorkspaceTurn:
         self.path = workspace_path(db_path, agent_id)
         self._files = files or WorkspaceFiles(limit=0)
         for attempt in (1, 2):  # a file found damaged is set aside and rebuilt, once
-            self.conn = _caught_up(self._files, self.path, limits, main, agent_id, busy_timeout)
+            with translated(self.path):
+                self.conn = _caught_up(
+                    self._files, self.path, limits, main, agent_id, busy_timeout
+                )
             self.version: int | None = None
             self._finished = False
             self._damaged = False
             self._steps: list[Step] = []
             self._tables: list[TableInfo] | None = None
             try:
-                self._begin(declaration, owner)
+                with translated(self.path, self.conn):
+                    self._begin(declaration, owner)
                 return
             except CORRUPTION as e:
                 self._damaged = True
@@ -811,8 +816,8 @@ class WorkspaceTurn:
             self._cut()
             try:
                 self.conn.execute(ddl)
-            except CORRUPTION:
-                raise
+            except _NOT_THE_DECLARATION:
+                raise  # the file or the disk failed, not the declaration
             except apsw.Error as e:
                 msg = f"cannot migrate the SQL workspace of {self.agent_id!r}: {e} in {ddl!r}"
                 raise SQLWorkspaceError(msg) from e
@@ -834,8 +839,9 @@ class WorkspaceTurn:
     def _recover(self) -> None:
         """Redo the turn's earlier steps after SQLite rolled its transaction back."""
         self._session.close()
-        self.conn.execute("BEGIN IMMEDIATE")
-        _apply(self.conn, self._steps)
+        with translated(self.path, self.conn):
+            self.conn.execute("BEGIN IMMEDIATE")
+            _apply(self.conn, self._steps)
         self._session = self._new_session()
         self._tables = None
 
