@@ -105,7 +105,8 @@ def _unusable(path: str) -> str | None:
 
 
 def _fail(message: str, *, code: int = 1) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    line = " ".join(message.splitlines())  # one line, whatever an error quotes
+    print(f"{PROG}: error: {line}", file=sys.stderr)
     return code
 
 
@@ -135,9 +136,15 @@ def _cli_words(message: str, db: str) -> str:
             f"run `{PROG} vacuum {db}` once to migrate it",
         ),
         ("invalid agent_id", "invalid agent id"),
+        ("made with Store.backup", f"made with `{PROG} backup`"),
+        (
+            "pass on_unreadable='quarantine' to move it aside and start a new database",
+            "move it aside with its -wal and -shm files to start a new database",
+        ),
+        (f"`{PROG} check`", f"`{PROG} check {db}`"),
     ):
         message = message.replace(python, shell)
-    return message
+    return re.sub(r", found during [\w.]+\(\)", "", message)
 
 
 # -- reads ----------------------------------------------------------------------
@@ -263,7 +270,16 @@ def _check(store: Store, args: argparse.Namespace) -> int:
     else:
         _print_rows([[name, _cell(value)] for name, value in facts.items()])
     if facts["integrity"] != "ok":
-        return _fail(f"{store.path} failed PRAGMA integrity_check: {facts['integrity']}")
+        problems = [
+            line.strip()
+            for line in str(facts["integrity"]).replace("; ", "\n").splitlines()
+            if line.strip() and not line.startswith("***")
+        ] or [str(facts["integrity"])]
+        more = f" (and {len(problems) - 1} more; --json lists them)" if len(problems) > 1 else ""
+        return _fail(
+            f"{store.path} failed PRAGMA integrity_check: {problems[0]}{more}. It is "
+            f"damaged: put back a copy made with `{PROG} backup`"
+        )
     return 0
 
 

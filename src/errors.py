@@ -19,8 +19,42 @@ class NotOurDatabaseError(DurableError):
         msg = (
             f"{path} is not an effectful-durable database{detail}. "
             "Nothing was written to it. Pass the path of a new file, "
-            "or of a database this library created."
+            "or of a database this library created (if it was one, put back a copy "
+            "made with Store.backup, or pass on_unreadable='quarantine' to move it "
+            "aside and start a new database)."
         )
+        super().__init__(msg)
+
+
+class DatabaseCorruptError(DurableError):
+    """SQLite found the database file damaged; what was asked of it was not done.
+
+    Raised when the file is opened (``during`` is None), or when damage is found
+    later, while reading or during a turn (``during`` names what was being done).
+    Nothing was written to the file by the refusal, and the Store that found the
+    damage writes nothing more to it (later writes raise this at once) nor
+    checkpoints its WAL into it, so the file stays as it was for a restore.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, path: str, detail: str, during: str | None = None) -> None:
+        self.path = path
+        self.detail = detail
+        self.during = during
+        if during is None:
+            msg = (
+                f"{path} is damaged ({detail}). Nothing was written to it. Put back a "
+                "copy made with Store.backup, or pass on_unreadable='quarantine' to "
+                "move it aside and start a new database."
+            )
+        else:
+            msg = (
+                f"{path} is damaged ({detail}), found during {during}; that was not "
+                "done and nothing was written. Stop the programs that use the file and "
+                "put back a copy made with Store.backup (`effectful-durable check` "
+                "shows the damage)."
+            )
         super().__init__(msg)
 
 
@@ -34,7 +68,8 @@ class SchemaTooNewError(DurableError):
         msg = (
             f"{path} was written by a newer effectful-durable (schema {found}; "
             f"this version reads <= {supported}). "
-            "Upgrade the package, or open a copy with the version that wrote it."
+            "Upgrade the package, or open a copy with the version that wrote it "
+            "(if none did, its header is damaged: put back a copy made with Store.backup)."
         )
         super().__init__(msg)
 
@@ -97,15 +132,19 @@ class InvalidConversationIdError(DurableError, ValueError):
 class StateSerializationError(DurableError, TypeError):
     """A value to persist cannot be stored as JSON; nothing was written."""
 
-    def __init__(self, owner: str, field: str, value_type: str, reason: str) -> None:
+    def __init__(
+        self, owner: str, field: str, value_type: str, reason: str, advice: str = ""
+    ) -> None:
         self.owner = owner
         self.field = field
         self.value_type = value_type
-        msg = (
-            f"cannot persist {owner}.{field}: a value of type {value_type} "
-            f"cannot be stored as JSON ({reason}). Nothing was written. "
+        advice = advice or (
             "Annotate the field with a type pydantic can serialise, or mark it "
             "ephemeral() to keep it out of the database."
+        )
+        msg = (
+            f"cannot persist {owner}.{field}: a value of type {value_type} "
+            f"cannot be stored as JSON ({reason}). Nothing was written. {advice}"
         )
         super().__init__(msg)
 

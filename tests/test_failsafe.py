@@ -11,6 +11,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.types import NotHandled
 
 from effectful_durable import (
+    DatabaseCorruptError,
     NotOurDatabaseError,
     PersistenceHandler,
     PersistentAgent,
@@ -70,7 +71,7 @@ class TestQuarantine:
         damaged = bytearray(db_path.read_bytes())
         damaged[100:4096] = b"\xff" * (4096 - 100)  # page 1 past the header: sqlite_schema
         db_path.write_bytes(bytes(damaged))
-        with pytest.raises(NotOurDatabaseError, match="damaged|not an SQLite"):
+        with pytest.raises(DatabaseCorruptError, match="is damaged"):
             Store(db_path)
         with Store(db_path, on_unreadable="quarantine") as store:
             assert store.agents() == []

@@ -125,7 +125,7 @@ class AlarmTools(OnAlarm):
         """Cancel one of your pending alarms by its id (as list_alarms shows it)."""
         if not isinstance(alarm_id, str) or not alarm_id.strip():
             return "error: give the id of one of your alarms, as list_alarms shows it."
-        if cancel_alarm_of(self, alarm_id.strip()):
+        if alarm_id.strip().isprintable() and cancel_alarm_of(self, alarm_id.strip()):
             return f"cancelled {alarm_id.strip()}"
         return (
             f"error: you have no pending alarm {alarm_id!r}; list_alarms shows your "

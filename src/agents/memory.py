@@ -515,6 +515,8 @@ class StateTools:
         memory: AgentMemory = agent_memory(self)
         if len(prefix) > memory.limits.key_chars:
             return f"error: the prefix must be at most {memory.limits.key_chars} characters."
+        if not prefix.isprintable():  # no key holds one (nor can SQLite a lone surrogate)
+            return f"error: the prefix {prefix!r} holds a non-printable character."
         shown = memory.limits.listed_keys
         entries = memory.entries(prefix, limit=shown + 1)
         where = f" starting with {prefix!r}" if prefix else ""

@@ -13,6 +13,7 @@ import pydantic
 import pydantic_core
 
 from ..errors import StateSerializationError
+from ..store.rows import storable
 
 logger = logging.getLogger("effectful_durable.state")
 
@@ -128,11 +129,20 @@ def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
         value = getattr(agent, name)
         try:
             values[name] = _adapter(annotation).dump_python(value, mode="json", warnings="error")
-        except (pydantic.PydanticUserError, pydantic_core.PydanticSerializationError) as e:
+        except (
+            pydantic.PydanticUserError,
+            pydantic_core.PydanticSerializationError,
+            ValueError,  # bytes that are not UTF-8, among others
+            TypeError,
+            RecursionError,
+        ) as e:
             raise StateSerializationError(
                 _owner(agent), name, type(value).__qualname__, _one_line(e)
             ) from e
-    return json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    if storable(text):
+        return text
+    return json.dumps(values, sort_keys=True, separators=(",", ":"))  # lone surrogates
 
 
 def restore_state(

@@ -41,7 +41,7 @@ class RecallTools:
         """Search your earlier conversation that was summarised out of your context.
 
         Give a few words the messages you need contain. Returns up to `limit`
-        matching messages, best match first, as "role: text".
+        (at most 50) matching messages, best match first, as "role: text".
         """
-        found = search_compacted(self, query, limit)
+        found = search_compacted(self, query, max(1, min(limit, 50)))
         return [f"{message.get('role')}: {message_text(message)}" for message in found]

@@ -28,7 +28,13 @@ from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
 from ..store.conversation_fields import ConversationFieldsWrite
-from ..store.history import ActiveHistory, HistoryChange, plan_change, plan_logged
+from ..store.history import (
+    ActiveHistory,
+    HistoryChange,
+    check_messages,
+    plan_change,
+    plan_logged,
+)
 from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
 from ..store.parts import TurnWrite
 from .alarms import AlarmHandling
@@ -454,9 +460,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             result_json = self.journal.encode(turn.step, result)
         compaction = None
         if turn.compacted is None:
-            change, history = _plan(committed.history, agent.__history__)
+            change, history = _plan(agent.agent_id, committed.history, agent.__history__)
         else:
             change, history = plan_change(committed.history, turn.compacted.before)
+            check_messages(agent.agent_id, (m for _, m in change.added), None)
             compaction, history = _compaction(history, agent, turn.compacted)
         detail = {"recovered": _handoff_summary(turn.earlier)} if turn.earlier else None
         version = self.store.commit_turn(
@@ -515,7 +522,7 @@ def _compaction(
     before: ActiveHistory, agent: PersistentAgent, compacted: Compacted
 ) -> tuple[Compaction, ActiveHistory]:
     """The compaction to commit, from the committed history just before it."""
-    change, after = plan_change(before, history_messages(agent.__history__))
+    change, after = _plan(agent.agent_id, before, agent.__history__, logged=False)
     compaction = Compaction(
         change=change,
         summary_id=str(compacted.summary["id"]),
@@ -527,18 +534,32 @@ def _compaction(
     return compaction, after
 
 
-def _plan(committed: ActiveHistory, history: Any) -> tuple[HistoryChange, ActiveHistory]:
+def _plan(
+    agent_id: str, committed: ActiveHistory, history: Any, *, logged: bool = True
+) -> tuple[HistoryChange, ActiveHistory]:
     """The turn's change, from the history's log when it has one, else by comparison.
 
     A logged change comes back with ``committed`` itself as the history after it:
     apply it with ``committed.extend(change)`` once the commit has succeeded.
+
+    Raises:
+        StateSerializationError: The change adds a message that could not be
+            stored and loaded back as it is.
     """
-    changes = history.changes() if isinstance(history, History) else None
-    if changes is not None:
-        change = plan_logged(committed, history, changes.appended, changes.replaced)
+    changes = history.changes() if logged and isinstance(history, History) else None
+    try:
+        change = None
+        if changes is not None:
+            change = plan_logged(committed, history, changes.appended, changes.replaced)
         if change is not None:
-            return change, committed
-    return plan_change(committed, history_messages(history))
+            after = committed
+        else:
+            change, after = plan_change(committed, history_messages(history))
+    except (AttributeError, TypeError):  # planning met a message that is not a dict
+        check_messages(agent_id, history_messages(history), history)
+        raise
+    check_messages(agent_id, (message for _, message in change.added), history)
+    return change, after
 
 
 def _committed(agent: PersistentAgent) -> _Committed | None:

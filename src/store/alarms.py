@@ -33,7 +33,8 @@ import apsw
 from cronsim import CronSim, CronSimError
 
 from ..errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
-from .rows import utc
+from .damage import watched
+from .rows import storable, utc
 
 if TYPE_CHECKING:
     from .store import Store
@@ -170,6 +171,8 @@ def check_action(action: object) -> str:
         _invalid(f"action must be a non-empty text; got {action!r}")
     if len(action) > MAX_ACTION:
         _invalid(f"action must be at most {MAX_ACTION} characters; got {len(action)}")
+    if not storable(action):
+        _invalid("action holds a lone surrogate (\\ud800-\\udfff), which is not text")
     return action
 
 
@@ -776,6 +779,7 @@ def _invalid(reason: str) -> NoReturn:
     raise InvalidAlarmError(reason)
 
 
+@watched(lambda queue: queue._store._damage)
 class AlarmQueue:
     """The runner's side of the alarms of one Store: claim, fail, release, report.
 

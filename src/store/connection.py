@@ -15,7 +15,8 @@ from typing import Literal
 import apsw
 import apsw.bestpractice
 
-from ..errors import DurableError, NotOurDatabaseError, SchemaTooNewError
+from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
+from .damage import CORRUPTION, header_problem, no_checkpoint_on_close
 from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .translate import translate, translated
 
@@ -57,6 +58,7 @@ def connect(
 
     Raises:
         NotOurDatabaseError: The file is not SQLite, or is another program's database.
+        DatabaseCorruptError: SQLite found the file damaged.
         SchemaTooNewError: A newer effectful-durable wrote the file.
         ValueError: ``durability`` or ``busy_timeout`` is not valid.
     """
@@ -70,6 +72,9 @@ def connect(
     try:
         apsw.bestpractice.connection_busy_timeout(conn, int(busy_timeout * 1000))
         apsw.bestpractice.connection_dqs(conn)
+        problem = header_problem(path, APPLICATION_ID)
+        if problem is not None:
+            raise DatabaseCorruptError(path, problem)
         try:
             version = _identify(conn, path)
         except apsw.ReadOnlyError as e:
@@ -80,6 +85,12 @@ def connect(
                 "read-write once (Store(path)) to roll that write back, then read it"
             )
             raise DurableError(msg) from e
+        if not readonly and conn.readonly("main"):
+            msg = (
+                f"cannot write {path}: SQLite opened it read-only. Make the file and its "
+                "directory writable, or open it with Store(path, readonly=True)."
+            )
+            raise DurableError(msg)
         if readonly:
             if version == 0:
                 msg = f"{path} is empty: it holds no effectful-durable database yet"
@@ -97,8 +108,13 @@ def connect(
         apsw.bestpractice.connection_enable_foreign_keys(conn)
         if version < SCHEMA_VERSION:
             _migrate(conn, path)
+    except CORRUPTION as e:
+        no_checkpoint_on_close(conn)  # a refused file is left exactly as it was
+        conn.close()
+        raise DatabaseCorruptError(path, f"SQLite reports: {e}") from e
     except BaseException as error:
         ours = translate(error, path, conn) if isinstance(error, apsw.Error) else None
+        no_checkpoint_on_close(conn)
         conn.close()
         if ours is not None:
             raise ours from error
@@ -170,11 +186,13 @@ def _identify(conn: apsw.Connection, path: str) -> int:
         user_version = conn.pragma("user_version")
         objects = conn.execute("SELECT count(*) FROM sqlite_schema").get
     except apsw.NotADBError as e:
-        raise NotOurDatabaseError(path, "it is not an SQLite database") from e
-    except apsw.CorruptError as e:
-        raise NotOurDatabaseError(path, f"it is damaged: {e}") from e
+        reason = "it is not an SQLite database, or its header is damaged"
+        raise NotOurDatabaseError(path, reason) from e
+    except apsw.SQLError as e:  # "unsupported file format": a header SQLite cannot read
+        raise DatabaseCorruptError(path, f"SQLite cannot read it: {e}") from e
     if application_id != APPLICATION_ID:
         if application_id == 0 and user_version == 0 and objects == 0:
+            _check_new(path)
             return 0
         reason = (
             f"application_id is {application_id:#x}"
@@ -182,9 +200,38 @@ def _identify(conn: apsw.Connection, path: str) -> int:
             else "it is another program's SQLite database"
         )
         raise NotOurDatabaseError(path, reason)
+    if user_version < 0:
+        raise DatabaseCorruptError(path, f"its header is damaged: user_version is {user_version}")
     if user_version > SCHEMA_VERSION:
         raise SchemaTooNewError(path, found=user_version, supported=SCHEMA_VERSION)
     return int(user_version)
+
+
+_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_new(path: str) -> None:
+    """Refuse to take a file that SQLite reads as empty unless it is new or a whole empty database.
+
+    SQLite reads a file shorter than its first page as holding no pages at all, so
+    a database cut off inside its first page would otherwise be taken for a new
+    one and written over.
+    """
+    try:
+        with open(path, "rb") as file:
+            header = file.read(100)
+        size = os.path.getsize(path)
+    except OSError:
+        return  # nothing there yet
+    if size == 0:
+        return
+    if not header.startswith(_MAGIC):
+        raise NotOurDatabaseError(path, "it is not an SQLite database")
+    page_size = int.from_bytes(header[16:18]) if len(header) >= 18 else 0
+    page_size = 65536 if page_size == 1 else page_size
+    if size < max(page_size, 512):
+        detail = f"it ends after {size} bytes, inside its first page: the file was cut off"
+        raise DatabaseCorruptError(path, detail)
 
 
 def _migrate(conn: apsw.Connection, path: str) -> None:
@@ -194,12 +241,19 @@ def _migrate(conn: apsw.Connection, path: str) -> None:
             version = _identify(conn, path)
             if version >= SCHEMA_VERSION:
                 return
-            if version == 0:
-                conn.execute(schema_sql())
-                version = SCHEMA_VERSION
-            else:
-                conn.execute(MIGRATIONS[version])
-                version += 1
+            try:
+                if version == 0:
+                    conn.execute(schema_sql())
+                    version = SCHEMA_VERSION
+                else:
+                    conn.execute(MIGRATIONS[version])
+                    version += 1
+            except apsw.SQLError as e:  # the tables are not those of the schema it names
+                detail = (
+                    f"its tables do not fit schema {version}, which its header names "
+                    f"(migrating them failed: {e})"
+                )
+                raise DatabaseCorruptError(path, detail) from e
             conn.pragma("application_id", APPLICATION_ID)
             conn.pragma("user_version", version)
 

@@ -10,11 +10,15 @@ prefix found by C-speed list comparisons.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..errors import StateSerializationError
+from .rows import storable
 
 type Message = Mapping[str, Any]
 
@@ -230,13 +234,81 @@ def _rewrite_from(
     return HistoryChange(added, removed, len(tail)), after
 
 
+_MESSAGE_ADVICE = (
+    "Each message of an agent's __history__ must be a dict of JSON values whose "
+    "string 'id' is its key there, as effectful makes them."
+)
+
+
+def check_messages(
+    agent_id: str, messages: Iterable[Any], history: Mapping[str, Any] | None
+) -> None:
+    """Refuse messages that could not be stored and loaded back as they are.
+
+    Each must be a mapping with a string ``"id"``; with ``history`` (the agent's
+    ``__history__``), the one kept there under that id. Costs what it checks:
+    a commit checks the messages it adds.
+
+    Raises:
+        StateSerializationError: A message that is not such a mapping.
+    """
+    for message in messages:
+        if not isinstance(message, Mapping):
+            reason = "a message must be a dict"
+        elif not isinstance(key := message.get("id"), str):
+            reason = "it has no string 'id'"
+        elif history is not None and history.get(key) is not message:
+            reason = f"it is not kept under its id {key!r} in __history__"
+        else:
+            continue
+        owner = f"agent {agent_id!r} message"
+        raise StateSerializationError(
+            owner, "__history__", type(message).__name__, reason, _MESSAGE_ADVICE
+        )
+
+
+def message_json(agent_id: str, message: Message) -> str:
+    """The JSON text a message is stored as.
+
+    Raises:
+        StateSerializationError: It holds a value JSON cannot hold, or nests too deep.
+    """
+    try:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        if not storable(text):  # a lone surrogate: store it as an escape
+            text = json.dumps(message, ensure_ascii=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as e:
+        owner = f"agent {agent_id!r} message {message.get('id')!r}"
+        raise StateSerializationError(
+            owner, "body", type(message).__name__, str(e), _MESSAGE_ADVICE
+        ) from e
+    return text
+
+
 def message_text(message: Message) -> str:
-    """A message as plain text: its text blocks, then one line per tool call it makes."""
+    """A message as plain text: its text blocks, then one line per tool call it makes.
+
+    Parts of other shapes than effectful makes are shown as JSON, or left out.
+    """
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(str(block.get("text", "")) for block in content)
-    lines = [str(content or "")]
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {})
-        lines.append(f"-> calls {function.get('name')}({function.get('arguments')})")
+        content = "".join(
+            _shown(block.get("text", "") if isinstance(block, dict) else block)
+            for block in content
+        )
+    lines = [_shown(content)]
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            lines.append(f"-> calls {function.get('name')}({function.get('arguments')})")
     return "\n".join(line for line in lines if line)
+
+
+def _shown(value: Any) -> str:
+    if value is None or isinstance(value, str):
+        return value or ""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"

@@ -19,4 +19,22 @@ def utc(seconds: float) -> datetime:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+    if storable(text):
+        return text
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=repr)
+
+
+def storable(text: str) -> bool:
+    """Whether SQLite can store ``text``: it must have a UTF-8 form, so no lone surrogate.
+
+    JSON text that fails this is written with ``ensure_ascii=True`` instead, which
+    spells such characters as ``\\udxxx`` escapes and reads back the same.
+    """
+    if text.isascii():  # O(1) in CPython
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -19,6 +19,8 @@ from typing import Any
 import apsw
 import apsw.ext
 
+from .damage import CORRUPTION
+
 # Pragmas that only describe the schema; any other pragma, and any pragma given
 # a value to set (other than these ones' table or index name), is refused.
 READ_PRAGMAS = frozenset(
@@ -177,8 +179,13 @@ def vet(
     conn.authorizer = record
     try:
         info = apsw.ext.query_info(conn, sql)  # prepares, never runs
+    except CORRUPTION:
+        raise  # the file is damaged, not the statement: the caller rebuilds it
     except apsw.Error as e:
         msg = f"SQL error: {e}"
+        raise Refused(msg) from None
+    except ValueError as e:  # a NUL, or a lone surrogate, which has no UTF-8 form
+        msg = f"the statement is not valid text: {e}"
         raise Refused(msg) from None
     finally:
         conn.authorizer = previous

@@ -18,10 +18,10 @@ import pydantic_core
 from ..errors import (
     AgentInUseError,
     DatabaseBusyError,
+    DatabaseCorruptError,
     DurableError,
     NotFoundError,
     NotOurDatabaseError,
-    StateSerializationError,
     StorageError,
 )
 from . import alarms as _alarms
@@ -29,7 +29,8 @@ from . import conversation_fields, retention
 from . import conversations as _conversations
 from .alarms import AlarmInfo, AlarmPart, AlarmQueue, Schedule
 from .connection import Durability, connect, quarantine, read_transaction, write_transaction
-from .history import ActiveHistory, HistoryChange
+from .damage import DamageWatch, watched
+from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .journal import WorkflowJournal, step_number
 from .locks import AgentBusy, AgentLocks
@@ -46,7 +47,7 @@ from .records import (
     TurnStart,
     VersionInfo,
 )
-from .rows import current_version, dumps, utc
+from .rows import current_version, dumps, storable, utc
 from .translate import translated
 from .workspace import SQLResult, WorkspaceFiles, WorkspacePart, WorkspaceTurn, read_sql
 
@@ -63,6 +64,7 @@ _PARTS: tuple[VersionedPart, ...] = (
 )
 
 
+@watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
 class Store(WorkflowJournal):
     """The durable log of every agent in one SQLite database file.
 
@@ -82,7 +84,8 @@ class Store(WorkflowJournal):
         readonly: Open for inspection only.
         on_unreadable: What to do when ``path`` is not an effectful-durable
             database (not SQLite, damaged, or another program's): ``"refuse"``
-            raises NotOurDatabaseError and touches nothing; ``"quarantine"``
+            raises NotOurDatabaseError (DatabaseCorruptError if damaged) and
+            touches nothing; ``"quarantine"``
             renames it (with its ``-wal`` and ``-shm`` files) to
             ``<name>.unreadable-<UTC time>``, logs a warning naming the new name,
             and starts a new database at ``path``. A file written by a newer
@@ -90,6 +93,8 @@ class Store(WorkflowJournal):
 
     Raises:
         NotOurDatabaseError: ``path`` is not an effectful-durable database.
+        DatabaseCorruptError: SQLite found ``path`` damaged, on opening or later
+            (every method may raise it; the store then refuses to write).
         SchemaTooNewError: ``path`` was written by a newer version.
 
     Example::
@@ -119,6 +124,7 @@ class Store(WorkflowJournal):
         self._workspace_caches: list[WorkspaceFiles] = []
         self._connections_lock = threading.Lock()
         self._closed = False
+        self._damage = DamageWatch(self.path, self._connections)
         if on_unreadable not in ("refuse", "quarantine") or (
             readonly and on_unreadable == "quarantine"
         ):
@@ -129,12 +135,12 @@ class Store(WorkflowJournal):
             raise ValueError(msg)
         try:
             self._connection()  # fail here, not at the first turn, if the file is bad
-        except NotOurDatabaseError:
+        except (NotOurDatabaseError, DatabaseCorruptError):
             if on_unreadable == "refuse":
                 raise
             try:  # another process may have moved it aside and started afresh meanwhile
                 self._connection()
-            except NotOurDatabaseError:
+            except (NotOurDatabaseError, DatabaseCorruptError):
                 quarantine(self.path)
                 self._connection()
         self._locks = AgentLocks.for_database(self.path)
@@ -260,8 +266,10 @@ class Store(WorkflowJournal):
         .. versionchanged:: 0.2.0
            ``conversation``.
         """
-        words = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
-        if not words:
+        words = " ".join(
+            '"' + w.replace('"', '""') + '"' for w in query.replace("\0", " ").split()
+        )
+        if not words or not storable(words):  # a lone surrogate is in no stored text
             return []
         with self._reading() as conn:
             bodies = conn.execute(
@@ -1053,8 +1061,9 @@ class Store(WorkflowJournal):
 
     @contextmanager
     def _writing(self) -> Iterator[apsw.Connection]:
+        self._damage.check_writable("a write")
         try:
-            with write_transaction(self._connection()) as conn:
+            with self._damage.watching("a write"), write_transaction(self._connection()) as conn:
                 yield conn
         except StorageError:
             self._reconnect()
@@ -1071,8 +1080,9 @@ class Store(WorkflowJournal):
         conn = self._connection()
         nested = conn.in_transaction
         try:
-            with translated(self.path, conn), read_transaction(conn):
-                yield conn
+            with self._damage.watching("a read"), translated(self.path, conn):
+                with read_transaction(conn):
+                    yield conn
         except StorageError:
             if not nested:
                 self._reconnect()
@@ -1099,7 +1109,7 @@ class Store(WorkflowJournal):
             old.close()
 
     def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
-        current = current_version(conn, agent_id)
+        current = current_version(conn, validate_agent_id(agent_id))
         if current is None:
             raise NotFoundError(_no_agent(agent_id, self.path))
         if version is None:
@@ -1152,7 +1162,7 @@ class Store(WorkflowJournal):
                 version,
                 message.get("id"),
                 message.get("role", ""),
-                _dumps_message(agent_id, message),
+                message_json(agent_id, message),
             )
             for position, message in change.added
         ]
@@ -1226,7 +1236,8 @@ class Store(WorkflowJournal):
             ),
         )
         # Index the text of the originals, for RecallTools: text blocks, plain
-        # content and tool-call arguments.
+        # content and tool-call arguments (of bodies SQLite's JSON functions read:
+        # not nested deeper than 1,000, sqlite.org/json1.html#jmini).
         conn.execute(
             """
             INSERT INTO compacted_text (text, agent_id, position, version)
@@ -1241,7 +1252,7 @@ class Store(WorkflowJournal):
                    agent_id, position, removed_in
               FROM messages
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
-               AND position BETWEEN ?3 AND ?4
+               AND position BETWEEN ?3 AND ?4 AND json_valid(body)
             """,
             (
                 agent_id,
@@ -1391,14 +1402,6 @@ def _decode_messages(bodies: Iterator[str] | Any) -> list[dict[str, Any]]:
     except ValueError:
         decoded = json.loads(text)
     return decoded
-
-
-def _dumps_message(agent_id: str, message: Mapping[str, Any]) -> str:
-    try:
-        return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        owner = f"agent {agent_id!r} message {message.get('id')!r}"
-        raise StateSerializationError(owner, "body", type(message).__name__, str(e)) from e
 
 
 def _no_conversation(agent_id: str, conversation: str, version: int) -> str:

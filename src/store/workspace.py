@@ -31,17 +31,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import apsw
 
 from ..errors import SQLWorkspaceError
 from .connection import read_transaction
+from .damage import CORRUPTION, header_problem
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
 from .translate import translated
+
+logger = logging.getLogger("effectful_durable.store")
 
 WORKSPACE_APPLICATION_ID = 0x45465753  # "EFWS": PRAGMA application_id of workspace files
 _RESET = "-- reset"  # a DDL step that drops every table: snapshots start with it
@@ -369,9 +374,46 @@ def open_workspace(
 ) -> apsw.Connection:
     """Open (creating if missing) an agent's workspace file, hardened for agent SQL.
 
+    A file SQLite finds damaged, or one in its place that is not a workspace
+    file, is set aside (see :func:`set_aside`) and a new one started: whoever
+    opened it catches it up from the log.
+
     Raises:
-        SQLWorkspaceError: The file is not a workspace file.
+        SQLWorkspaceError: With ``readonly``, the file is damaged or not a
+            workspace file.
     """
+    try:
+        return _open_workspace(path, limits, busy_timeout=busy_timeout, readonly=readonly)
+    except _UNUSABLE as e:
+        if readonly:
+            msg = f"{path} is damaged or not an effectful-durable SQL workspace file ({e})"
+            raise SQLWorkspaceError(msg) from e
+        set_aside(path, str(e))
+    return _open_workspace(path, limits, busy_timeout=busy_timeout, readonly=readonly)
+
+
+class Damaged(Refused):
+    """The workspace file is damaged; the turn's SQL is refused and the file rebuilt after it."""
+
+
+_DAMAGED = (
+    "the file that holds your SQL tables is damaged; nothing was changed by this call. "
+    "It is rebuilt from your saved versions when this turn ends: use your tables again "
+    "in your next turn"
+)
+
+
+class _NotWorkspace(Exception):
+    """The file is SQLite, but not an effectful-durable workspace file."""
+
+
+_UNUSABLE: tuple[type[Exception], ...] = (*CORRUPTION, _NotWorkspace)
+_NOT_THE_DECLARATION: tuple[type[Exception], ...] = (*CORRUPTION, apsw.IOError, apsw.FullError)
+
+
+def _open_workspace(
+    path: str, limits: SQLLimits, *, busy_timeout: float, readonly: bool
+) -> apsw.Connection:
     if not readonly:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     flags = (
@@ -379,15 +421,24 @@ def open_workspace(
         if readonly
         else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     )
+    problem = header_problem(path, WORKSPACE_APPLICATION_ID)
+    if problem is not None:
+        raise _NotWorkspace(problem)
     conn = apsw.Connection(path, flags=flags)
     try:
         conn.set_busy_timeout(int(busy_timeout * 1000))
+        if not readonly and conn.readonly("main"):
+            msg = "SQLite opened it read-only (its header, or its permissions)"
+            raise _NotWorkspace(msg)
         application_id = conn.pragma("application_id")
+        try:
+            empty = conn.execute("SELECT count(*) FROM sqlite_schema").get == 0  # page 1
+        except apsw.SQLError as e:  # "unsupported file format": a damaged header
+            raise _NotWorkspace(str(e)) from e
         if application_id != WORKSPACE_APPLICATION_ID:
-            empty = conn.execute("SELECT count(*) FROM sqlite_schema").get == 0
             if application_id != 0 or not empty or readonly:
-                msg = f"{path} is not an effectful-durable SQL workspace file"
-                raise SQLWorkspaceError(msg)
+                msg = f"its application_id is {application_id:#x}"
+                raise _NotWorkspace(msg)
             conn.pragma("application_id", WORKSPACE_APPLICATION_ID)
         if not readonly:
             conn.pragma("journal_mode", "wal")
@@ -395,10 +446,72 @@ def open_workspace(
             page_size = int(conn.pragma("page_size"))
             conn.pragma("max_page_count", max(1, limits.max_workspace_bytes // page_size))
         harden(conn, limits)
-    except apsw.NotADBError as e:
+    except BaseException:
         conn.close()
-        msg = f"{path} is not an SQLite file; remove it and it is rebuilt from the log"
-        raise SQLWorkspaceError(msg) from e
+        raise
+    return conn
+
+
+def set_aside(path: str, reason: str) -> str:
+    """Rename a damaged workspace file (with its -wal and -shm) to ``<path>.damaged-<UTC time>``.
+
+    Nothing is deleted; a warning names the new name. The file is only a view of
+    the log in the main database, so the next use rebuilds it from there.
+
+    Returns:
+        The new name.
+    """
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = f"{path}.damaged-{stamp}"
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path + suffix, aside + suffix)
+    logger.warning(
+        "the SQL workspace file %s is damaged (%s); moved it to %s (nothing was deleted) "
+        "and rebuilt it from the log in the main database",
+        path,
+        reason,
+        aside,
+    )
+    return aside
+
+
+def _sound(conn: apsw.Connection) -> bool:
+    """Whether SQLite finds the file of ``conn`` whole (its ``quick_check``)."""
+    try:
+        return bool(conn.execute("PRAGMA quick_check").get == "ok")
+    except apsw.Error:
+        return False
+
+
+def _caught_up(
+    files: WorkspaceFiles,
+    path: str,
+    limits: SQLLimits,
+    main: apsw.Connection,
+    agent_id: str,
+    busy_timeout: float,
+) -> apsw.Connection:
+    """The agent's workspace file, open and caught up; a damaged one is set aside and rebuilt.
+
+    Damage of the main database (the log) is raised as SQLite reported it.
+    """
+    conn = files.open(path, limits, busy_timeout=busy_timeout)
+    try:
+        catch_up(conn, main, agent_id)
+        return conn
+    except CORRUPTION as e:
+        sound = _sound(conn)
+        conn.close()
+        if sound:
+            raise  # the workspace is whole: the damage is in the main database
+        set_aside(path, str(e))
+    except BaseException:
+        conn.close()
+        raise
+    conn = files.open(path, limits, busy_timeout=busy_timeout)
+    try:
+        catch_up(conn, main, agent_id)
     except BaseException:
         conn.close()
         raise
@@ -499,25 +612,46 @@ def _read(main: apsw.Connection) -> Iterator[None]:
         yield
 
 
-def materialize(main: apsw.Connection, path: str, agent_id: str, version: int) -> apsw.Connection:
-    """An in-memory database holding the agent's tables at ``version``; never writes."""
+def materialize(
+    main: apsw.Connection, path: str | None, agent_id: str, version: int
+) -> apsw.Connection:
+    """An in-memory database holding the agent's tables at ``version``; never writes.
+
+    It starts from a copy of the workspace file at ``path`` when that helps, and
+    from the log alone when ``path`` is None or the copy turns out damaged.
+    """
+    if path is not None and header_problem(path, WORKSPACE_APPLICATION_ID) is None:
+        try:
+            return _materialize(main, path, agent_id, version)
+        except apsw.Error:
+            pass  # the copy does not take the log: damaged (the log's damage raises below)
+    return _materialize(main, None, agent_id, version)
+
+
+def _materialize(
+    main: apsw.Connection, path: str | None, agent_id: str, version: int
+) -> apsw.Connection:
     mem = apsw.Connection(":memory:")
     with _read(main):
         current = _current(main, agent_id)
         held = 0
-        if os.path.exists(path):
+        if path is not None and os.path.exists(path):
             try:
                 source = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
-                with mem.backup("main", source, "main") as backup:
-                    backup.step(-1)
-                source.close()
+                try:
+                    with mem.backup("main", source, "main") as backup:
+                        backup.step(-1)
+                finally:
+                    source.close()
+                mem.execute("SELECT count(*) FROM sqlite_schema")  # a copy SQLite can read
                 held = int(mem.pragma("user_version"))
-                if mem.pragma("application_id") != WORKSPACE_APPLICATION_ID:
+                if mem.pragma("application_id") != WORKSPACE_APPLICATION_ID or held < 0:
                     held = current + 1
             except apsw.Error:
                 held = current + 1
-        if held > current:
-            _apply(mem, [(_RESET, None)])
+        if held > current:  # ahead of the log, foreign or damaged: start from nothing
+            mem.close()
+            mem = apsw.Connection(":memory:")
             held = 0
         if held <= version:
             _apply(mem, _log(main, agent_id, held, version))
@@ -651,30 +785,43 @@ class WorkspaceTurn:
         self.protected = frozenset(declaration.tables)
         self.path = workspace_path(db_path, agent_id)
         self._files = files or WorkspaceFiles(limit=0)
-        with translated(self.path):
-            self.conn = self._files.open(self.path, limits, busy_timeout=busy_timeout)
-        self.version: int | None = None
-        self._finished = False
-        self._steps: list[Step] = []
-        self._tables: list[TableInfo] | None = None
-        try:
-            with translated(self.path, self.conn):
-                catch_up(self.conn, main, agent_id)
-                self.conn.execute("BEGIN IMMEDIATE")
-                self._session = self._new_session()
-                for ddl in plan_migration(self.conn, declaration, owner):
-                    self._cut()
-                    try:
-                        self.conn.execute(ddl)
-                    except (apsw.IOError, apsw.FullError):
-                        raise
-                    except apsw.Error as e:
-                        msg = f"cannot migrate the SQL workspace of {agent_id!r}: {e} in {ddl!r}"
-                        raise SQLWorkspaceError(msg) from e
-                    self._steps.append((ddl, None))
-        except BaseException:
-            self.finish(committed=False)
-            raise
+        for attempt in (1, 2):  # a file found damaged is set aside and rebuilt, once
+            with translated(self.path):
+                self.conn = _caught_up(
+                    self._files, self.path, limits, main, agent_id, busy_timeout
+                )
+            self.version: int | None = None
+            self._finished = False
+            self._damaged = False
+            self._steps: list[Step] = []
+            self._tables: list[TableInfo] | None = None
+            try:
+                with translated(self.path, self.conn):
+                    self._begin(declaration, owner)
+                return
+            except CORRUPTION as e:
+                self._damaged = True
+                self.finish(committed=False)
+                if attempt == 2:
+                    msg = f"the SQL workspace file of {agent_id!r} stays damaged: {e}"
+                    raise SQLWorkspaceError(msg) from e
+            except BaseException:
+                self.finish(committed=False)
+                raise
+
+    def _begin(self, declaration: Declaration, owner: str) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._session = self._new_session()
+        for ddl in plan_migration(self.conn, declaration, owner):
+            self._cut()
+            try:
+                self.conn.execute(ddl)
+            except _NOT_THE_DECLARATION:
+                raise  # the file or the disk failed, not the declaration
+            except apsw.Error as e:
+                msg = f"cannot migrate the SQL workspace of {self.agent_id!r}: {e} in {ddl!r}"
+                raise SQLWorkspaceError(msg) from e
+            self._steps.append((ddl, None))
 
     def _new_session(self) -> apsw.Session:
         session = apsw.Session(self.conn, "main")
@@ -699,10 +846,26 @@ class WorkspaceTurn:
         self._tables = None
 
     def tables(self) -> list[TableInfo]:
-        """The workspace's tables as the turn sees them."""
+        """The workspace's tables as the turn sees them (none once the file is found damaged)."""
         if self._tables is None:
-            self._tables = _tables(self.conn)
+            try:
+                with self._watching():
+                    self._tables = _tables(self.conn)
+            except Damaged:
+                return []
         return self._tables
+
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[None]:
+        """Turn SQLite's report of a damaged file into a refusal; the file is rebuilt later."""
+        if self._damaged:
+            raise Damaged(_DAMAGED)
+        try:
+            yield
+        except CORRUPTION as e:
+            self._damaged = True  # finish() sets the file aside; the log rebuilds it
+            msg = f"{_DAMAGED} (SQLite: {e})"
+            raise Damaged(msg) from None
 
     def query(self, sql: str, params: Sequence[Any]) -> SQLResult:
         """Run one read-only statement for the model.
@@ -710,13 +873,16 @@ class WorkspaceTurn:
         Raises:
             Refused: The sandbox refused it or SQLite reported an error.
         """
-        statement = vet(self.conn, sql, params, write=False, allow_ddl=False, limits=self.limits)
-        self._cut()  # so that _recover can replay every write before this read
-        try:
-            return self._run(statement, params)
-        finally:
-            if not self.conn.in_transaction:  # SQLite gave up the transaction on an error
-                self._recover()
+        with self._watching():
+            statement = vet(
+                self.conn, sql, params, write=False, allow_ddl=False, limits=self.limits
+            )
+            self._cut()  # so that _recover can replay every write before this read
+            try:
+                return self._run(statement, params)
+            finally:
+                if not self.conn.in_transaction and not self._damaged:
+                    self._recover()  # SQLite gave up the transaction on an error
 
     def execute(self, sql: str, params: Sequence[Any]) -> SQLResult:
         """Run one write statement for the model, in its own savepoint.
@@ -725,33 +891,36 @@ class WorkspaceTurn:
             Refused: The sandbox refused it or SQLite reported an error; nothing
                 it did is kept.
         """
-        statement = vet(
-            self.conn,
-            sql,
-            params,
-            write=True,
-            allow_ddl=self.allow_ddl,
-            protected=self.protected,
-            limits=self.limits,
-        )
-        # A segment per statement: SQLite rolls back the whole transaction when a
-        # write is interrupted (budget) or hits SQLITE_FULL
-        # (sqlite.org/lang_transaction.html#response_to_errors_within_a_transaction);
-        # the turn's earlier statements are then replayed from the steps.
-        self._cut()
-        self.conn.execute("SAVEPOINT agent_statement")
-        try:
-            result = self._run(statement, params)
-            if statement.ddl is not None:
-                self._check_keys()
-        except BaseException:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK TO agent_statement")
-                self.conn.execute("RELEASE agent_statement")
-            else:
-                self._recover()
-            raise
-        self.conn.execute("RELEASE agent_statement")
+        with self._watching():
+            statement = vet(
+                self.conn,
+                sql,
+                params,
+                write=True,
+                allow_ddl=self.allow_ddl,
+                protected=self.protected,
+                limits=self.limits,
+            )
+            # A segment per statement: SQLite rolls back the whole transaction when a
+            # write is interrupted (budget) or hits SQLITE_FULL
+            # (sqlite.org/lang_transaction.html#response_to_errors_within_a_transaction);
+            # the turn's earlier statements are then replayed from the steps.
+            self._cut()
+            self.conn.execute("SAVEPOINT agent_statement")
+            try:
+                result = self._run(statement, params)
+                if statement.ddl is not None:
+                    self._check_keys()
+            except CORRUPTION:
+                raise  # the whole transaction is given up with the file
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK TO agent_statement")
+                    self.conn.execute("RELEASE agent_statement")
+                else:
+                    self._recover()
+                raise
+            self.conn.execute("RELEASE agent_statement")
         if statement.ddl is not None:
             self._steps.append((statement.sql.strip(), None))
             self._tables = None
@@ -763,6 +932,8 @@ class WorkspaceTurn:
         Raises:
             Refused: No such table or column, or the insert failed.
         """
+        if self._damaged:
+            raise Damaged(_DAMAGED)
         found = {t.name.lower(): t for t in self.tables()}.get(str(table).lower())
         if found is None:
             names = ", ".join(t.name for t in self.tables()) or "none"
@@ -826,8 +997,16 @@ class WorkspaceTurn:
         except apsw.AuthError as e:
             msg = f"not allowed: {e}"
             raise Refused(msg) from None
+        except CORRUPTION:
+            raise  # the file is damaged, not the statement
         except apsw.Error as e:
             msg = f"SQL error: {e}"
+            raise Refused(msg) from None
+        except UnicodeDecodeError as e:
+            msg = (
+                f"a text value in the result is not valid UTF-8 ({e}); select it as "
+                "hex(column) or CAST(column AS BLOB), or replace it with UPDATE"
+            )
             raise Refused(msg) from None
         except (TypeError, ValueError, OverflowError) as e:
             msg = f"bad parameter value: {e}"
@@ -862,7 +1041,11 @@ class WorkspaceTurn:
             return
         self._finished = True
         try:
-            if self.conn.in_transaction:
+            if self._damaged:
+                with contextlib.suppress(apsw.Error):
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+            elif self.conn.in_transaction:
                 if committed and self.version is not None:
                     try:
                         self.conn.pragma("user_version", self.version)
@@ -877,7 +1060,11 @@ class WorkspaceTurn:
                 session = getattr(self, "_session", None)
                 if session is not None:
                     session.close()
-            self._files.release(self.path, self.conn)
+            if self._damaged:  # the next use rebuilds it from the log
+                self.conn.close()
+                set_aside(self.path, "SQLite found it malformed during a turn")
+            else:
+                self._files.release(self.path, self.conn)
 
 
 # Store.sql reads for the developer: no row or size cap, a generous budget.
@@ -909,19 +1096,31 @@ def read_sql(
     """
     path = workspace_path(db_path, agent_id)
     current = _current(main, agent_id)
+    version = current if version is None else version
     conn: apsw.Connection
-    if version is None or version == current:
-        if readonly or not os.path.exists(path):  # a read never creates a file
-            conn = materialize(main, path, agent_id, current)
-        else:
-            conn = open_workspace(path, limits, busy_timeout=busy_timeout)
-            try:
-                catch_up(conn, main, agent_id)
-            except BaseException:
-                conn.close()
-                raise
-    else:
+    in_place = version == current and not readonly and os.path.exists(path)
+    if in_place:
+        conn = _caught_up(WorkspaceFiles(limit=0), path, limits, main, agent_id, busy_timeout)
+    else:  # a read never creates a file
         conn = materialize(main, path, agent_id, version)
+    try:
+        return _query_on(conn, agent_id, query, params, limits)
+    except CORRUPTION:  # met in the workspace file (or its copy): read the log alone
+        if in_place:
+            set_aside(path, "SQLite found it malformed while reading it")
+        return _query_on(
+            materialize(main, None, agent_id, version), agent_id, query, params, limits
+        )
+
+
+def _query_on(
+    conn: apsw.Connection,
+    agent_id: str,
+    query: str,
+    params: Sequence[Any],
+    limits: SQLLimits,
+) -> SQLResult:
+    """Run the developer's query on ``conn``, then close it."""
     harden(conn, limits)
     try:
         conn.execute("BEGIN DEFERRED")

@@ -1,6 +1,7 @@
 """SQLTools under PersistenceHandler: tools, atomic turns, versions, declarations, catch-up."""
 
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -453,7 +454,7 @@ class TestCatchUp:
         assert rows(db_path, "t", "SELECT km FROM runs ORDER BY id") == want
 
     def test_not_a_workspace_file(self, db_path: Path) -> None:
-        """Another program's file in the workspace's place is refused, not overwritten."""
+        """Another file in the workspace's place is moved aside, not overwritten, and rebuilt."""
         sql_turn(db_path, Tracker(agent_id="t"), insert(1.0))
         path = workspace_path(str(db_path), "t")
         for suffix in ("", "-wal", "-shm"):
@@ -464,9 +465,12 @@ class TestCatchUp:
         foreign = apsw.Connection(path)
         foreign.execute("CREATE TABLE theirs (a)")
         foreign.close()
-        with Store(db_path) as store, pytest.raises(SQLWorkspaceError, match="not an effectful"):
-            store.sql("t", "SELECT 1")
-        assert dump(path)[1][1] == "theirs"
+        with Store(db_path) as store:
+            assert store.sql("t", "SELECT km FROM runs").rows == [(1.0,)]
+        [aside] = glob.glob(path + ".damaged-*")
+        assert dump(aside)[1][1] == "theirs"
+        with Store(db_path, readonly=True) as store:  # a reader never moves a file
+            assert store.sql("t", "SELECT km FROM runs").rows == [(1.0,)]
 
 
 class TestThreads:
