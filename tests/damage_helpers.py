@@ -48,7 +48,7 @@ from effectful_durable import cli as cli_module
 from effectful_durable.cli import main
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import running
+from tests.helpers import running, writable_connection
 
 WAL_HEADER = 32
 FRAME_HEADER = 24
@@ -104,7 +104,7 @@ def build(db_path: Path) -> dict[str, Any]:
             for question in ["put apples", "add apples", "hello", "note buy milk"]:
                 w1.ask(question)
             w2.ask("add pears")
-            checkpoint = apsw.Connection(str(db_path))
+            checkpoint = writable_connection(db_path)
             checkpoint.execute("SELECT count(*) FROM sqlite_schema")  # opens the WAL
             checkpoint.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
             checkpoint.close()
@@ -156,7 +156,7 @@ def checkpointed(files: dict[str, bytes]) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.db"
         restore(files, path)
-        conn = apsw.Connection(str(path))
+        conn = writable_connection(path)
         conn.execute("SELECT count(*) FROM sqlite_schema")  # opens the WAL
         conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
         conn.close()

@@ -41,6 +41,8 @@ from typing import Any, Literal, Self
 
 import apsw
 
+from effectful_durable.store import checksums
+
 # EFFECTFUL_DURABLE_FAULT_SWEEP=full makes the sweeps try every call (scripts/faults.sh).
 FULL = os.environ.get("EFFECTFUL_DURABLE_FAULT_SWEEP") == "full"
 
@@ -159,6 +161,7 @@ class FaultVFS(apsw.VFS):
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        checksums.forget(self.name)
         self.unregister()
 
     @contextlib.contextmanager

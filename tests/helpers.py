@@ -19,6 +19,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, ephemeral
+from effectful_durable.store.checksums import checksum_vfs
 from effectful_durable.testing import FakeLLM
 
 
@@ -124,6 +125,15 @@ def persisted(db_path: Path, llm: FakeLLM, **options: Any) -> Iterator[Persisten
             yield persistence
     finally:
         persistence.close()
+
+
+def writable_connection(db_path: Path | str) -> apsw.Connection:
+    """A plain connection for a test that edits our database: it keeps the page checksums.
+
+    A page written to the file through any other VFS fails its checksum when the
+    Store reads it (store/checksums.py).
+    """
+    return apsw.Connection(str(db_path), vfs=checksum_vfs())
 
 
 def persisted_rows(db_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -178,7 +178,8 @@ class TestMainFile:
         size = len(built.flat[""])
         offsets = sample(range(PAGE, size), 100, 2)
         cases = {f"byte {i} flipped": flipped("", i) for i in offsets}
-        run_cases(tmp_path, built.flat, cases, lambda p: probe(p, built.states))
+        counts = run_cases(tmp_path, built.flat, cases, lambda p: probe(p, built.states))
+        assert counts["wrong"] == 0
 
 
 class TestWal:

@@ -5,6 +5,7 @@ Every pragma effectful-durable sets lives in this module.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import apsw
 import apsw.bestpractice
 
 from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
+from .checksums import RESERVE, checksum_vfs, take_failure
 from .damage import CORRUPTION, header_problem, no_checkpoint_on_close
 from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .translate import translate, translated
@@ -111,7 +113,7 @@ def connect(
     except CORRUPTION as e:
         no_checkpoint_on_close(conn)  # a refused file is left exactly as it was
         conn.close()
-        raise DatabaseCorruptError(path, f"SQLite reports: {e}") from e
+        raise DatabaseCorruptError(path, take_failure() or f"SQLite reports: {e}") from e
     except BaseException as error:
         ours = translate(error, path, conn) if isinstance(error, apsw.Error) else None
         no_checkpoint_on_close(conn)
@@ -171,12 +173,25 @@ def _open(path: str, readonly: bool) -> apsw.Connection:
         if readonly
         else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     )
+    new = not readonly and (not os.path.exists(path) or os.path.getsize(path) == 0)
     try:
         with translated(path):  # opening reads the header
-            return apsw.Connection(path, flags=flags)
+            conn = apsw.Connection(path, flags=flags, vfs=checksum_vfs())
     except apsw.CantOpenError as e:
         msg = f"cannot open database {path}: {e}. Pass the path of a file you may read."
         raise DurableError(msg) from e
+    if new:
+        reserve_checksum_bytes(conn)
+    return conn
+
+
+def reserve_checksum_bytes(conn: apsw.Connection) -> None:
+    """Make every page of ``conn``'s database keep room for its checksum (checksums.py).
+
+    Takes effect on a database with no pages yet, or at its next ``VACUUM``.
+    """
+    reserve = ctypes.c_int(RESERVE)
+    conn.file_control("main", apsw.SQLITE_FCNTL_RESERVE_BYTES, ctypes.addressof(reserve))
 
 
 def _identify(conn: apsw.Connection, path: str) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 import apsw
 
 from ..errors import DatabaseCorruptError, DurableError
+from .checksums import RESERVE, take_failure
 from .migrations import schema_sql
 
 #: What SQLite raises for a file whose pages are malformed.
@@ -81,7 +82,7 @@ def _header_problem(header: bytes, size: int) -> str | None:
     pages = field(28)
     problems = [
         (header[18] not in (1, 2) or header[19] not in (1, 2), "its file format bytes are wrong"),
-        (header[20] != 0, "it says each page reserves bytes, which ours never do"),
+        (header[20] not in (0, RESERVE), f"it says each page reserves {header[20]} bytes"),
         (header[21:24] != b"\x40\x20\x20", "its payload fractions are wrong"),
         (
             field(92) == field(24) and pages * page_size > size,
@@ -193,7 +194,7 @@ class DamageWatch:
                 return error
             self.found = f"{found} ({error})"
         else:
-            self.found = f"SQLite reports: {error}"
+            self.found = take_failure() or f"SQLite reports: {error}"
         for conn in list(self._connections):
             no_checkpoint_on_close(conn)
         return DatabaseCorruptError(self.path, self.found, during)

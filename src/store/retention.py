@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import apsw
 
 from ..errors import AgentInUseError, DurableError, NotFoundError
+from .connection import reserve_checksum_bytes
 from .parts import VersionedPart
 from .records import PruneResult
 
@@ -229,7 +230,11 @@ def checkpoint(conn: apsw.Connection) -> None:
 
 
 def vacuum(conn: apsw.Connection) -> None:
-    """Rebuild the file without its free pages, then empty the WAL that rebuild filled."""
+    """Rebuild the file without its free pages, then empty the WAL that rebuild filled.
+
+    A file made before page checksums gains them (checksums.py).
+    """
+    reserve_checksum_bytes(conn)
     conn.execute("VACUUM")
     checkpoint(conn)
 

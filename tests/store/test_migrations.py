@@ -12,6 +12,7 @@ from effectful_durable.store.migrations import (
     SCHEMA_VERSION,
     schema_sql,
 )
+from tests.helpers import writable_connection
 
 
 def schema_of(conn: apsw.Connection) -> list[tuple[str, str, str]]:
@@ -95,7 +96,7 @@ class TestRefusedFiles:
     def test_newer_schema_is_refused_and_untouched(self, db_path: Path) -> None:
         """A file from a newer version raises SchemaTooNewError with both versions."""
         Store(db_path).close()
-        conn = apsw.Connection(str(db_path))
+        conn = writable_connection(db_path)
         conn.pragma("user_version", SCHEMA_VERSION + 3)
         conn.pragma("wal_checkpoint(TRUNCATE)")
         conn.close()
@@ -134,7 +135,7 @@ def test_unfinished_write_gets_a_clear_readonly_error(tmp_path: Path) -> None:
 
     original, crashed = tmp_path / "a.db", tmp_path / "crashed.db"
     Store(original).close()
-    conn = apsw.Connection(str(original))
+    conn = writable_connection(original)
     conn.pragma("journal_mode", "delete")
     conn.pragma("cache_size", 1)  # spill pages to the file mid-transaction
     conn.execute("BEGIN IMMEDIATE")

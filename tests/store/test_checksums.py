@@ -1,0 +1,94 @@
+"""Page checksums: every page of the database file carries a CRC-32 that each read checks."""
+
+import shutil
+from pathlib import Path
+
+import apsw
+import pytest
+
+from effectful_durable import DatabaseCorruptError, Store
+from effectful_durable.store.checksums import RESERVE, checksum
+from effectful_durable.store.history import HistoryChange
+from tests.helpers import integrity
+
+SCHEMA2 = Path(__file__).parent.parent / "fixtures" / "schema2.db"
+TEXT = "the meeting moved to Thursday at nine"
+
+
+def commit(store: Store, agent_id: str, text: str) -> None:
+    start = store.begin_turn(agent_id, template="t", arguments={})
+    message = {"id": f"m{start.version}", "role": "user", "content": text}
+    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
+    store.commit_turn(
+        agent_id, base_version=start.version, template="t", change=change, state=None
+    )
+
+
+def pages(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    size = int.from_bytes(data[16:18])
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def bad_pages(path: Path) -> list[int]:
+    """Numbers of the file's pages whose checksum does not match."""
+    return [n for n, page in enumerate(pages(path), 1) if page[-RESERVE:] != checksum(page)]
+
+
+@pytest.fixture
+def written(db_path: Path) -> Path:
+    """A database with 50 turns, all in the file (closing the last connection checkpoints)."""
+    with Store(db_path) as store:
+        for i in range(50):
+            commit(store, "bot", f"{TEXT} ({i})")
+    assert not Path(f"{db_path}-wal").exists()
+    return db_path
+
+
+def test_new_database_checksums_every_page(written: Path) -> None:
+    """A new file reserves RESERVE bytes per page and every page's checksum matches."""
+    assert written.read_bytes()[20] == RESERVE
+    assert len(pages(written)) > 5
+    assert bad_pages(written) == []
+    assert integrity(written) == "ok"
+
+
+def test_a_changed_letter_is_refused_not_read(written: Path) -> None:
+    """A byte flipped inside a message that still reads as text: SQLite alone returns the
+    changed value; the Store refuses the file and leaves its bytes as they were."""
+    data = written.read_bytes().replace(b"Thursday at nine (7)", b"Shursday at nine (7)")
+    written.write_bytes(data)  # a letter changed: valid text, valid JSON
+    plain = apsw.Connection(str(written), flags=apsw.SQLITE_OPEN_READONLY)
+    assert plain.execute("SELECT count(*) FROM messages WHERE body LIKE '%Shursday%'").get == 1
+    plain.close()
+    with Store(written) as store, pytest.raises(DatabaseCorruptError, match="checksum"):
+        store.history("bot")
+    assert written.read_bytes() == data
+
+
+def test_backup_carries_checksums(written: Path, tmp_path: Path) -> None:
+    """Store.backup writes a copy whose every page has its checksum."""
+    copy = tmp_path / "copy.db"
+    with Store(written) as store:
+        commit(store, "bot", "after the checkpoint")  # in the WAL only
+        store.backup(copy)
+    assert copy.read_bytes()[20] == RESERVE
+    assert bad_pages(copy) == []
+    with Store(copy) as store:
+        assert len(store.history("bot")) == 51
+
+
+def test_older_file_gains_checksums_on_vacuum(tmp_path: Path) -> None:
+    """A file made before checksums works unchecked; Store.vacuum gives it checksums."""
+    old = tmp_path / "old.db"
+    shutil.copy(SCHEMA2, old)
+    assert old.read_bytes()[20] == 0
+    with Store(old) as store:
+        agents = {a.agent_id: a.version for a in store.agents()}
+        histories = {agent: store.history(agent) for agent in agents}
+        store.vacuum()
+    assert old.read_bytes()[20] == RESERVE
+    assert bad_pages(old) == []
+    with Store(old) as store:
+        assert {a.agent_id: a.version for a in store.agents()} == agents
+        assert {agent: store.history(agent) for agent in agents} == histories
