@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
+
+from tests.helpers import writable_connection
 
 BENCH = Path(__file__).parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -97,7 +98,7 @@ class TestShortSoak:
         events = [e for w in soak.read_logs(logdir).workers.values() for e in w]
         turn = next(e for e in events if e["e"] == "turn" and not e["wf"])
         step = next(e for e in events if e["e"] == "turn" and e["wf"])
-        conn = apsw.Connection(str(db))
+        conn = writable_connection(db)
         conn.execute("DELETE FROM messages WHERE body LIKE ?", (f"%Q[{turn['m']}]%",))
         conn.close()
         with next(logdir.glob("worker-*.jsonl")).open("a") as log:
