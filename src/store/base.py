@@ -1,0 +1,63 @@
+"""What the Store's groups of methods use of one another, declared once for mypy.
+
+:class:`~effectful_durable.Store` is assembled from one mixin per concern
+(``reads.py``, ``turns.py``, ``maintenance.py``, ``agent_parts.py``, and
+``journal.py``'s workflow journal) on top of the connections and locks of
+``store.py``. Each mixin subclasses :class:`StoreBase` to see the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import apsw
+
+if TYPE_CHECKING:
+    from .records import AgentRecord
+    from .workspace import WorkspaceFiles
+
+
+class StoreBase:
+    """The attributes and internal methods of a Store, as its mixins see them."""
+
+    if TYPE_CHECKING:
+        path: str
+        readonly: bool
+        busy_timeout: float
+        _local: threading.local
+        _connections_lock: threading.Lock
+        _workspace_caches: list[WorkspaceFiles]
+
+        def _connection(self) -> apsw.Connection: ...
+
+        def _reading(self) -> AbstractContextManager[apsw.Connection]: ...
+
+        def _writing(self) -> AbstractContextManager[apsw.Connection]: ...
+
+        def agent_lock(
+            self, agent_id: str, *, wait: float = 0.0
+        ) -> AbstractContextManager[None]: ...
+
+        def agents(self) -> list[AgentRecord]: ...
+
+        def _checked_version(
+            self, conn: apsw.Connection, agent_id: str, version: int | None
+        ) -> int: ...
+
+        def _insert_version(
+            self,
+            conn: apsw.Connection,
+            agent_id: str,
+            version: int,
+            *,
+            kind: str,
+            template: str | None,
+            state: str | None,
+            added: int,
+            removed: int,
+            detail: Mapping[str, Any] | None,
+            conversation: str | None = None,
+        ) -> None: ...
