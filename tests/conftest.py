@@ -1,3 +1,4 @@
+import gc
 import os
 
 # litellm downloads a price list on import unless told to use its bundled copy.
@@ -52,4 +53,21 @@ def postgres_url(postgres_server: "PostgresServer") -> "Iterator[str]":
     """The URL of a new, empty database on the session's PostgreSQL server."""
     url = postgres_server.new_database()
     yield url
+    gc.collect()  # Stores a test left open let go of their pools first
     postgres_server.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database of a conformance test: an SQLite file, then a PostgreSQL database.
+
+    A test of a part not yet carried on PostgreSQL says so with
+    ``@pytest.mark.sqlite_only("reason")`` and runs on SQLite only.
+    """
+    if request.param == "sqlite":
+        return str(tmp_path / "state.db")
+    marker = request.node.get_closest_marker("sqlite_only")
+    if marker is not None:
+        pytest.skip(f"SQLite only: {marker.args[0]}")
+    url: str = request.getfixturevalue("postgres_url")
+    return url

@@ -15,7 +15,7 @@ from .alarms import AlarmInfo, AlarmQueue, Schedule
 from .base import StoreBase
 from .ids import validate_agent_id
 from .memory import KEY, NOTE, MemoryNote, memory_at, note_of
-from .workspace import SQLResult, WorkspaceFiles, WorkspaceTurn, read_sql
+from .workspace import SQLResult, WorkspaceTurn, read_sql
 
 if TYPE_CHECKING:
     from .store import Store
@@ -70,6 +70,7 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("the SQL workspace (Store.sql, SQLTools)")
         conn = self._connection()
         with self._reading():
             version = self._checked_version(conn, agent_id, version)
@@ -83,11 +84,8 @@ class PartMethods(StoreBase):
 
     def workspace_turn(self, agent_id: str, **options: Any) -> WorkspaceTurn:
         """Open the agent's SQL workspace for its running turn (its lock is held)."""
-        files: WorkspaceFiles | None = getattr(self._local, "workspaces", None)
-        if files is None:
-            files = self._local.workspaces = WorkspaceFiles()
-            with self._connections_lock:
-                self._workspace_caches.append(files)
+        self._db.require("the SQL workspace (SQLTools)")
+        files = self._sqlite_db().workspace_files()
         conn, timeout = self._connection(), self.busy_timeout
         return WorkspaceTurn(
             conn, self.path, agent_id, busy_timeout=timeout, files=files, **options
@@ -104,6 +102,7 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("alarms")
         with self._reading() as conn:
             return _alarms.latest(conn, agent_id, include_ended=include_ended)
 
@@ -119,6 +118,7 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("alarms")
         validate_agent_id(agent_id)
         alarm_id = _alarms.new_alarm_id()
         with self._writing() as conn:
@@ -132,6 +132,7 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("alarms")
         with self._writing() as conn:
             return _alarms.cancel(conn, alarm_id, agent_id)
 
@@ -143,6 +144,7 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("alarms")
         with self._writing() as conn:
             return _alarms.rearm(conn, alarm_id, time.time() if at is None else at)
 
@@ -151,9 +153,11 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("alarms")
         return _alarms.statuses(self._connection())
 
     @property
     def alarm_queue(self) -> AlarmQueue:
         """The runner's protocol: claim, release and fail alarms, report status."""
+        self._db.require("alarms")
         return AlarmQueue(cast("Store", self))

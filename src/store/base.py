@@ -8,16 +8,18 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import apsw
 
+from .backend import Conn
+
 if TYPE_CHECKING:
+    from .backend import Database
     from .records import AgentRecord
-    from .workspace import WorkspaceFiles
+    from .sqlite import SQLiteDatabase
 
 
 class StoreBase:
@@ -27,15 +29,15 @@ class StoreBase:
         path: str
         readonly: bool
         busy_timeout: float
-        _local: threading.local
-        _connections_lock: threading.Lock
-        _workspace_caches: list[WorkspaceFiles]
+        _db: Database
 
         def _connection(self) -> apsw.Connection: ...
 
-        def _reading(self) -> AbstractContextManager[apsw.Connection]: ...
+        def _sqlite_db(self) -> SQLiteDatabase: ...
 
-        def _writing(self) -> AbstractContextManager[apsw.Connection]: ...
+        def _reading(self) -> AbstractContextManager[Conn]: ...
+
+        def _writing(self) -> AbstractContextManager[Conn]: ...
 
         def agent_lock(
             self, agent_id: str, *, wait: float = 0.0
@@ -43,13 +45,11 @@ class StoreBase:
 
         def agents(self) -> list[AgentRecord]: ...
 
-        def _checked_version(
-            self, conn: apsw.Connection, agent_id: str, version: int | None
-        ) -> int: ...
+        def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int: ...
 
         def _insert_version(
             self,
-            conn: apsw.Connection,
+            conn: Conn,
             agent_id: str,
             version: int,
             *,

@@ -12,29 +12,16 @@ import apsw
 from ..errors import DatabaseBusyError, DurableError, NotFoundError
 from . import conversation_fields, retention
 from . import conversations as _conversations
-from .alarms import AlarmPart
 from .base import StoreBase
 from .ids import validate_agent_id, validate_conversation_id
-from .memory import MemoryPart
-from .parts import TurnWrite, VersionedPart
+from .parts import TurnWrite
 from .reads import no_agent, no_conversation
 from .records import ForkedAgent, PruneResult
 from .rows import current_version, state_at
 from .translate import translated
-from .workspace import WorkspacePart
 
 if TYPE_CHECKING:
     from .store import Store
-
-# Every part of an agent's record besides messages and fields: rollback and fork
-# carry each of them (see parts.py).
-PARTS: tuple[VersionedPart, ...] = (
-    _conversations.Conversations(),
-    conversation_fields.ConversationFields(),
-    MemoryPart(),
-    WorkspacePart(),
-    AlarmPart(),
-)
 
 
 class Maintenance(StoreBase):
@@ -44,24 +31,12 @@ class Maintenance(StoreBase):
     """
 
     def check(self) -> dict[str, Any]:
-        """``PRAGMA integrity_check`` ("ok" when sound) and quick facts about the file."""
-        conn = self._connection()
-        facts: dict[str, Any] = {
-            "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
-            "schema": conn.pragma("user_version"),
-        }
-        for table in (
-            "agents",
-            "conversations",
-            "versions",
-            "messages",
-            "workflow_steps",
-            "memory",
-        ):
-            facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
-        sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
-        facts["bytes"] = sum(sizes)
-        return facts
+        """An integrity check ("ok" when sound) and quick facts about the database.
+
+        On SQLite, ``PRAGMA integrity_check`` and the file's size; on PostgreSQL,
+        the schema version and row counts.
+        """
+        return self._db.check()
 
     def rollback(self, agent_id: str, version: int) -> int:
         """Commit a new version whose histories, state and memory equal those of ``version``.
@@ -111,7 +86,7 @@ class Maintenance(StoreBase):
                 removed=removed,
                 detail={"to": version},
             )
-            for part in PARTS:
+            for part in self._db.parts:
                 part.rollback(conn, agent_id, version, new)
             conn.execute(
                 "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ?",
@@ -165,7 +140,7 @@ class Maintenance(StoreBase):
                 removed=0,
                 detail={"from": agent_id, "version": version},
             )
-            for part in PARTS:
+            for part in self._db.parts:
                 part.fork(conn, agent_id, version, new_agent_id)
         record = next(a for a in self.agents() if a.agent_id == new_agent_id)
         return ForkedAgent(
@@ -190,7 +165,7 @@ class Maintenance(StoreBase):
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
                 raise NotFoundError(no_agent(agent_id, self.path))
-            for part in PARTS:
+            for part in self._db.parts:
                 part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
             conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
@@ -237,13 +212,14 @@ class Maintenance(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("Store.prune")
         return retention.prune_store(
             cast("Store", self),
             agent_id,
             keep_versions=keep_versions,
             older_than=older_than,
             drop_compacted=drop_compacted,
-            parts=PARTS,
+            parts=self._db.parts,
         )
 
     def vacuum(self) -> int:
@@ -263,6 +239,7 @@ class Maintenance(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("Store.vacuum")
         before = _file_bytes(self.path)
         try:
             with translated(self.path, conn := self._connection()):
@@ -284,11 +261,13 @@ class Maintenance(StoreBase):
 
         .. versionadded:: 0.2.0
         """
+        self._db.require("Store.backup")
         retention.backup(self._connection(), self.path, os.fspath(path))
 
     def pruning(self, keep_versions: int) -> TurnWrite:
         """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""
-        return retention.PruneAsYouGo(keep_versions, PARTS)
+        self._db.require("pruning as you go (keep_versions)")
+        return retention.PruneAsYouGo(keep_versions, self._db.parts)
 
     def delete_conversation(self, agent_id: str, conversation: str) -> int:
         """Delete one conversation of the agent, as a new version.

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import apsw
-
 from ..errors import NotFoundError
 from . import conversation_fields, retention
 from . import conversations as _conversations
+from .backend import Conn
 from .base import StoreBase
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
@@ -113,29 +112,18 @@ class StoreReads(StoreBase):
         """Compacted messages of one conversation that match ``query``, best match first.
 
         Every word of ``query`` must occur (stemmed, case-insensitive), through
-        SQLite's FTS5 full-text index. Other conversations are never searched.
+        SQLite's FTS5 full-text index (PostgreSQL's full-text search on
+        PostgreSQL). Other conversations are never searched.
 
         .. versionchanged:: 0.2.0
            ``conversation``.
         """
-        words = " ".join(
-            '"' + w.replace('"', '""') + '"' for w in query.replace("\0", " ").split()
-        )
-        if not words or not storable(words):  # a lone surrogate is in no stored text
+        words = query.replace("\0", " ").split()
+        if not words or not storable(" ".join(words)):  # a lone surrogate is in no stored text
             return []
         with self._reading() as conn:
-            bodies = conn.execute(
-                """
-                SELECT m.body FROM compacted_text AS t
-                  JOIN messages AS m
-                    ON m.agent_id = t.agent_id AND m.position = t.position
-                   AND m.removed_in = t.version
-                 WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
-                 ORDER BY t.rank LIMIT ?3
-                """,
-                (agent_id, words, limit, conversation),
-            ).fetchall()
-        return decode_messages(body for (body,) in bodies)
+            bodies = self._db.search_compacted(conn, agent_id, words, limit, conversation)
+        return decode_messages(bodies)
 
     def state(
         self,
@@ -224,7 +212,7 @@ class StoreReads(StoreBase):
             version = self._checked_version(conn, agent_id, version)
             return _conversations.listed(conn, agent_id, version)
 
-    def _checked_version(self, conn: apsw.Connection, agent_id: str, version: int | None) -> int:
+    def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int:
         current = current_version(conn, validate_agent_id(agent_id))
         if current is None:
             raise NotFoundError(no_agent(agent_id, self.path))
@@ -242,7 +230,7 @@ class StoreReads(StoreBase):
         return version
 
     def _checked_conversation(
-        self, conn: apsw.Connection, agent_id: str, conversation: str, version: int
+        self, conn: Conn, agent_id: str, conversation: str, version: int
     ) -> None:
         if conversation == DEFAULT_CONVERSATION:
             return  # an agent that never used it has it empty

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import apsw
 import pydantic_core
 
+from .backend import Conn
 
-def current_version(conn: apsw.Connection, agent_id: str) -> int | None:
+
+def current_version(conn: Conn, agent_id: str) -> int | None:
     row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
     return None if row is None else int(row[0])
 
@@ -42,7 +43,7 @@ def storable(text: str) -> bool:
     return True
 
 
-def state_at(conn: apsw.Connection, agent_id: str, version: int) -> str | None:
+def state_at(conn: Conn, agent_id: str, version: int) -> str | None:
     # Kept versions that did not change the state inherit the one carried over
     # from the pruned versions before them (retention.py).
     state = conn.execute(

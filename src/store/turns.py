@@ -9,15 +9,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import apsw
-
 from ..errors import AgentInUseError
 from . import conversation_fields
 from . import conversations as _conversations
+from .backend import Conn
 from .base import StoreBase
 from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION
-from .journal import step_number
+from .journal import STEP_UPSERT, step_number
 from .parts import TurnWrite
 from .records import Compaction, Handoff, LoadedAgent, TurnStart
 from .rows import current_version, decode_messages, dumps, state_at, utc
@@ -92,9 +91,14 @@ class TurnProtocol(StoreBase):
             earlier = handoff_of(row) if row else None
             conn.execute(
                 """
-                INSERT OR REPLACE INTO handoffs (agent_id, conversation, base_version,
+                INSERT INTO handoffs (agent_id, conversation, base_version,
                     template, arguments, status, interrupted, host, pid, started_at)
                 VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
+                ON CONFLICT (agent_id, conversation) DO UPDATE SET
+                    base_version = excluded.base_version, template = excluded.template,
+                    arguments = excluded.arguments, status = 'running', error = NULL,
+                    interrupted = excluded.interrupted, host = excluded.host,
+                    pid = excluded.pid, started_at = excluded.started_at, ended_at = NULL
                 """,
                 (
                     agent_id,
@@ -111,13 +115,15 @@ class TurnProtocol(StoreBase):
             number = None
             if step is not None:
                 workflow, key = step
+                self._db.serialize(conn, "workflow", workflow)
                 number = step_number(conn, workflow, key)
                 conn.execute(
-                    """
-                    INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number,
+                    f"""
+                    INSERT INTO workflow_steps (workflow, step_key, number,
                         agent_id, conversation, template, arguments, status, base_version,
                         started_at)
                     VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)
+                    {STEP_UPSERT}
                     """,
                     (
                         workflow,
@@ -187,6 +193,7 @@ class TurnProtocol(StoreBase):
                 detail=detail,
                 conversation=conversation,
             )
+            self._db.check_writes(writes)
             for write in writes:
                 write.write(conn, agent_id, new)
             conn.execute(
@@ -252,15 +259,15 @@ class TurnProtocol(StoreBase):
                     (now, *step),
                 )
 
-    def _check_base(self, conn: apsw.Connection, agent_id: str, base_version: int) -> None:
-        current = current_version(conn, agent_id) or 0
+    def _check_base(self, conn: Conn, agent_id: str, base_version: int) -> None:
+        current = self._db.locked_version(conn, agent_id) or 0
         if current != base_version:
             holder = f"a writer that committed version {current} during this turn"
             raise AgentInUseError(agent_id, holder)
 
     def _write_version(
         self,
-        conn: apsw.Connection,
+        conn: Conn,
         agent_id: str,
         version: int,
         *,
@@ -324,7 +331,7 @@ class TurnProtocol(StoreBase):
 
     def _write_compaction(
         self,
-        conn: apsw.Connection,
+        conn: Conn,
         agent_id: str,
         version: int,
         compaction: Compaction,
@@ -353,37 +360,11 @@ class TurnProtocol(StoreBase):
                 compaction.summarizer,
             ),
         )
-        # Index the text of the originals, for RecallTools: text blocks, plain
-        # content and tool-call arguments (of bodies SQLite's JSON functions read:
-        # not nested deeper than 1,000, sqlite.org/json1.html#jmini).
-        conn.execute(
-            """
-            INSERT INTO compacted_text (text, agent_id, position, version)
-            SELECT concat_ws(
-                       ' ',
-                       CASE json_type(body, '$.content')
-                       WHEN 'array' THEN (
-                           SELECT group_concat(json_extract(value, '$.text'), ' ')
-                             FROM json_each(body, '$.content'))
-                       ELSE json_extract(body, '$.content') END,
-                       json_extract(body, '$.tool_calls')),
-                   agent_id, position, removed_in
-              FROM messages
-             WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
-               AND position BETWEEN ?3 AND ?4 AND json_valid(body)
-            """,
-            (
-                agent_id,
-                version,
-                compaction.first_position,
-                compaction.last_position,
-                conversation,
-            ),
-        )
+        self._db.index_compacted(conn, agent_id, version, compaction, conversation)
 
     def _insert_version(
         self,
-        conn: apsw.Connection,
+        conn: Conn,
         agent_id: str,
         version: int,
         *,
