@@ -278,7 +278,7 @@ class DiskFullError(StorageError):
 class NotSupportedError(DurableError):
     """The operation is not available on this database's backend (yet).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, feature: str, backend: str) -> None:
@@ -298,7 +298,7 @@ class DatabaseUnavailableError(DurableError):
     then it may have. Every earlier commit is intact. The next operation
     connects again.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, location: str, reason: str) -> None:

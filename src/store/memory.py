@@ -122,9 +122,9 @@ class MemoryRows:
                        CASE WHEN ?5 < 0 OR octet_length(value) <= ?5 THEN value END
                   FROM memory
                  WHERE agent_id = ?1 AND kind = ?2 AND removed_in IS NULL
-                   AND key >= ?3 AND (?6 IS NULL OR key < ?6)
+                   AND key >= ?3 AND (CAST(?6 AS TEXT) IS NULL OR key < CAST(?6 AS TEXT))
                    AND substr(key, 1, length(?3)) = ?3
-                 ORDER BY key LIMIT ?4
+                 ORDER BY key LIMIT CASE WHEN ?4 < 0 THEN 9223372036854775807 ELSE ?4 END
                 """,
                 (agent_id, kind, prefix, limit, small, _prefix_end(prefix)),
             ).fetchall()

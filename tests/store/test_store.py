@@ -1,7 +1,5 @@
 """Store: reads, rollback, fork, delete, and transactions that commit whole or not at all."""
 
-from pathlib import Path
-
 import pytest
 
 from effectful_durable import AgentInUseError, DurableError, NotFoundError, Store
