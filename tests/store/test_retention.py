@@ -18,7 +18,7 @@ from effectful_durable import (
     PersistenceHandler,
     Store,
 )
-from effectful_durable.store import maintenance as store_module
+from effectful_durable.store import sqlite as store_module
 from effectful_durable.store import retention
 from effectful_durable.store.connection import WAL_SIZE_LIMIT
 from effectful_durable.store.history import ActiveHistory, plan_change
