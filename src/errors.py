@@ -273,3 +273,40 @@ class DiskFullError(StorageError):
 
     def _advice(self) -> str:
         return "Free space on that disk, or move the database to a larger one, then retry"
+
+
+class NotSupportedError(DurableError):
+    """The operation is not available on this database's backend (yet).
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, feature: str, backend: str) -> None:
+        self.feature = feature
+        self.backend = backend
+        msg = (
+            f"{feature} is not supported on {backend} yet; use an SQLite database "
+            "(Store('state.db')) for agents that need it"
+        )
+        super().__init__(msg)
+
+
+class DatabaseUnavailableError(DurableError):
+    """The database server could not be reached, or the connection broke mid-operation.
+
+    The operation did not commit, unless the connection broke during its COMMIT:
+    then it may have. Every earlier commit is intact. The next operation
+    connects again.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, location: str, reason: str) -> None:
+        self.location = location
+        self.reason = reason
+        msg = (
+            f"cannot reach the database {location}: {reason}. The operation did not "
+            "commit (if the connection broke while committing, it may have); every "
+            "earlier commit is intact. Check that the server is up, then retry."
+        )
+        super().__init__(msg)

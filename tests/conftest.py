@@ -1,14 +1,73 @@
+import gc
 import os
 
 # litellm downloads a price list on import unless told to use its bundled copy.
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
 
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     """A path for a new database file in a fresh temporary directory."""
     return tmp_path / "state.db"
+
+
+# -- PostgreSQL: a throwaway cluster for the session, a fresh database per test ----
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> "Iterator[PostgresServer]":
+    """A PostgreSQL cluster on a Unix socket in a temp dir, for the whole session.
+
+    Skipped, with one line saying how to enable it, where no server binaries or no
+    psycopg are installed; a failure instead when $EFFECTFUL_DURABLE_REQUIRE_POSTGRES
+    is set (CI sets it: our CI must run these tests).
+    """
+    from postgres_server import REQUIRE_ENV, PostgresServer, find_bindir, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{reason} (and {REQUIRE_ENV} is set)")
+        pytest.skip(reason)
+    bindir = find_bindir()
+    assert bindir is not None
+    server = PostgresServer(bindir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: "PostgresServer") -> "Iterator[str]":
+    """The URL of a new, empty database on the session's PostgreSQL server."""
+    url = postgres_server.new_database()
+    yield url
+    gc.collect()  # Stores a test left open let go of their pools first
+    postgres_server.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database of a conformance test: an SQLite file, then a PostgreSQL database.
+
+    A test of a part not yet carried on PostgreSQL says so with
+    ``@pytest.mark.sqlite_only("reason")`` and runs on SQLite only.
+    """
+    if request.param == "sqlite":
+        return str(tmp_path / "state.db")
+    marker = request.node.get_closest_marker("sqlite_only")
+    if marker is not None:
+        pytest.skip(f"SQLite only: {marker.args[0]}")
+    url: str = request.getfixturevalue("postgres_url")
+    return url

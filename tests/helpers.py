@@ -117,7 +117,7 @@ def running(llm: FakeLLM, *handlers: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def persisted(db_path: Path, llm: FakeLLM, **options: Any) -> Iterator[PersistenceHandler]:
+def persisted(db_path: Path | str, llm: FakeLLM, **options: Any) -> Iterator[PersistenceHandler]:
     """Run with a PersistenceHandler on ``db_path`` over the fake model."""
     persistence = PersistenceHandler(db_path, **options)
     try:
@@ -136,8 +136,22 @@ def writable_connection(db_path: Path | str) -> apsw.Connection:
     return apsw.Connection(str(db_path), vfs=checksum_vfs())
 
 
-def persisted_rows(db_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Query the database file through a fresh, independent connection."""
+def is_postgres(db: Path | str) -> bool:
+    """Whether ``db`` (a test's ``store_url``) names a PostgreSQL database."""
+    return str(db).startswith("postgresql://")
+
+
+def persisted_rows(db_path: Path | str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Query the database through a fresh, independent connection (SQLite or PostgreSQL).
+
+    ``sql`` is written for SQLite with ``?`` parameters; on PostgreSQL they become ``%s``.
+    """
+    if is_postgres(db_path):
+        import psycopg
+
+        with psycopg.connect(str(db_path)) as pg:
+            query = sql.replace("%", "%%").replace("?", "%s")
+            return [tuple(row) for row in pg.execute(query.encode(), params).fetchall()]
     conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     conn.set_busy_timeout(5000)  # a writer may be recovering the WAL of a killed process
     try:
@@ -146,8 +160,15 @@ def persisted_rows(db_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...
         conn.close()
 
 
-def integrity(db_path: Path) -> str:
-    """``PRAGMA integrity_check`` of the file, through an independent connection."""
+def integrity(db_path: Path | str) -> str:
+    """``PRAGMA integrity_check`` of the file, through an independent connection.
+
+    On PostgreSQL: every table of ours reads whole ("ok"); the server checks pages itself.
+    """
+    if is_postgres(db_path):
+        for table in ("agents", "versions", "messages", "handoffs", "workflow_steps"):
+            persisted_rows(db_path, f"SELECT count(*) FROM {table}")
+        return "ok"
     return str(persisted_rows(db_path, "PRAGMA integrity_check")[0][0])
 
 

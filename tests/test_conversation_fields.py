@@ -37,9 +37,9 @@ def echo(call: FakeCall) -> str:
     return f"answer to {call.last_user_text}"
 
 
-def rows(db_path: Path) -> list[tuple[str, int, int | None, str]]:
+def rows(store_url: str) -> list[tuple[str, int, int | None, str]]:
     return persisted_rows(
-        db_path,
+        store_url,
         "SELECT conversation, added_in, removed_in, state FROM conversation_fields "
         "WHERE agent_id = 'bot' ORDER BY added_in, conversation",
     )
@@ -48,10 +48,10 @@ def rows(db_path: Path) -> list[tuple[str, int, int | None, str]]:
 class TestValues:
     """Each conversation holds its own values; other fields stay shared."""
 
-    def test_each_conversation_keeps_its_own_values(self, db_path: Path) -> None:
+    def test_each_conversation_keeps_its_own_values(self, store_url: str) -> None:
         """Switching shows the conversation's values; the store reads them per conversation."""
         llm = FakeLLM([*opens("T-1"), *opens("T-2"), "ok"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Support(agent_id="bot")
             bot.ask("open one")  # v1, default
             bot.notes.append("shared")
@@ -61,21 +61,21 @@ class TestValues:
                 assert (bot.ticket, bot.notes) == ("T-2", ["shared"])
             assert (bot.ticket, bot.seen) == ("T-1", ["T-1"])
             bot.ask("anything else?")  # v3, default: nothing of its own changed
-        store = Store(db_path)
+        store = Store(store_url)
         assert store.state("bot")["ticket"] == "T-1"
         alice = store.state("bot", conversation="alice")
         assert (alice["ticket"], alice["seen"], alice["notes"]) == ("T-2", ["T-2"], ["shared"])
         assert "ticket" not in store.state("bot", conversation="nobody")
         assert store.state("bot", 1, conversation="alice").get("ticket") is None
 
-    def test_a_new_process_resumes_each_conversations_values(self, db_path: Path) -> None:
+    def test_a_new_process_resumes_each_conversations_values(self, store_url: str) -> None:
         """Loading and switching in a fresh process read the stored values."""
-        with persisted(db_path, FakeLLM([*opens("T-1"), *opens("T-2")])):
+        with persisted(store_url, FakeLLM([*opens("T-1"), *opens("T-2")])):
             bot = Support(agent_id="bot")
             bot.ask("open one")
             with bot.conversation("alice"):
                 bot.ask("open another")
-        with persisted(db_path, FakeLLM(respond=echo)) as persistence:
+        with persisted(store_url, FakeLLM(respond=echo)) as persistence:
             again = Support(agent_id="bot", ticket="seeded")
             persistence.load(again)
             assert again.ticket == "T-1"
@@ -83,30 +83,30 @@ class TestValues:
                 assert (again.ticket, again.seen) == ("T-2", ["T-2"])
             with again.conversation("bob"):
                 assert again.ticket is None
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             fresh = Support(agent_id="bot")
             fresh.new_conversation("alice")
             fresh.ask("where were we?")  # the first turn loads alice's values
             assert fresh.ticket == "T-2"
 
-    def test_a_turn_writes_only_what_changed(self, db_path: Path) -> None:
+    def test_a_turn_writes_only_what_changed(self, store_url: str) -> None:
         """A row is added when the conversation's values change, never for other turns."""
         llm = FakeLLM([*opens("T-1"), "a", "b", *opens("T-3")])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Support(agent_id="bot")
             bot.ask("open one")  # v1
             bot.ask("q")  # v2
             bot.ask("q")  # v3
             bot.ask("open another")  # v4
-        assert [(c, added, removed) for c, added, removed, _ in rows(db_path)] == [
+        assert [(c, added, removed) for c, added, removed, _ in rows(store_url)] == [
             ("default", 1, 4),
             ("default", 4, None),
         ]
 
-    def test_edits_between_turns_follow_the_switch(self, db_path: Path) -> None:
+    def test_edits_between_turns_follow_the_switch(self, store_url: str) -> None:
         """A value set outside a turn is kept in memory across switches and committed
         by the conversation's next turn."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Support(agent_id="bot")
             bot.ask("hello")
             with bot.conversation("alice"):
@@ -115,7 +115,7 @@ class TestValues:
             with bot.conversation("alice"):
                 assert bot.ticket == "set by hand"
                 bot.ask("hello")
-        assert Store(db_path).state("bot", conversation="alice")["ticket"] == "set by hand"
+        assert Store(store_url).state("bot", conversation="alice")["ticket"] == "set by hand"
 
     def test_without_persistence_values_stay_in_memory(self) -> None:
         """With no database, the agent keeps each conversation's values as it switches."""
@@ -129,23 +129,23 @@ class TestValues:
             bot.new_conversation("alice")
             assert bot.ticket == "T-2"
 
-    def test_clear_gives_the_defaults(self, db_path: Path) -> None:
+    def test_clear_gives_the_defaults(self, store_url: str) -> None:
         """new_conversation(clear=True) starts the conversation's values over too."""
-        with persisted(db_path, FakeLLM([*opens("T-1"), "ok"])):
+        with persisted(store_url, FakeLLM([*opens("T-1"), "ok"])):
             bot = Support(agent_id="bot")
             bot.ask("open one")
             bot.new_conversation("default", clear=True)
             assert (bot.ticket, bot.seen) == (None, [])
             bot.ask("again")
-        store = Store(db_path)
+        store = Store(store_url)
         assert store.state("bot")["ticket"] is None
         assert store.state("bot", 1)["ticket"] == "T-1"
 
-    def test_a_failed_turn_puts_the_values_back(self, db_path: Path) -> None:
+    def test_a_failed_turn_puts_the_values_back(self, store_url: str) -> None:
         """What a failed turn set is undone in memory and never stored."""
         fails = [ToolCall("open_ticket", {"ticket": "T-9"}), OSError("down")]
         llm = FakeLLM([*opens("T-1"), *fails, *fails])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Support(agent_id="bot")
             bot.ask("open one")
             with bot.conversation("alice"), pytest.raises(OSError):
@@ -155,7 +155,7 @@ class TestValues:
             with pytest.raises(OSError):
                 bot.ask("will fail")
             assert (bot.ticket, bot.seen) == ("T-1", ["T-1"])
-        assert [c for c, *_ in rows(db_path)] == ["default"]
+        assert [c for c, *_ in rows(store_url)] == ["default"]
 
     def test_a_value_must_have_a_default(self) -> None:
         """A conversation that has no value yet needs a default to show."""
@@ -167,15 +167,15 @@ class TestVersions:
     """Rollback, fork, deletion and pruning carry every conversation's values exactly."""
 
     @pytest.fixture
-    def db(self, db_path: Path) -> Path:
+    def db(self, store_url: str) -> Path:
         llm = FakeLLM([*opens("T-1"), *opens("T-2"), *opens("T-3")])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Support(agent_id="bot")
             bot.ask("open one")  # v1 default T-1
             with bot.conversation("alice"):
                 bot.ask("open another")  # v2 alice T-2
                 bot.ask("open a third")  # v3 alice T-3
-        return db_path
+        return store_url
 
     def test_rollback_brings_back_the_values_of_that_version(self, db: Path) -> None:
         with Store(db) as store:
@@ -219,6 +219,7 @@ class TestVersions:
             store.rollback("bot", 3)
             assert store.state("bot", conversation="alice")["ticket"] == "T-3"
 
+    @pytest.mark.sqlite_only("Store.prune is not on PostgreSQL yet")
     def test_prune_keeps_every_retained_version_exact(self, db: Path) -> None:
         with Store(db) as store:
             before = {v: store.state("bot", v, conversation="alice") for v in (2, 3)}

@@ -48,25 +48,25 @@ class HookedAssistant(Assistant):
 class TestDefaultConversation:
     """An agent that never names a conversation uses the default one."""
 
-    def test_unnamed_turns_land_in_default(self, db_path: Path) -> None:
+    def test_unnamed_turns_land_in_default(self, store_url: str) -> None:
         """Turns of an agent that never switches are versions of the 'default' conversation."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             assert bot.current_conversation == "default"
             bot.ask("one")
-        store = Store(db_path)
+        store = Store(store_url)
         assert [c.conversation for c in store.conversations("bot")] == ["default"]
         assert [v.conversation for v in store.versions("bot")] == ["default"]
-        rows = persisted_rows(db_path, "SELECT DISTINCT conversation FROM messages")
+        rows = persisted_rows(store_url, "SELECT DISTINCT conversation FROM messages")
         assert rows == [("default",)]
 
 
 class TestSwitching:
     """Each conversation keeps its own history; fields are shared."""
 
-    def test_block_switches_and_switches_back(self, db_path: Path) -> None:
+    def test_block_switches_and_switches_back(self, store_url: str) -> None:
         """A with-block runs its turns in the named conversation, then returns."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")
             with bot.conversation("c-42") as name:
@@ -77,7 +77,7 @@ class TestSwitching:
             assert bot.current_conversation == "default"
             assert questions(list(bot.__history__.values())) == ["d1"]
             bot.ask("d2")
-        store = Store(db_path)
+        store = Store(store_url)
         assert questions(store.history("bot")) == ["d1", "d2"]
         assert questions(store.history("bot", conversation="c-42")) == ["c1", "c2"]
         assert [v.conversation for v in store.versions("bot")] == [
@@ -90,39 +90,39 @@ class TestSwitching:
         assert (infos["c-42"].messages, infos["c-42"].created_in) == (5, 2)
         assert (infos["default"].messages, infos["default"].last_version) == (5, 4)
 
-    def test_fields_are_shared_by_conversations(self, db_path: Path) -> None:
+    def test_fields_are_shared_by_conversations(self, store_url: str) -> None:
         """A field changed in one conversation is what the others see and store."""
         llm = FakeLLM([ToolCall("remember", {"note": "from c-1"}), "ok", "fine"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Assistant(agent_id="bot")
             with bot.conversation("c-1"):
                 bot.ask("remember something")
             assert bot.notes == ["from c-1"]
             bot.ask("what do you know?")
-        assert Store(db_path).state("bot")["notes"] == ["from c-1"]
-        with persisted(db_path, FakeLLM(respond=echo)) as persistence:
+        assert Store(store_url).state("bot")["notes"] == ["from c-1"]
+        with persisted(store_url, FakeLLM(respond=echo)) as persistence:
             again = Assistant(agent_id="bot")
             persistence.load(again)
             assert again.notes == ["from c-1"]
 
-    def test_new_process_resumes_a_named_conversation(self, db_path: Path) -> None:
+    def test_new_process_resumes_a_named_conversation(self, store_url: str) -> None:
         """A fresh agent object switched to a stored conversation continues its history."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             with bot.conversation("alice"):
                 bot.ask("a1")
             bot.ask("d1")
         llm = FakeLLM(respond=echo)
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Assistant(agent_id="bot")
             bot.new_conversation("alice")
             bot.ask("a2")
         assert questions(llm.calls[0].messages) == ["a1", "a2"]
-        assert questions(Store(db_path).history("bot", conversation="alice")) == ["a1", "a2"]
+        assert questions(Store(store_url).history("bot", conversation="alice")) == ["a1", "a2"]
 
-    def test_switch_of_a_loaded_agent_reads_the_history_at_once(self, db_path: Path) -> None:
+    def test_switch_of_a_loaded_agent_reads_the_history_at_once(self, store_url: str) -> None:
         """Under the handler, switching back shows the conversation's stored history."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")
             with bot.conversation("c"):
@@ -144,20 +144,20 @@ class TestSwitching:
                 assert questions(list(bot.__history__.values())) == ["c1"]
         assert questions(list(bot.__history__.values())) == ["d1", "d2"]
 
-    def test_new_conversation_makes_an_id_and_stays(self, db_path: Path) -> None:
+    def test_new_conversation_makes_an_id_and_stays(self, store_url: str) -> None:
         """new_conversation() makes a fresh id and keeps it current until the next switch."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             first = bot.new_conversation()
             second = bot.new_conversation()
             assert first != second and bot.current_conversation == second
             bot.ask("q")
-        assert [c.conversation for c in Store(db_path).conversations("bot")] == [second]
+        assert [c.conversation for c in Store(store_url).conversations("bot")] == [second]
 
-    def test_clear_starts_over_and_rollback_brings_it_back(self, db_path: Path) -> None:
+    def test_clear_starts_over_and_rollback_brings_it_back(self, store_url: str) -> None:
         """clear=True empties the conversation; its next turn removes the stored rows
         as one version, which a rollback undoes."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.new_conversation("c")
             bot.ask("c1")
@@ -165,16 +165,16 @@ class TestSwitching:
             bot.new_conversation("c", clear=True)
             assert list(bot.__history__) == []
             bot.ask("c3")
-        store = Store(db_path)
+        store = Store(store_url)
         assert questions(store.history("bot", conversation="c")) == ["c3"]
         assert store.versions("bot")[-1].removed == 5
         store.rollback("bot", 2)
         assert questions(store.history("bot", conversation="c")) == ["c1", "c2"]
 
-    def test_hooks_run_after_each_event(self, db_path: Path) -> None:
+    def test_hooks_run_after_each_event(self, store_url: str) -> None:
         """on_new_conversation, on_conversation_switched and on_conversation_deleted
         are called with the conversation ids."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = HookedAssistant(agent_id="bot")
             bot.ask("d")
             with bot.conversation("a"):
@@ -197,7 +197,7 @@ class TestSwitching:
             pass
         assert bot.current_conversation == "default"
 
-    def test_switching_during_a_turn_is_refused(self, db_path: Path) -> None:
+    def test_switching_during_a_turn_is_refused(self, store_url: str) -> None:
         """A switch from inside one of the agent's turns fails that turn, not the history."""
         bot = Assistant(agent_id="bot")
 
@@ -205,20 +205,20 @@ class TestSwitching:
             bot.new_conversation("elsewhere")
             return "unreachable"
 
-        with persisted(db_path, FakeLLM(["ok"], respond=switch)):
+        with persisted(store_url, FakeLLM(["ok"], respond=switch)):
             bot.ask("one")
             with pytest.raises(DurableError, match="during one of its turns"):
                 bot.ask("two")
         assert bot.current_conversation == "default"
-        assert questions(Store(db_path).history("bot")) == ["one"]
+        assert questions(Store(store_url).history("bot")) == ["one"]
 
 
 class TestVersions:
     """Versions are one sequence per agent; rollback and fork take every conversation."""
 
-    def test_rollback_restores_every_conversation(self, db_path: Path) -> None:
+    def test_rollback_restores_every_conversation(self, store_url: str) -> None:
         """Rolling back to v restores each conversation's history and removes later ones."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")  # v1
             with bot.conversation("a"):
@@ -226,7 +226,7 @@ class TestVersions:
             bot.ask("d2")  # v3
             with bot.conversation("b"):
                 bot.ask("b1")  # v4
-        store = Store(db_path)
+        store = Store(store_url)
         assert store.rollback("bot", 2) == 5
         assert questions(store.history("bot")) == ["d1"]
         assert questions(store.history("bot", conversation="a")) == ["a1"]
@@ -235,36 +235,36 @@ class TestVersions:
             store.history("bot", conversation="b")
         assert questions(store.history("bot", 4, conversation="b")) == ["b1"]
         # The agent in a new process continues from the rolled-back state.
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             with bot.conversation("a"):
                 bot.ask("a2")
         assert questions(store.history("bot", conversation="a")) == ["a1", "a2"]
 
-    def test_fork_copies_every_conversation(self, db_path: Path) -> None:
+    def test_fork_copies_every_conversation(self, store_url: str) -> None:
         """A fork at v holds each conversation as it was at v."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")
             with bot.conversation("a"):
                 bot.ask("a1")
                 bot.ask("a2")
-        store = Store(db_path)
+        store = Store(store_url)
         store.fork("bot", 2, "copy")
         assert [c.conversation for c in store.conversations("copy")] == ["a", "default"]
         assert questions(store.history("copy", conversation="a")) == ["a1"]
         assert questions(store.history("copy")) == ["d1"]
 
-    def test_delete_conversation_is_a_version(self, db_path: Path) -> None:
+    def test_delete_conversation_is_a_version(self, store_url: str) -> None:
         """Deleting a conversation commits a version; earlier versions still read it."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")
             with bot.conversation("a"):
                 bot.ask("a1")
             bot.delete_conversation("a")
             bot.ask("d2")  # the agent in memory follows its own deletion
-        store = Store(db_path)
+        store = Store(store_url)
         kinds = [(v.kind, v.conversation, v.removed) for v in store.versions("bot")]
         assert kinds[2] == ("delete", "a", 3)
         assert [c.conversation for c in store.conversations("bot")] == ["default"]
@@ -274,31 +274,31 @@ class TestVersions:
         with pytest.raises(NotFoundError, match="no conversation 'zzz'"):
             store.delete_conversation("bot", "zzz")
 
-    def test_current_conversation_cannot_be_deleted(self, db_path: Path) -> None:
+    def test_current_conversation_cannot_be_deleted(self, store_url: str) -> None:
         """Deleting the conversation in use is refused; switch away first."""
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")
             with pytest.raises(DurableError, match="it is the current one"):
                 bot.delete_conversation("default")
-        assert questions(Store(db_path).history("bot")) == ["d1"]
+        assert questions(Store(store_url).history("bot")) == ["d1"]
 
-    def test_prune_keeps_later_versions_exact(self, db_path: Path) -> None:
+    def test_prune_keeps_later_versions_exact(self, store_url: str) -> None:
         """The conversations part prunes only rows no version from keep_from on needs."""
         from effectful_durable.store.conversations import Conversations
 
-        with persisted(db_path, FakeLLM(respond=echo)):
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             for name in ("a", "b"):
                 with bot.conversation(name):
                     bot.ask(name)  # v1, v2
             bot.delete_conversation("a")  # v3
             bot.ask("d")  # v4
-        store = Store(db_path)
+        store = Store(store_url)
         before = {v: store.conversations("bot", v) for v in (3, 4)}
         with store._writing() as conn:
             Conversations().prune(conn, "bot", 3)
-        assert persisted_rows(db_path, "SELECT count(*) FROM conversations") == [(2,)]
+        assert persisted_rows(store_url, "SELECT count(*) FROM conversations") == [(2,)]
         assert {v: store.conversations("bot", v) for v in (3, 4)} == before
         store.rollback("bot", 3)
         assert [c.conversation for c in store.conversations("bot")] == ["b"]
@@ -307,29 +307,29 @@ class TestVersions:
 class TestHandoffsAndJournal:
     """The crash handoff and the workflow journal are per conversation."""
 
-    def test_failed_turn_is_told_in_its_own_conversation(self, db_path: Path) -> None:
+    def test_failed_turn_is_told_in_its_own_conversation(self, store_url: str) -> None:
         """A failure in one conversation is noted to that conversation's next turn only."""
         llm = FakeLLM(["a1", RuntimeError("model down"), "d1", "a2"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot = Assistant(agent_id="bot")
             with bot.conversation("a"):
                 bot.ask("a1")
                 with pytest.raises(RuntimeError):
                     bot.ask("lost")
-            [handoff] = Store(db_path).handoffs()
+            [handoff] = Store(store_url).handoffs()
             assert (handoff.conversation, handoff.status) == ("a", "failed")
             bot.ask("d1")
             with bot.conversation("a"):
                 bot.ask("a2")
         assert "did not complete" not in str(llm.calls[2].messages[0])
         assert "`ask` called with" in str(llm.calls[3].messages[0])
-        assert Store(db_path).handoffs() == []
+        assert Store(store_url).handoffs() == []
 
-    def test_journal_counts_steps_per_conversation(self, db_path: Path) -> None:
+    def test_journal_counts_steps_per_conversation(self, store_url: str) -> None:
         """Steps are keyed per conversation, and a re-run replays each without the model."""
 
         def run(llm: FakeLLM) -> list[str]:
-            with persisted(db_path, llm, workflow="w"):
+            with persisted(store_url, llm, workflow="w"):
                 bot = Assistant(agent_id="bot")
                 out = [bot.ask("d")]
                 with bot.conversation("c-1"):
@@ -340,7 +340,7 @@ class TestHandoffsAndJournal:
         first = run(FakeLLM(respond=echo))
         replayed = FakeLLM([])
         assert run(replayed) == first and replayed.calls == []
-        steps = Store(db_path).steps("w")
+        steps = Store(store_url).steps("w")
         assert [(s.key, s.conversation) for s in steps] == [
             ("bot#0", "default"),
             ("bot@c-1#0", "c-1"),
@@ -351,7 +351,7 @@ class TestHandoffsAndJournal:
 class TestTwoThreads:
     """Two conversations of one agent driven at once: the agent's lock serialises them."""
 
-    def test_no_update_is_lost(self, db_path: Path) -> None:
+    def test_no_update_is_lost(self, store_url: str) -> None:
         """Two threads, two objects of one agent in two conversations, waiting for the
         lock: every turn commits, each history holds its own turns, no field update
         is lost."""
@@ -366,7 +366,7 @@ class TestTwoThreads:
                 return ToolCall("remember", {"note": f"{conversation}:{call.last_user_text}"})
 
             try:
-                persistence = PersistenceHandler(db_path, wait=30)
+                persistence = PersistenceHandler(store_url, wait=30)
                 with running(FakeLLM(respond=respond), persistence):
                     bot = Assistant(agent_id="bot")
                     bot.new_conversation(conversation)
@@ -383,14 +383,14 @@ class TestTwoThreads:
         for thread in threads:
             thread.join()
         assert errors == []
-        store = Store(db_path)
+        store = Store(store_url)
         assert len(store.versions("bot")) == 2 * turns
         assert len(store.state("bot")["notes"]) == 2 * turns
         for conversation in ("a", "b"):
             asked = questions(store.history("bot", conversation=conversation))
             assert asked == [f"{conversation}-{turn}" for turn in range(turns)]
 
-    def test_same_object_cannot_switch_under_a_running_turn(self, db_path: Path) -> None:
+    def test_same_object_cannot_switch_under_a_running_turn(self, store_url: str) -> None:
         """Another thread switching an agent object mid-turn gets a clear error."""
         inside, release = threading.Event(), threading.Event()
 
@@ -412,7 +412,7 @@ class TestTwoThreads:
 
         thread = threading.Thread(target=other)
         thread.start()
-        with persisted(db_path, FakeLLM(respond=slow)):
+        with persisted(store_url, FakeLLM(respond=slow)):
             bot.ask("q")
         thread.join()
         assert len(outcome) == 1 and "during one of its turns" in str(outcome[0])
@@ -471,18 +471,19 @@ class TestSchema1Migration:
         assert len(store.history("bot")) == 4
 
 
+@pytest.mark.sqlite_only("the command line opens SQLite files only, not yet postgresql:// URLs")
 class TestCommandLine:
     """The command line lists, reads and deletes conversations."""
 
     @pytest.fixture
-    def db(self, db_path: Path) -> str:
-        with persisted(db_path, FakeLLM(respond=echo)):
+    def db(self, store_url: str) -> str:
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")
             bot.ask("d1")  # v1
             with bot.conversation("alice"):
                 bot.ask("a1")  # v2
                 bot.ask("a2")  # v3
-        return str(db_path)
+        return str(store_url)
 
     def test_conversations_lists_them(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
         """`conversations DB AGENT` prints a table, or JSON with --json, and --version."""

@@ -128,9 +128,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     conversations (see :doc:`/conversations`).
 
     Args:
-        db: SQLite file (created if missing, refused if not ours) or an open Store.
+        db: SQLite file (created if missing, refused if not ours), a
+            ``postgresql://`` URL (see :class:`~effectful_durable.Store`), or an open Store.
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
-            Used only when ``db`` is a path.
+            Used only when ``db`` is a path (PostgreSQL's durability is the server's).
         busy_timeout: Seconds to wait for another writer's lock. Only with a path.
         wait: Seconds a turn waits for its agent while another turn holds it.
         workflow: Name of the workflow whose step journal this run follows.
@@ -192,7 +193,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self.on_invalid_state = on_invalid_state
         self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
-        self._database = os.path.realpath(self.store.path)
+        self._database = self.store._identity
         self._local = threading.local()
 
     def close(self) -> None:

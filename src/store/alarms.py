@@ -29,10 +29,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import apsw
 from cronsim import CronSim, CronSimError
 
 from ..errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
+from .backend import Conn
 from .damage import watched
 from .rows import storable, utc
 
@@ -287,7 +287,7 @@ class AlarmWrite:
         """The ids this turn cancelled."""
         return {op.alarm_id for op in self.ops if isinstance(op, _Cancel)}
 
-    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
         """Apply the staged operations as part of ``version``.
 
         Raises:
@@ -310,7 +310,7 @@ class AlarmWrite:
                 _deliver(conn, agent_id, op, version)
 
 
-def _deliver(conn: apsw.Connection, agent_id: str, op: _Deliver, version: int) -> None:
+def _deliver(conn: Conn, agent_id: str, op: _Deliver, version: int) -> None:
     if op.next_fire is None:
         conn.execute(
             """
@@ -338,7 +338,7 @@ def _deliver(conn: apsw.Connection, agent_id: str, op: _Deliver, version: int) -
 
 
 def insert(
-    conn: apsw.Connection,
+    conn: Conn,
     agent_id: str,
     alarm_id: str,
     action: str,
@@ -415,7 +415,7 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
     )
 
 
-def latest(conn: apsw.Connection, agent_id: str | None, *, include_ended: bool) -> list[AlarmInfo]:
+def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[AlarmInfo]:
     """Each alarm's latest span, by next occurrence; only pending and dead ones unless asked."""
     where = []
     params: list[Any] = []
@@ -436,7 +436,7 @@ def latest(conn: apsw.Connection, agent_id: str | None, *, include_ended: bool) 
     return [_info(row, now) for row in rows]
 
 
-def open_alarm(conn: apsw.Connection, alarm_id: str) -> AlarmInfo | None:
+def open_alarm(conn: Conn, alarm_id: str) -> AlarmInfo | None:
     """The pending or dead alarm ``alarm_id``, or None."""
     row: tuple[Any, ...] | None = conn.execute(
         f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
@@ -444,7 +444,7 @@ def open_alarm(conn: apsw.Connection, alarm_id: str) -> AlarmInfo | None:
     return None if row is None else _info(row, time.time())
 
 
-def pending_count(conn: apsw.Connection, agent_id: str) -> int:
+def pending_count(conn: Conn, agent_id: str) -> int:
     """How many pending alarms the agent has."""
     count = conn.execute(
         """
@@ -456,7 +456,7 @@ def pending_count(conn: apsw.Connection, agent_id: str) -> int:
     return int(count)
 
 
-def counts(conn: apsw.Connection, now: float) -> dict[str, int]:
+def counts(conn: Conn, now: float) -> dict[str, int]:
     """Pending, due and dead alarms of the whole database."""
     row: Any = conn.execute(
         """
@@ -474,7 +474,7 @@ def counts(conn: apsw.Connection, now: float) -> dict[str, int]:
 # -- writes outside a turn ------------------------------------------------------
 
 
-def current_version(conn: apsw.Connection, agent_id: str) -> int:
+def current_version(conn: Conn, agent_id: str) -> int:
     """The agent's version (0 before its first commit): out-of-turn changes belong to it."""
     row: tuple[Any, ...] | None = conn.execute(
         "SELECT version FROM agents WHERE agent_id = ?", (agent_id,)
@@ -482,7 +482,7 @@ def current_version(conn: apsw.Connection, agent_id: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def cancel(conn: apsw.Connection, alarm_id: str, agent_id: str | None) -> bool:
+def cancel(conn: Conn, alarm_id: str, agent_id: str | None) -> bool:
     """Cancel an open alarm outside a turn, as part of its agent's current version."""
     found = open_alarm(conn, alarm_id)
     if found is None or (agent_id is not None and found.agent_id != agent_id):
@@ -498,7 +498,7 @@ def cancel(conn: apsw.Connection, alarm_id: str, agent_id: str | None) -> bool:
     return True
 
 
-def rearm(conn: apsw.Connection, alarm_id: str, at: float) -> AlarmInfo:
+def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
     """Make a dead (or pending) alarm pending again, due at ``at``, with no attempts.
 
     Raises:
@@ -531,13 +531,13 @@ def runner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def next_due(conn: apsw.Connection) -> float | None:
+def next_due(conn: Conn) -> float | None:
     """When the earliest pending alarm becomes claimable: one indexed read."""
     due = conn.execute("SELECT min(due_at) FROM alarms WHERE status = 'pending'").get
     return None if due is None else float(due)
 
 
-def claim(conn: apsw.Connection, owner: str, now: float, lease: float) -> Claim | None:
+def claim(conn: Conn, owner: str, now: float, lease: float) -> Claim | None:
     """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
 
     The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
@@ -566,7 +566,7 @@ def claim(conn: apsw.Connection, owner: str, now: float, lease: float) -> Claim 
     return Claim(alarm_id, agent_id, action, schedule, attempts, token, until)
 
 
-def release(conn: apsw.Connection, claim: Claim, due_at: float) -> bool:
+def release(conn: Conn, claim: Claim, due_at: float) -> bool:
     """Give a claim back without counting an attempt; due again at ``due_at``."""
     conn.execute(
         """
@@ -578,9 +578,7 @@ def release(conn: apsw.Connection, claim: Claim, due_at: float) -> bool:
     return bool(conn.changes())
 
 
-def fail(
-    conn: apsw.Connection, claim: Claim, error: str, retry_at: float | None
-) -> AlarmStatus | None:
+def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
     """Record a failed delivery: retry at ``retry_at``, or dead when it is None.
 
     Returns:
@@ -599,7 +597,7 @@ def fail(
     return status if conn.changes() else None
 
 
-def reclaim_dead_owners(conn: apsw.Connection, now: float) -> int:
+def reclaim_dead_owners(conn: Conn, now: float) -> int:
     """End the leases of runners on this host whose process is gone; return how many.
 
     A runner killed with SIGKILL leaves its lease until it runs out; on the same
@@ -644,7 +642,7 @@ def _alive(pid: int) -> bool:
 
 
 def record_status(
-    conn: apsw.Connection,
+    conn: Conn,
     runner: str,
     *,
     state: Literal["running", "stopped"],
@@ -666,7 +664,7 @@ def record_status(
     )
 
 
-def statuses(conn: apsw.Connection) -> list[dict[str, Any]]:
+def statuses(conn: Conn) -> list[dict[str, Any]]:
     """Every runner's latest status report, most recent first."""
     rows: list[tuple[Any, ...]] = conn.execute(
         """
@@ -694,9 +692,7 @@ def statuses(conn: apsw.Connection) -> list[dict[str, Any]]:
 class AlarmPart:
     """How alarms follow rollback, fork, prune and delete (see the module docstring)."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
+    def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
         """Make the pending alarms those that were pending at ``to_version``."""
         now = time.time()
         note = f"rolled back to version {to_version}"
@@ -723,7 +719,7 @@ class AlarmPart:
             (agent_id, to_version, new_version, now),
         )
 
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
         """Copy the alarms pending at ``version`` to the new agent, under new ids."""
         rows: list[tuple[Any, ...]] = conn.execute(
             """
@@ -737,18 +733,18 @@ class AlarmPart:
             schedule = Schedule(fire_at, every, cron, timezone)
             insert(conn, new_agent_id, new_alarm_id(), action, schedule, 1, created_at)
 
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+    def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
         """Delete spans that ended at or before ``keep_from``: no later version holds them."""
         conn.execute(
             "DELETE FROM alarms WHERE agent_id = ? AND ended_in <= ?", (agent_id, keep_from)
         )
 
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+    def delete(self, conn: Conn, agent_id: str) -> None:
         """Delete all the agent's alarms (they may exist before its first commit)."""
         conn.execute("DELETE FROM alarms WHERE agent_id = ?", (agent_id,))
 
 
-def pending_at(conn: apsw.Connection, agent_id: str, version: int) -> list[str]:
+def pending_at(conn: Conn, agent_id: str, version: int) -> list[str]:
     """The ids of the alarms pending (or dead) at ``version``, sorted."""
     rows: list[tuple[Any, ...]] = conn.execute(
         """

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import apsw
-
+from .backend import Conn
 from .parts import VersionedRows
 
 
@@ -23,7 +22,7 @@ class ConversationFieldsWrite:
     conversation: str
     state: str
 
-    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
         """Make ``state`` the conversation's values from ``version`` on."""
         remove(conn, agent_id, self.conversation, version)
         conn.execute(
@@ -42,7 +41,7 @@ class ConversationFields(VersionedRows):
         super().__init__("conversation_fields", ("conversation", "state"))
 
 
-def remove(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> None:
+def remove(conn: Conn, agent_id: str, conversation: str, version: int) -> None:
     """End the conversation's current values at ``version`` (a new row or a deletion)."""
     conn.execute(
         """
@@ -53,7 +52,7 @@ def remove(conn: apsw.Connection, agent_id: str, conversation: str, version: int
     )
 
 
-def state_at(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> str | None:
+def state_at(conn: Conn, agent_id: str, conversation: str, version: int) -> str | None:
     """The JSON values of the conversation's fields at ``version``, or None if it has none."""
     row = conn.execute(
         """

@@ -13,8 +13,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import apsw
-
+from .backend import Conn
 from .parts import VersionedRows
 from .records import ConversationInfo
 
@@ -26,21 +25,21 @@ class Conversations(VersionedRows):
         super().__init__("conversations", ("conversation", "created_at"))
 
 
-def ensure(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> None:
+def ensure(conn: Conn, agent_id: str, conversation: str, version: int) -> None:
     """Record that ``conversation`` exists from ``version`` on, unless it already does.
 
     One probe of the partial unique index ``conversations_active``.
     """
     conn.execute(
         """
-        INSERT OR IGNORE INTO conversations (agent_id, conversation, added_in, created_at)
-        VALUES (?, ?, ?, ?)
+        INSERT INTO conversations (agent_id, conversation, added_in, created_at)
+        VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING
         """,
         (agent_id, conversation, version, time.time()),
     )
 
 
-def exists(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> bool:
+def exists(conn: Conn, agent_id: str, conversation: str, version: int) -> bool:
     """Whether ``conversation`` of ``agent_id`` exists at ``version``."""
     row = conn.execute(
         """
@@ -53,7 +52,7 @@ def exists(conn: apsw.Connection, agent_id: str, conversation: str, version: int
     return row is not None
 
 
-def remove(conn: apsw.Connection, agent_id: str, conversation: str, version: int) -> int:
+def remove(conn: Conn, agent_id: str, conversation: str, version: int) -> int:
     """Remove the conversation and its active messages as of ``version``.
 
     Returns:
@@ -80,7 +79,7 @@ def remove(conn: apsw.Connection, agent_id: str, conversation: str, version: int
     return removed
 
 
-def listed(conn: apsw.Connection, agent_id: str, version: int) -> list[ConversationInfo]:
+def listed(conn: Conn, agent_id: str, version: int) -> list[ConversationInfo]:
     """The conversations of ``agent_id`` at ``version``, by id."""
     rows: list[tuple[Any, ...]] = conn.execute(
         """

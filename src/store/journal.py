@@ -4,31 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-import apsw
-
 from ..errors import NotFoundError
+from .backend import Conn
+from .base import StoreBase
 from .records import StepInfo, WorkflowInfo, WorkflowReset
 from .rows import current_version, dumps, utc
 
 
-class WorkflowJournal:
+class WorkflowJournal(StoreBase):
     """The workflow-journal methods of :class:`~effectful_durable.Store` (a base of it)."""
 
     if TYPE_CHECKING:
-        path: str
-
-        def _connection(self) -> apsw.Connection: ...
-
-        def _reading(self) -> AbstractContextManager[apsw.Connection]: ...
-
-        def _writing(self) -> AbstractContextManager[apsw.Connection]: ...
-
-        def _checked_version(
-            self, conn: apsw.Connection, agent_id: str, version: int | None
-        ) -> int: ...
 
         def rollback(self, agent_id: str, version: int) -> int: ...
 
@@ -39,8 +27,9 @@ class WorkflowJournal:
         with self._reading() as conn:
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
-                SELECT workflow, count(*), sum(status = 'done'), sum(status = 'running'),
-                       sum(status = 'failed'), min(started_at),
+                SELECT workflow, count(*), count(*) FILTER (WHERE status = 'done'),
+                       count(*) FILTER (WHERE status = 'running'),
+                       count(*) FILTER (WHERE status = 'failed'), min(started_at),
                        max(coalesce(finished_at, started_at))
                   FROM workflow_steps GROUP BY workflow ORDER BY workflow
                 """
@@ -161,17 +150,31 @@ class WorkflowJournal:
         """
         now = time.time()
         with self._writing() as conn:
+            self._db.serialize(conn, "workflow", workflow)
             number = step_number(conn, workflow, key)
             conn.execute(
-                """
-                INSERT OR REPLACE INTO workflow_steps (workflow, step_key, number, template,
+                f"""
+                INSERT INTO workflow_steps (workflow, step_key, number, template,
                     arguments, status, result, started_at, finished_at)
                 VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)
+                {STEP_UPSERT}
                 """,
                 (workflow, key, number, template, dumps(arguments), result, now, now),
             )
         return number
 
+
+# INSERT OR REPLACE, spelled so PostgreSQL reads it too: every column not
+# inserted goes back to NULL (a step run again starts afresh).
+STEP_UPSERT = """
+    ON CONFLICT (workflow, step_key) DO UPDATE SET
+        number = excluded.number, agent_id = excluded.agent_id,
+        conversation = excluded.conversation, template = excluded.template,
+        arguments = excluded.arguments, status = excluded.status,
+        result = excluded.result, base_version = excluded.base_version,
+        version = excluded.version, started_at = excluded.started_at,
+        finished_at = excluded.finished_at
+"""
 
 STEP_SELECT = """
     SELECT workflow, number, step_key, agent_id, template, arguments, status, result,
@@ -213,7 +216,7 @@ def step_info(row: tuple[Any, ...]) -> StepInfo:
     )
 
 
-def step_number(conn: apsw.Connection, workflow: str, key: str) -> int:
+def step_number(conn: Conn, workflow: str, key: str) -> int:
     """The step's number: kept if the key was started before, else the next one."""
     number = conn.execute(
         """

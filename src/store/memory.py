@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import apsw
-
+from .backend import Conn
 from .parts import VersionedRows
 
 type Kind = Literal["key", "note"]
@@ -46,7 +45,7 @@ class MemoryChanges:
     def __init__(self) -> None:
         self.changes: dict[tuple[Kind, str], str | None] = {}
 
-    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
         """Apply the changes as part of ``version`` of ``agent_id``."""
         for (kind, key), value in self.changes.items():
             if value is not None and _active_value(conn, agent_id, kind, key) == value:
@@ -80,7 +79,7 @@ class MemoryRows:
             I/O errors into StorageError.
     """
 
-    def __init__(self, reading: Callable[[], AbstractContextManager[apsw.Connection]]) -> None:
+    def __init__(self, reading: Callable[[], AbstractContextManager[Conn]]) -> None:
         self._reading = reading
 
     def value(self, agent_id: str, kind: Kind, key: str) -> str | None:
@@ -123,9 +122,9 @@ class MemoryRows:
                        CASE WHEN ?5 < 0 OR octet_length(value) <= ?5 THEN value END
                   FROM memory
                  WHERE agent_id = ?1 AND kind = ?2 AND removed_in IS NULL
-                   AND key >= ?3 AND (?6 IS NULL OR key < ?6)
+                   AND key >= ?3 AND (CAST(?6 AS TEXT) IS NULL OR key < CAST(?6 AS TEXT))
                    AND substr(key, 1, length(?3)) = ?3
-                 ORDER BY key LIMIT ?4
+                 ORDER BY key LIMIT CASE WHEN ?4 < 0 THEN 9223372036854775807 ELSE ?4 END
                 """,
                 (agent_id, kind, prefix, limit, small, _prefix_end(prefix)),
             ).fetchall()
@@ -144,9 +143,7 @@ class MemoryRows:
         return None if row is None or row[0] is None else str(row[0])
 
 
-def memory_at(
-    conn: apsw.Connection, agent_id: str, version: int, kind: Kind
-) -> list[tuple[str, str]]:
+def memory_at(conn: Conn, agent_id: str, version: int, kind: Kind) -> list[tuple[str, str]]:
     """``(key, JSON text)`` of every key (or note) ``version`` held, in key order."""
     rows: list[tuple[Any, ...]] = conn.execute(
         """
@@ -166,7 +163,7 @@ def note_of(value: str) -> MemoryNote:
     return MemoryNote(datetime.fromtimestamp(decoded["at"], UTC), str(decoded["text"]))
 
 
-def _active_value(conn: apsw.Connection, agent_id: str, kind: Kind, key: str) -> str | None:
+def _active_value(conn: Conn, agent_id: str, kind: Kind, key: str) -> str | None:
     row = conn.execute(
         """
         SELECT value FROM memory

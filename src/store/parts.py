@@ -11,35 +11,33 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import apsw
+from .backend import Conn
 
 
 class TurnWrite(Protocol):
     """Something a turn writes besides messages and fields, in the turn's transaction."""
 
-    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
         """Apply the write as part of ``version`` of ``agent_id``; raise to abort the turn."""
 
 
 class VersionedPart(Protocol):
     """A part of the agent's record that every version carries."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
+    def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
         """Make ``new_version`` hold what ``to_version`` held."""
 
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
         """Give ``new_agent_id`` (at version 1) what ``agent_id`` held at ``version``."""
 
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+    def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
         """Delete what only versions before ``keep_from`` need.
 
         Every version from ``keep_from`` on must still read back, and roll back,
         exactly as before.
         """
 
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+    def delete(self, conn: Conn, agent_id: str) -> None:
         """Delete everything of ``agent_id`` that the agents row's cascade does not."""
 
 
@@ -68,21 +66,19 @@ class VersionedRows:
         self._prune = f"DELETE FROM {table} WHERE agent_id = ? AND removed_in <= ?"
         self._delete = f"DELETE FROM {table} WHERE agent_id = ?"
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
+    def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
         """End the rows added after ``to_version``; restore those it held that ended since."""
         conn.execute(self._end_later, (agent_id, to_version, new_version))
         conn.execute(self._restore, (agent_id, to_version, new_version))
 
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
         """Copy the rows ``version`` holds to ``new_agent_id``, at its version 1."""
         conn.execute(self._copy, (agent_id, version, new_agent_id))
 
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+    def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
         """Delete the rows no version from ``keep_from`` on holds."""
         conn.execute(self._prune, (agent_id, keep_from))
 
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+    def delete(self, conn: Conn, agent_id: str) -> None:
         """Delete every row of ``agent_id``."""
         conn.execute(self._delete, (agent_id,))

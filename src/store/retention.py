@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import apsw
 
 from ..errors import AgentInUseError, DurableError, NotFoundError
+from .backend import Conn
 from .connection import reserve_checksum_bytes
 from .parts import VersionedPart
 from .records import PruneResult
@@ -80,7 +81,7 @@ def prune_store(
     return PruneResult(tuple(pruned), versions, messages, tuple(workflows), tuple(skipped))
 
 
-def kept_from(conn: apsw.Connection, agent_id: str) -> int:
+def kept_from(conn: Conn, agent_id: str) -> int:
     """The agent's oldest version that was not pruned (1 if nothing was)."""
     row = conn.execute(
         "SELECT kept_from FROM retention WHERE agent_id = ?", (agent_id,)
@@ -89,7 +90,7 @@ def kept_from(conn: apsw.Connection, agent_id: str) -> int:
 
 
 def retention_point(
-    conn: apsw.Connection,
+    conn: Conn,
     agent_id: str,
     current: int,
     *,
@@ -110,7 +111,7 @@ def retention_point(
 
 
 def prune_agent(
-    conn: apsw.Connection,
+    conn: Conn,
     agent_id: str,
     keep_from: int,
     *,
@@ -170,9 +171,7 @@ def prune_agent(
     return versions, messages
 
 
-def finished_journals(
-    conn: apsw.Connection, agent_id: str | None, cutoff: float | None
-) -> list[str]:
+def finished_journals(conn: Conn, agent_id: str | None, cutoff: float | None) -> list[str]:
     """Workflows whose journals only pruned versions need.
 
     A journal qualifies when every step is done, every step run on an agent
@@ -200,7 +199,7 @@ def finished_journals(
     return [str(workflow) for (workflow,) in rows]
 
 
-def delete_journals(conn: apsw.Connection, workflows: Iterable[str]) -> None:
+def delete_journals(conn: Conn, workflows: Iterable[str]) -> None:
     """Delete the whole journal of each workflow."""
     conn.executemany("DELETE FROM workflow_steps WHERE workflow = ?", [(w,) for w in workflows])
 
@@ -294,7 +293,7 @@ class PruneAsYouGo:
         self.every = max(1, keep_versions // 2)
         self.parts = parts
 
-    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
         """Prune ``agent_id`` if it holds ``every`` versions more than it keeps."""
         if version - kept_from(conn, agent_id) + 1 >= self.keep_versions + self.every:
             prune_agent(conn, agent_id, version - self.keep_versions + 1, parts=self.parts)

@@ -36,11 +36,12 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
 from ..errors import SQLWorkspaceError
+from .backend import Conn
 from .connection import read_transaction
 from .damage import CORRUPTION, header_problem
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
@@ -267,10 +268,9 @@ def _snapshot(mem: apsw.Connection) -> list[Step]:
 class WorkspacePart:
     """How the SQL workspace follows a rollback, a fork, a prune and a delete."""
 
-    def rollback(
-        self, conn: apsw.Connection, agent_id: str, to_version: int, new_version: int
-    ) -> None:
+    def rollback(self, db: Conn, agent_id: str, to_version: int, new_version: int) -> None:
         """Write, as ``new_version``, what undoes every change after ``to_version``."""
+        conn = cast(apsw.Connection, db)  # SQLite only (sqlite.PARTS)
         later = _log(conn, agent_id, to_version, new_version - 1)
         if not later:
             return
@@ -288,8 +288,9 @@ class WorkspacePart:
         _write_log(conn, agent_id, new_version, _snapshot(mem))
         mem.close()
 
-    def fork(self, conn: apsw.Connection, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(self, db: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
         """Give ``new_agent_id`` (version 1) the tables ``agent_id`` had at ``version``."""
+        conn = cast(apsw.Connection, db)
         if not _log(conn, agent_id, 0, version):
             return
         mem = _replay(conn, agent_id, version)
@@ -297,13 +298,14 @@ class WorkspacePart:
         mem.close()
         _remove_files(workspace_path(conn.filename, new_agent_id))
 
-    def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
+    def prune(self, db: Conn, agent_id: str, keep_from: int) -> None:
         """Fold the steps of versions before ``keep_from`` into one snapshot.
 
         A snapshot costs what the tables hold, so it is made only once the steps
         it would replace outweigh the oldest version's (the last snapshot): the
         cost per pruned byte stays flat, as for pruning as you go.
         """
+        conn = cast(apsw.Connection, db)
         base = keep_from - 1
         sizes = conn.execute(
             """
@@ -323,13 +325,13 @@ class WorkspacePart:
         _write_log(conn, agent_id, base, _snapshot(mem))
         mem.close()
 
-    def delete(self, conn: apsw.Connection, agent_id: str) -> None:
+    def delete(self, db: Conn, agent_id: str) -> None:
         """Remove the agent's workspace file (its log goes with the agents row).
 
         Removing the file first is safe: if the main transaction then fails, the
         next use rebuilds the file from the log.
         """
-        _remove_files(workspace_path(conn.filename, agent_id))
+        _remove_files(workspace_path(cast(apsw.Connection, db).filename, agent_id))
 
 
 def _merged(steps: Sequence[Step]) -> list[Step]:
@@ -1025,10 +1027,10 @@ class WorkspaceTurn:
                 raise Refused(msg)
 
     # TurnWrite
-    def write(self, conn: apsw.Connection, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
         """Log the turn's steps as ``version`` of ``agent_id``, in the main transaction."""
         self._cut()
-        _write_log(conn, agent_id, version, _merged(self._steps))
+        _write_log(cast(apsw.Connection, conn), agent_id, version, _merged(self._steps))
         self.version = version
 
     def finish(self, *, committed: bool) -> None:

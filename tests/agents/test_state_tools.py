@@ -60,8 +60,8 @@ def results(llm: FakeLLM) -> list[str]:
     return [text for call in llm.calls for text in tool_texts(call)]
 
 
-def memory_rows(db_path: Path) -> list[tuple[Any, ...]]:
-    return persisted_rows(db_path, "SELECT * FROM memory ORDER BY agent_id, kind, key, added_in")
+def memory_rows(store_url: str) -> list[tuple[Any, ...]]:
+    return persisted_rows(store_url, "SELECT * FROM memory ORDER BY agent_id, kind, key, added_in")
 
 
 def system_text(call: FakeCall) -> str:
@@ -69,10 +69,10 @@ def system_text(call: FakeCall) -> str:
     return "\n".join(block["text"] for block in system["content"])
 
 
-def run_turns(db_path: Path, agent: Keeper, *turns: list[Any]) -> FakeLLM:
+def run_turns(store_url: str, agent: Keeper, *turns: list[Any]) -> FakeLLM:
     """Run one ask() per script in ``turns``; return the fake model."""
     llm = FakeLLM([reply for script in turns for reply in script])
-    with persisted(db_path, llm):
+    with persisted(store_url, llm):
         for n, _ in enumerate(turns):
             assert agent.ask(f"q{n}") == "done"
     return llm
@@ -81,11 +81,11 @@ def run_turns(db_path: Path, agent: Keeper, *turns: list[Any]) -> FakeLLM:
 class TestTools:
     """Each tool, called by the model, does what its description says."""
 
-    def test_put_get_list_delete(self, db_path: Path) -> None:
+    def test_put_get_list_delete(self, store_url: str) -> None:
         """The model stores, reads, lists and deletes keys; memory commits with the turn."""
         bot = Keeper(agent_id="bot")
         llm = run_turns(
-            db_path,
+            store_url,
             bot,
             [
                 [put("user.name", '"Alice"'), put("user.tz", '"UTC"'), put("todo", "[1, 2]")],
@@ -110,7 +110,7 @@ class TestTools:
             "deleted 'todo'; your memory holds 2 keys.",
             "keys:\nuser.name (7 bytes)\nuser.tz (5 bytes)",
         ]
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert store.memory("bot", 1) == {
                 "todo": [1, 2],
                 "user.name": "Alice",
@@ -122,29 +122,29 @@ class TestTools:
         "text",
         ['"caf\u00e9 \u2615"', "-1.5e3", "true", "null", '{"a": [1, {"b": null}]}', "[]", "0"],
     )
-    def test_any_json_value_round_trips(self, db_path: Path, text: str) -> None:
+    def test_any_json_value_round_trips(self, store_url: str, text: str) -> None:
         """Every kind of JSON value is stored and read back as it was given."""
         bot = Keeper(agent_id="bot")
         llm = run_turns(
-            db_path, bot, [put("k", text), ToolCall("get_state", {"key": "k"}), "done"]
+            store_url, bot, [put("k", text), ToolCall("get_state", {"key": "k"}), "done"]
         )
         assert json.loads(results(llm)[1]) == json.loads(text)
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert store.memory("bot") == {"k": json.loads(text)}
 
-    def test_overwrite_says_replaced(self, db_path: Path) -> None:
+    def test_overwrite_says_replaced(self, store_url: str) -> None:
         """Putting an existing key replaces its value and says so."""
         bot = Keeper(agent_id="bot")
-        llm = run_turns(db_path, bot, [put("k", "1"), "done"], [put("k", "2"), "done"])
+        llm = run_turns(store_url, bot, [put("k", "1"), "done"], [put("k", "2"), "done"])
         assert results(llm)[-1] == "replaced 'k' (1 bytes); your memory holds 1 key."
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert [store.memory("bot", v) for v in (1, 2)] == [{"k": 1}, {"k": 2}]
 
-    def test_list_is_capped(self, db_path: Path) -> None:
+    def test_list_is_capped(self, store_url: str) -> None:
         """list_state_keys returns at most listed_keys keys and says more exist."""
         bot = Small(agent_id="bot")
         llm = run_turns(
-            db_path,
+            store_url,
             bot,
             [[put("a", "1"), put("b", "2")], ToolCall("list_state_keys", {}), "done"],
         )
@@ -153,17 +153,17 @@ class TestTools:
         llm = FakeLLM(
             [[put(f"k{i:02}", "1") for i in range(205)], ToolCall("list_state_keys", {}), "done"]
         )
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot2.ask("q")
         listing = results(llm)[-1].splitlines()
         assert len(listing) == 1 + 200 + 1
         assert listing[-1].startswith("... and more")
 
-    def test_context_notes(self, db_path: Path) -> None:
+    def test_context_notes(self, store_url: str) -> None:
         """add_to_context keeps timestamped notes; clear_old_context removes the old ones."""
         bot = Keeper(agent_id="bot")
         llm = run_turns(
-            db_path,
+            store_url,
             bot,
             [
                 ToolCall("add_to_context", {"item": "User prefers metric units."}),
@@ -180,7 +180,7 @@ class TestTools:
             "removed 0 notes; your context holds 2 notes.",
             "removed 2 notes; your context holds 0 notes.",
         ]
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             notes = store.memory_notes("bot", 1)
             assert [n.text for n in notes] == [
                 "User prefers metric units.",
@@ -220,10 +220,10 @@ class TestBadInput:
     """Each bad tool input is an error text the model reads; the turn goes on, writing nothing."""
 
     @pytest.fixture
-    def full(self, db_path: Path) -> Path:
+    def full(self, store_url: str) -> Path:
         """A Small agent at version 1 holding its 2 keys and 2 notes (the limits)."""
         run_turns(
-            db_path,
+            store_url,
             Small(agent_id="bot"),
             [
                 [put("a", "1"), put("b", '"x"')],
@@ -232,7 +232,7 @@ class TestBadInput:
                 "done",
             ],
         )
-        return db_path
+        return store_url
 
     @pytest.mark.parametrize(
         ("call", "error"), BAD_CALLS, ids=[f"{c.name}-{i}" for i, (c, _) in enumerate(BAD_CALLS)]
@@ -266,29 +266,29 @@ class TestBadInput:
 class TestStaging:
     """Writes are staged in the turn and commit with it, or not at all."""
 
-    def test_reads_in_a_turn_see_its_writes(self, db_path: Path) -> None:
+    def test_reads_in_a_turn_see_its_writes(self, store_url: str) -> None:
         """A later request of the same turn reads the staged value; the disk has none yet."""
         seen: list[Any] = []
 
         def peek(call: FakeCall) -> Any:
-            seen.append(persisted_rows(db_path, "SELECT count(*) FROM memory")[0][0])
+            seen.append(persisted_rows(store_url, "SELECT count(*) FROM memory")[0][0])
             return "done"
 
         llm = FakeLLM([put("k", "1"), ToolCall("get_state", {"key": "k"})], respond=peek)
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Keeper(agent_id="bot").ask("q")
         assert results(llm)[1] == "1"
         assert seen == [0]  # staged, not written, while the turn runs
-        assert persisted_rows(db_path, "SELECT key, value FROM memory") == [("k", "1")]
+        assert persisted_rows(store_url, "SELECT key, value FROM memory") == [("k", "1")]
 
     @pytest.mark.parametrize("error", [RuntimeError("model down"), KeyboardInterrupt()])
     def test_failed_turn_leaves_memory_as_it_was(
-        self, db_path: Path, error: BaseException
+        self, store_url: str, error: BaseException
     ) -> None:
         """A turn that raises after staging writes leaves memory exactly at its last commit."""
         bot = Keeper(agent_id="bot")
-        run_turns(db_path, bot, [put("k", "1"), "done"])
-        before = memory_rows(db_path)
+        run_turns(store_url, bot, [put("k", "1"), "done"])
+        before = memory_rows(store_url)
         llm = FakeLLM(
             [
                 [put("k", "2"), put("new", "3"), ToolCall("add_to_context", {"item": "n"})],
@@ -297,28 +297,28 @@ class TestStaging:
                 "done",
             ]
         )
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             with pytest.raises(type(error)):
                 bot.ask("fails")
-            assert memory_rows(db_path) == before
+            assert memory_rows(store_url) == before
             assert bot.ask("again") == "done"
         assert results(llm)[-1] == "1"
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert store.memory("bot") == {"k": 1}
             assert store.memory_notes("bot") == []
 
-    def test_developer_writes_commit_with_the_turn(self, db_path: Path) -> None:
+    def test_developer_writes_commit_with_the_turn(self, store_url: str) -> None:
         """__memory__.put inside a tool stages the write; it commits with the turn."""
         bot = Keeper(agent_id="bot")
         llm = FakeLLM([ToolCall("note_by_code", {"key": "x", "value": 7}), "done"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             bot.ask("q")
             assert dict(bot.__memory__) == {"x": 7}
             assert bot.__memory__["x"] == 7 and "x" in bot.__memory__ and len(bot.__memory__) == 1
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert store.memory("bot") == {"x": 7}
 
-    def test_developer_api_in_a_turn(self, db_path: Path) -> None:
+    def test_developer_api_in_a_turn(self, store_url: str) -> None:
         """Inside a turn the mapping shows staged writes; bad values raise MemoryWriteError."""
         bot = Keeper(agent_id="bot")
         observed: dict[str, Any] = {}
@@ -343,18 +343,18 @@ class TestStaging:
                 memory.clear_notes(older_than=-1)
             return "done"
 
-        with persisted(db_path, FakeLLM(respond=respond)):
+        with persisted(store_url, FakeLLM(respond=respond)):
             bot.ask("q")
         assert observed["view"] == {"a": {"n": 1}}
         assert observed["notes"] == [observed["note"]] and observed["count"] == 0
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert store.memory("bot") == {"a": {"n": 1}}
             assert store.memory_notes("bot") == [observed["note"]]
 
-    def test_outside_a_turn_memory_is_read_only(self, db_path: Path) -> None:
+    def test_outside_a_turn_memory_is_read_only(self, store_url: str) -> None:
         """Between turns __memory__ reads the committed memory and refuses writes."""
         bot = Keeper(agent_id="bot")
-        with persisted(db_path, FakeLLM([put("k", "1"), "done"])):
+        with persisted(store_url, FakeLLM([put("k", "1"), "done"])):
             bot.ask("q")
             memory = bot.__memory__
             assert dict(memory) == {"k": 1}
@@ -373,7 +373,7 @@ class TestStaging:
         with pytest.raises(DurableError, match="install PersistenceHandler"):
             bot.get_state("k")
 
-    def test_a_view_from_an_ended_turn_refuses_use(self, db_path: Path) -> None:
+    def test_a_view_from_an_ended_turn_refuses_use(self, store_url: str) -> None:
         """A memory view kept after its turn ended raises instead of reading stale writes."""
         bot = Keeper(agent_id="bot")
         kept = []
@@ -382,19 +382,19 @@ class TestStaging:
             kept.append(bot.__memory__)
             return "done"
 
-        with persisted(db_path, FakeLLM(respond=respond)):
+        with persisted(store_url, FakeLLM(respond=respond)):
             bot.ask("q")
             with pytest.raises(DurableError, match="belongs to a turn that has ended"):
                 dict(kept[0])
 
-    def test_rollback_and_fork_reach_the_agent(self, db_path: Path) -> None:
+    def test_rollback_and_fork_reach_the_agent(self, store_url: str) -> None:
         """After a rollback the agent's tools read the old memory; a fork reads its copy."""
         bot = Keeper(agent_id="bot")
         llm = FakeLLM(
             [put("k", "1"), "done", put("k", "2"), "done"]
             + [ToolCall("get_state", {"key": "k"}), "done"] * 2
         )
-        with persisted(db_path, llm) as persistence:
+        with persisted(store_url, llm) as persistence:
             bot.ask("one")
             bot.ask("two")
             persistence.store.rollback("bot", 1)
@@ -407,12 +407,12 @@ class TestStaging:
 class TestDigest:
     """The system message of each request summarises the memory, outside the history."""
 
-    def test_digest_lists_keys_values_and_notes(self, db_path: Path) -> None:
+    def test_digest_lists_keys_values_and_notes(self, store_url: str) -> None:
         """Small values show in full, large ones by size; notes with their time; not in history."""
         bot = Keeper(agent_id="bot")
         big = '"' + "x" * 500 + '"'
         llm = run_turns(
-            db_path,
+            store_url,
             bot,
             [
                 [put("name", '"Alice"'), put("essay", big)],
@@ -425,15 +425,15 @@ class TestDigest:
         assert '- name = "Alice"' in second and "- essay: text, 502 bytes" in second
         assert "holds 2 keys" in second and "Likes tea." not in second
         assert "Your context notes" in third and "UTC] Likes tea." in third
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             assert "Your memory" not in str(store.history("bot"))
 
-    def test_digest_is_bounded(self, db_path: Path) -> None:
+    def test_digest_is_bounded(self, store_url: str) -> None:
         """With many keys and notes the digest keeps to its limits and says what it left out."""
         bot = Keeper(agent_id="bot")
         notes = [ToolCall("add_to_context", {"item": f"note {i} " + "y" * 150}) for i in range(60)]
         llm = run_turns(
-            db_path,
+            store_url,
             bot,
             [[put(f"key{i:03}", '"' + "v" * 50 + '"') for i in range(300)], notes, "done"],
         )
@@ -446,20 +446,20 @@ class TestDigest:
         assert "older notes not shown" in notes_part
         assert "note 59 " in notes_part and "note 0 " not in notes_part  # newest kept
 
-    def test_digest_can_be_turned_off(self, db_path: Path) -> None:
+    def test_digest_can_be_turned_off(self, store_url: str) -> None:
         """With __memory_digest__ = None the system message says nothing of memory."""
         bot = Quiet(agent_id="bot")
-        llm = run_turns(db_path, bot, [put("k", "1"), "done"], ["done"])
+        llm = run_turns(store_url, bot, [put("k", "1"), "done"], ["done"])
         assert all("Your memory" not in system_text(call) for call in llm.calls)
 
 
 class TestThreads:
     """Agents in parallel threads write their own memory; nothing is lost."""
 
-    def test_parallel_agents_keep_every_write(self, db_path: Path) -> None:
+    def test_parallel_agents_keep_every_write(self, store_url: str) -> None:
         """Four agents, each in its own thread, commit ten turns of writes each."""
         turns, workers = 10, 4
-        Store(db_path).close()
+        Store(store_url).close()
         errors: list[BaseException] = []
 
         def work(n: int) -> None:
@@ -469,7 +469,7 @@ class TestThreads:
                     for t in range(turns)
                     for reply in ([put(f"t{t}", str(t)), put("last", str(t))], "done")
                 ]
-                with persisted(db_path, FakeLLM(script), wait=5.0):
+                with persisted(store_url, FakeLLM(script), wait=5.0):
                     bot = Keeper(agent_id=f"bot{n}")
                     for t in range(turns):
                         bot.ask(f"turn {t}")
@@ -482,10 +482,10 @@ class TestThreads:
         for thread in threads:
             thread.join()
         assert errors == []
-        with Store(db_path, readonly=True) as store:
+        with Store(store_url, readonly=True) as store:
             for n in range(workers):
                 expected = {f"t{t}": t for t in range(turns)} | {"last": turns - 1}
                 assert store.memory(f"bot{n}") == expected
                 for v in range(1, turns + 1):
                     assert store.memory(f"bot{n}", v)["last"] == v - 1
-        assert integrity(db_path) == "ok"
+        assert integrity(store_url) == "ok"

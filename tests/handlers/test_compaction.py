@@ -2,7 +2,6 @@
 
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,10 +41,10 @@ class Model:
         return f"re: {text}"
 
 
-def stack(db_path: Path, compaction: CompactionHandler, order: str = "in-turn") -> list[Any]:
+def stack(store_url: str, compaction: CompactionHandler, order: str = "in-turn") -> list[Any]:
     """Handlers after the fake model; "in-turn" lists compaction first, so persistence
     sees each call first and commits the compaction with the turn."""
-    persistence = PersistenceHandler(db_path)
+    persistence = PersistenceHandler(store_url)
     return [compaction, persistence] if order == "in-turn" else [persistence, compaction]
 
 
@@ -55,10 +54,12 @@ def ask_many(bot: Any, count: int, start: int = 0) -> None:
 
 
 class TestBudget:
-    def test_message_budget_compacts_to_system_summary_recent(self, db_path: Path) -> None:
+    def test_message_budget_compacts_to_system_summary_recent(self, store_url: str) -> None:
         """Crossing max_messages leaves [system, summary, keep_recent messages]."""
         model = Model()
-        with running(model.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3))):
+        with running(
+            model.llm, *stack(store_url, CompactionHandler(max_messages=8, keep_recent=3))
+        ):
             bot = Assistant(agent_id="bot")
             ask_many(bot, 3)  # 7 messages: under budget
             assert model.summaries == 0
@@ -68,10 +69,12 @@ class TestBudget:
         assert [m["role"] for m in history] == ["system", "user", "assistant", "user", "assistant"]
         assert history[0]["role"] == "system" and "SUMMARY 1" in texts([history[1]])[0]
 
-    def test_token_budget(self, db_path: Path) -> None:
+    def test_token_budget(self, store_url: str) -> None:
         """max_tokens counts with the default estimator and compacts when crossed."""
         model = Model()
-        with running(model.llm, *stack(db_path, CompactionHandler(max_tokens=60, keep_recent=2))):
+        with running(
+            model.llm, *stack(store_url, CompactionHandler(max_tokens=60, keep_recent=2))
+        ):
             bot = Assistant(agent_id="bot")
             turns = 0
             while model.summaries == 0:
@@ -83,17 +86,19 @@ class TestBudget:
         assert [m["role"] for m in history] == ["system", "user", "user", "assistant"]
         assert "SUMMARY 1" in texts([history[1]])[0]
 
-    def test_no_summary_below_budget(self, db_path: Path) -> None:
+    def test_no_summary_below_budget(self, store_url: str) -> None:
         """Turns under the budget never call the summariser."""
         model = Model()
-        with running(model.llm, *stack(db_path, CompactionHandler(max_messages=100))):
+        with running(model.llm, *stack(store_url, CompactionHandler(max_messages=100))):
             ask_many(Assistant(agent_id="bot"), 10)
         assert model.summaries == 0 and model.llm.call_count == 10
 
-    def test_repeated_compaction_folds_the_previous_summary(self, db_path: Path) -> None:
+    def test_repeated_compaction_folds_the_previous_summary(self, store_url: str) -> None:
         """The second summary is written from a transcript that holds the first."""
         model = Model()
-        with running(model.llm, *stack(db_path, CompactionHandler(max_messages=6, keep_recent=2))):
+        with running(
+            model.llm, *stack(store_url, CompactionHandler(max_messages=6, keep_recent=2))
+        ):
             bot = Assistant(agent_id="bot")
             ask_many(bot, 6)
         assert model.summaries >= 2
@@ -108,7 +113,7 @@ class TestBudget:
         with pytest.raises(ValueError, match="keep_recent"):
             CompactionHandler(max_messages=5, keep_recent=4)
 
-    def test_plain_agent_is_compacted_in_memory(self, db_path: Path) -> None:
+    def test_plain_agent_is_compacted_in_memory(self, store_url: str) -> None:
         """A non-persistent effectful Agent is compacted too, with nothing stored."""
         model = Model()
         with running(model.llm, CompactionHandler(max_messages=5, keep_recent=2)):
@@ -121,32 +126,34 @@ class TestBudget:
 class TestLossless:
     @pytest.mark.parametrize("order", ["in-turn", "after-turn"])
     def test_compaction_survives_a_new_handler_without_resummarising(
-        self, db_path: Path, order: str
+        self, store_url: str, order: str
     ) -> None:
         """A new handler loads the compacted context and does not summarise again."""
         model = Model()
         compaction = CompactionHandler(max_messages=8, keep_recent=3)
-        with running(model.llm, *stack(db_path, compaction, order)):
+        with running(model.llm, *stack(store_url, compaction, order)):
             ask_many(Assistant(agent_id="bot"), 4)
         assert model.summaries == 1
         later = Model()
         with running(
-            later.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3), order)
+            later.llm, *stack(store_url, CompactionHandler(max_messages=8, keep_recent=3), order)
         ):
             bot = Assistant(agent_id="bot")
             bot.ask("question 4")
         assert later.summaries == 0
         sent = texts(later.llm.calls[0].messages)
         assert "SUMMARY 1" in sent[1] and "question 0" not in " ".join(sent[2:])
-        kinds = [v.kind for v in Store(db_path).versions("bot")]
+        kinds = [v.kind for v in Store(store_url).versions("bot")]
         assert kinds == ["turn"] * 4 + ["compaction", "turn"]
 
-    def test_originals_stay_readable_and_marked(self, db_path: Path) -> None:
+    def test_originals_stay_readable_and_marked(self, store_url: str) -> None:
         """include_compacted returns every message in order, originals and summary marked."""
         model = Model()
-        with running(model.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3))):
+        with running(
+            model.llm, *stack(store_url, CompactionHandler(max_messages=8, keep_recent=3))
+        ):
             ask_many(Assistant(agent_id="bot"), 4)
-        store = Store(db_path)
+        store = Store(store_url)
         everything = store.history("bot", include_compacted=True)
         users = [t for t in texts(everything) if t.startswith("user:Answer")]
         assert users == [f"user:Answer the question: question {n}" for n in range(4)]
@@ -156,18 +163,20 @@ class TestLossless:
         assert everything.index(summary) == len(compacted) + 1  # right after the originals
         assert len(store.history("bot")) == 5
 
-    def test_rollback_before_compaction_restores_originals(self, db_path: Path) -> None:
+    def test_rollback_before_compaction_restores_originals(self, store_url: str) -> None:
         """Rolling back past a compaction makes the originals the active context again."""
         model = Model()
-        with running(model.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3))):
+        with running(
+            model.llm, *stack(store_url, CompactionHandler(max_messages=8, keep_recent=3))
+        ):
             ask_many(Assistant(agent_id="bot"), 4)
-        store = Store(db_path)
+        store = Store(store_url)
         store.rollback("bot", 4)
         active = texts(store.history("bot"))
         assert len(active) == 9 and not any("SUMMARY" in t for t in active)
 
     def test_summariser_failure_changes_nothing(
-        self, db_path: Path, caplog: pytest.LogCaptureFixture
+        self, store_url: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         """If the summariser raises, history and database stay as the turn left them."""
 
@@ -178,17 +187,17 @@ class TestLossless:
 
         with running(
             FakeLLM(respond=respond),
-            *stack(db_path, CompactionHandler(max_messages=4, keep_recent=1)),
+            *stack(store_url, CompactionHandler(max_messages=4, keep_recent=1)),
         ):
             bot = Assistant(agent_id="bot")
             bot.ask("q0")
             bot.ask("q1")
         assert len(bot.__history__) == 5
-        assert Store(db_path).history("bot") == list(bot.__history__.values())
-        assert [v.kind for v in Store(db_path).versions("bot")] == ["turn", "turn"]
+        assert Store(store_url).history("bot") == list(bot.__history__.values())
+        assert [v.kind for v in Store(store_url).versions("bot")] == ["turn", "turn"]
         assert "summariser down" in caplog.text
 
-    def test_recall_tool_finds_compacted_messages(self, db_path: Path) -> None:
+    def test_recall_tool_finds_compacted_messages(self, store_url: str) -> None:
         """RecallTools lets the model search messages that were compacted away."""
         model = Model()
 
@@ -201,7 +210,7 @@ class TestLossless:
 
         with running(
             FakeLLM(respond=respond),
-            *stack(db_path, CompactionHandler(max_messages=8, keep_recent=2)),
+            *stack(store_url, CompactionHandler(max_messages=8, keep_recent=2)),
         ):
             bot = Rememberer(agent_id="bot")
             bot.ask("remember the codeword zebra")
@@ -352,10 +361,10 @@ def test_compaction_keeps_any_conversation_valid(
         assert after[len(after) - keep_recent :] == conversation[len(conversation) - keep_recent :]
 
 
-def test_compacted_context_loads_in_a_new_process(db_path: Path) -> None:
+def test_compacted_context_loads_in_a_new_process(store_url: str) -> None:
     """A fresh interpreter loads [system, summary, recent] and never calls the summariser."""
     model = Model()
-    with running(model.llm, *stack(db_path, CompactionHandler(max_messages=8, keep_recent=3))):
+    with running(model.llm, *stack(store_url, CompactionHandler(max_messages=8, keep_recent=3))):
         ask_many(Assistant(agent_id="bot"), 4)
     script = f"""
         from effectful_durable import CompactionHandler, PersistenceHandler
@@ -363,7 +372,7 @@ def test_compacted_context_loads_in_a_new_process(db_path: Path) -> None:
         from tests.helpers import Assistant, running, texts
         llm = FakeLLM(["fresh answer"])
         compaction = CompactionHandler(max_messages=8, keep_recent=3)
-        with running(llm, PersistenceHandler({str(db_path)!r}), compaction):
+        with running(llm, PersistenceHandler({str(store_url)!r}), compaction):
             Assistant(agent_id="bot").ask("question 4")
         sent = texts(llm.calls[0].messages)
         print(llm.call_count, len(sent), "SUMMARY 1" in sent[1])

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effectful_durable.store.history import ActiveHistory, plan_change
-from effectful_durable.store.store import _decode_messages
+from effectful_durable.store.rows import decode_messages as _decode_messages
 
 _ids = itertools.count()
 

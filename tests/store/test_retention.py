@@ -19,7 +19,7 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.store import retention
-from effectful_durable.store import store as store_module
+from effectful_durable.store import sqlite as store_module
 from effectful_durable.store.connection import WAL_SIZE_LIMIT
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.testing import FakeCall, FakeLLM
@@ -190,7 +190,7 @@ class TestPrune:
             def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
                 calls.append((agent_id, keep_from, conn.in_transaction))
 
-        monkeypatch.setattr(store_module, "_PARTS", (Recorder(),))
+        monkeypatch.setattr(store_module, "PARTS", (Recorder(),))
         run_turns(db_path, 7)
         with Store(db_path) as store:
             store.prune(keep_versions=3)

@@ -1,0 +1,114 @@
+"""The seam between the Store's shared logic and the database it runs on.
+
+A Store holds one :class:`Database`: :class:`~effectful_durable.store.sqlite.SQLiteDatabase`
+for a file path, :class:`~effectful_durable.store.postgres.PostgresDatabase` for a
+``postgresql://`` URL. The shared modules (``reads.py``, ``turns.py``,
+``maintenance.py``, ``journal.py``, ``conversations.py``, ``memory.py``,
+``parts.py``, ...) run their SQL on a :class:`Conn`, written in the subset both
+databases read: ``?`` or ``?N`` parameters (PostgreSQL's connection rewrites
+them), upserts spelled ``ON CONFLICT``, no SQLite-only functions. What differs
+(full-text search, locking a row, serialising writers, what the file or server
+can check) is a method of the Database, and its SQL lives in that backend's module.
+
+A part a backend does not carry yet is refused there (:meth:`Database.require`),
+never half done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .parts import TurnWrite, VersionedPart
+    from .records import Compaction
+
+
+class Rows(Protocol):
+    """The result of :meth:`Conn.execute`: an apsw Cursor, or PostgreSQL's equivalent."""
+
+    def fetchone(self) -> Any:
+        """The next row as a tuple, or None."""
+
+    def fetchall(self) -> list[Any]:
+        """The remaining rows, as tuples."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    @property
+    def get(self) -> Any:
+        """apsw's shorthand: None, the one value, one row's tuple, or the list of rows."""
+
+
+class Conn(Protocol):
+    """A connection inside one of the Store's transactions (an ``apsw.Connection`` on SQLite)."""
+
+    def execute(self, statements: str, bindings: Any = None, /) -> Rows:
+        """Run one statement with ``?``/``?N`` parameters."""
+
+    def executemany(self, statements: str, sequenceofbindings: Iterable[Any], /) -> Any:
+        """Run one statement for each set of parameters."""
+
+    def changes(self) -> int:
+        """Rows changed by the last INSERT, UPDATE or DELETE."""
+
+
+class Database(Protocol):
+    """What a Store needs of the database it runs on (one per Store)."""
+
+    #: ``"sqlite"`` or ``"postgresql"``.
+    kind: str
+    #: The file path, or the URL without its password: named in messages.
+    location: str
+
+    @property
+    def parts(self) -> Sequence[VersionedPart]:
+        """The parts of an agent's record besides messages and fields that this
+        database carries: rollback, fork, prune and delete go through each."""
+
+    def reading(self) -> AbstractContextManager[Conn]:
+        """One read transaction (or the thread's open write): several reads, one snapshot."""
+
+    def writing(self) -> AbstractContextManager[Conn]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+
+    def agent_lock(self, agent_id: str, *, wait: float) -> AbstractContextManager[None]:
+        """Hold ``agent_id`` against every other thread and process.
+
+        Raises:
+            AgentInUseError: It stayed held for longer than ``wait`` seconds.
+        """
+
+    def close(self) -> None:
+        """Close every connection, in all threads."""
+
+    def require(self, feature: str) -> None:
+        """Raise NotSupportedError unless this database carries ``feature``."""
+
+    def check_writes(self, writes: Sequence[TurnWrite]) -> None:
+        """Raise NotSupportedError for a turn write of a part this database does not carry."""
+
+    def locked_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version, its row locked until the transaction ends."""
+
+    def serialize(self, conn: Conn, scope: str, key: str) -> None:
+        """Hold writers of ``(scope, key)`` (a workflow's step numbers) off until commit."""
+
+    def index_compacted(
+        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+    ) -> None:
+        """Index the text of the originals ``compaction`` removed at ``version``."""
+
+    def search_compacted(
+        self, conn: Conn, agent_id: str, words: list[str], limit: int, conversation: str
+    ) -> list[str]:
+        """Bodies of compacted messages holding every one of ``words``, best match first."""
+
+    def check(self) -> dict[str, Any]:
+        """An integrity check of the database ("ok" when sound) and quick facts about it."""
+
+
+def is_postgres_url(target: str) -> bool:
+    """Whether ``target`` names a PostgreSQL database rather than an SQLite file."""
+    return target.startswith(("postgresql://", "postgres://"))

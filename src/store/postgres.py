@@ -1,0 +1,562 @@
+"""The PostgreSQL backend: a connection pool, advisory locks per agent, our SQL dialect.
+
+``Store("postgresql://...")`` opens one :class:`PostgresDatabase`. The shared
+modules' SQL (``?``/``?N`` parameters) runs unchanged through
+:class:`PostgresConn`, which rewrites the parameters for psycopg; what only
+PostgreSQL speaks (full-text search, ``FOR UPDATE``, advisory locks, the
+schema's identification) is here. See ``backend.py`` for the seam.
+
+- Transactions: a write is ``BEGIN`` (read committed) ... ``COMMIT`` on a pooled
+  connection; a read is one ``REPEATABLE READ READ ONLY`` snapshot. A block
+  nested in this thread's open block uses that block's connection.
+- One writer per agent: a session advisory lock on a connection of its own per
+  Store, keyed by a hash of the agent id; the server drops it when the holding
+  process dies. Each commit also locks the agent's row and checks its version
+  (fencing: a writer that lost its lock cannot commit over another's turn).
+- A lost connection (server restart, network) fails the block in flight with
+  DatabaseUnavailableError; the pool checks connections before handing them
+  out, so the next block connects afresh.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from importlib import resources
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pg_errors
+
+from ..errors import (
+    AgentInUseError,
+    DatabaseBusyError,
+    DatabaseUnavailableError,
+    DurableError,
+    NotOurDatabaseError,
+    NotSupportedError,
+    SchemaTooNewError,
+)
+from . import conversation_fields
+from . import conversations as _conversations
+from .alarms import AlarmWrite
+from .backend import Conn
+from .memory import MemoryPart
+from .migrations import APPLICATION_ID, SCHEMA_VERSION
+from .parts import TurnWrite, VersionedPart
+from .records import Compaction
+from .retention import PruneAsYouGo
+from .workspace import WorkspaceTurn
+
+_HOST = socket.gethostname()
+
+# The parts carried on PostgreSQL so far (SQLite also has the SQL workspace and alarms).
+PARTS: tuple[VersionedPart, ...] = (
+    _conversations.Conversations(),
+    conversation_fields.ConversationFields(),
+    MemoryPart(),
+)
+
+# What PostgreSQL does not carry yet, by the name Database.require is given.
+_UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = (
+    (AlarmWrite, "alarms (AlarmTools, agent.schedule)"),
+    (WorkspaceTurn, "the SQL workspace (SQLTools)"),
+    (PruneAsYouGo, "pruning as you go (keep_versions)"),
+)
+_UNSUPPORTED_PREFIXES = (
+    "alarms",
+    "the SQL workspace",
+    "Store.prune",
+    "Store.vacuum",
+    "Store.backup",
+    "pruning as you go",
+)
+
+_POLL_SECONDS = 0.005
+_MAX_POLL_SECONDS = 0.1
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, to name it in messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class PostgresDatabase:
+    """One PostgreSQL database, as a Store's Database (see backend.py).
+
+    Raises:
+        NotOurDatabaseError: Its schema holds tables, and none of them is ours.
+        SchemaTooNewError: A newer effectful-durable made its tables.
+        DatabaseUnavailableError: The server could not be reached.
+    """
+
+    kind = "postgresql"
+
+    def __init__(
+        self, url: str, *, busy_timeout: float, readonly: bool, pool_size: int = 10
+    ) -> None:
+        if busy_timeout < 0:
+            msg = f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}"
+            raise ValueError(msg)
+        if pool_size < 1:
+            msg = f"pool_size must be >= 1, not {pool_size!r}"
+            raise ValueError(msg)
+        self.url = url
+        self.location = redacted(url)
+        self.busy_timeout = busy_timeout
+        self.readonly = readonly
+        self._local = threading.local()
+        self._closed = False
+        # Waits for a row lock end at busy_timeout, as SQLite's busy timeout does.
+        options = f"-c lock_timeout={max(1, int(busy_timeout * 1000))}"
+        if readonly:
+            options += " -c default_transaction_read_only=on"
+        self._connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": f"effectful-durable {_HOST} {os.getpid()}",
+            "options": options,
+        }
+        self._pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            kwargs=self._connect_kwargs,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            open=False,
+            timeout=max(busy_timeout, 5.0),
+            name=f"effectful-durable {self.location}",
+        )
+        try:
+            self._pool.open(wait=True, timeout=max(busy_timeout, 5.0))
+        except psycopg_pool.PoolTimeout as e:
+            self._pool.close()
+            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+        try:
+            self._prepare()
+        except BaseException:
+            self._pool.close()
+            raise
+        self._locks = _AdvisoryLocks(self)
+
+    @property
+    def parts(self) -> Sequence[VersionedPart]:
+        return PARTS
+
+    def close(self) -> None:
+        """Close the pool and the lock connection."""
+        self._closed = True
+        self._locks.close()
+        self._pool.close()
+
+    # -- connections and transactions ------------------------------------------
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new connection outside the pool (the locks' own)."""
+        try:
+            return psycopg.connect(self.url, **self._connect_kwargs)
+        except psycopg.OperationalError as e:
+            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[PostgresConn]:
+        if self._closed:
+            msg = f"Store({self.location!r}) is closed; open a new Store to use it"
+            raise DurableError(msg)
+        open_conn: PostgresConn | None = getattr(self._local, "conn", None)
+        if open_conn is not None:  # nested in this thread's block: see what it sees
+            yield open_conn
+            return
+        try:
+            with self._pool.connection() as raw:
+                conn = PostgresConn(raw)
+                self._local.conn = conn
+                try:
+                    raw.execute(begin)
+                    try:
+                        yield conn
+                    except BaseException:
+                        if not raw.closed and not raw.broken:
+                            with suppress(psycopg.Error):  # the pool discards it then
+                                raw.execute("ROLLBACK")
+                        raise
+                    raw.execute("COMMIT")
+                finally:
+                    self._local.conn = None
+        except psycopg_pool.PoolTimeout as e:
+            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+        except pg_errors.LockNotAvailable as e:
+            raise DatabaseBusyError(self.location, self.busy_timeout) from e
+        except pg_errors.ReadOnlySqlTransaction as e:
+            msg = (
+                f"{self.location} is open read-only (readonly=True); open Store(url) to change it"
+            )
+            raise DurableError(msg) from e
+        except psycopg.OperationalError as e:
+            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+
+    def writing(self) -> Any:
+        """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises."""
+        return self._transaction("BEGIN")
+
+    def reading(self) -> Any:
+        """One read-only snapshot (repeatable read), or this thread's open block."""
+        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+    def _prepare(self) -> None:
+        """Refuse a database that is not ours or is newer; create our tables in an empty one."""
+        with self.writing() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (_key("schema", ""),))
+            schema = conn.execute("SELECT current_schema()").fetchone()[0]
+            if schema is None:
+                reason = "its search_path names no schema to hold our tables"
+                raise NotOurDatabaseError(self.location, reason)
+            marker = conn.execute("SELECT to_regclass('effectful_durable')").fetchone()[0]
+            if marker is None:
+                tables = conn.execute(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = ?", (schema,)
+                ).fetchone()[0]
+                if tables:
+                    reason = f"its schema {schema!r} holds {tables} tables of another program"
+                    raise NotOurDatabaseError(self.location, reason)
+                if self.readonly:
+                    msg = f"{self.location} is empty: it holds no effectful-durable database yet"
+                    raise DurableError(msg)
+                conn.execute(_schema_sql())
+                conn.execute(
+                    "INSERT INTO effectful_durable VALUES (?, ?, ?)",
+                    (APPLICATION_ID, SCHEMA_VERSION, time.time()),
+                )
+                return
+            row = conn.execute(
+                "SELECT application_id, schema_version FROM effectful_durable"
+            ).fetchone()
+            if row is None or row[0] != APPLICATION_ID:
+                reason = "its table effectful_durable does not name this library"
+                raise NotOurDatabaseError(self.location, reason)
+            if row[1] > SCHEMA_VERSION:
+                raise SchemaTooNewError(self.location, found=row[1], supported=SCHEMA_VERSION)
+            # Schema 3 is the first on PostgreSQL: nothing older to migrate yet.
+
+    # -- the agents' locks -------------------------------------------------------
+
+    @contextmanager
+    def agent_lock(self, agent_id: str, *, wait: float) -> Iterator[None]:
+        """Hold the agent against every other thread and process (an advisory lock)."""
+        self._locks.acquire(agent_id, wait=wait)
+        try:
+            yield
+        finally:
+            self._locks.release(agent_id)
+
+    # -- what differs from SQLite --------------------------------------------------
+
+    def require(self, feature: str) -> None:
+        """Refuse the parts not carried on PostgreSQL yet."""
+        if feature.startswith(_UNSUPPORTED_PREFIXES):
+            raise NotSupportedError(feature, "PostgreSQL")
+
+    def check_writes(self, writes: Sequence[TurnWrite]) -> None:
+        """Refuse a turn's write of a part not carried on PostgreSQL yet."""
+        for write in writes:
+            for kind, feature in _UNSUPPORTED_WRITES:
+                if isinstance(write, kind):
+                    raise NotSupportedError(feature, "PostgreSQL")
+
+    def locked_version(self, conn: Conn, agent_id: str) -> int | None:
+        row = conn.execute(
+            "SELECT version FROM agents WHERE agent_id = ? FOR UPDATE", (agent_id,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def serialize(self, conn: Conn, scope: str, key: str) -> None:
+        # Read committed lets two writers read the same max(number): one waits here.
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
+
+    def index_compacted(
+        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+    ) -> None:
+        # The text of the originals, for RecallTools: text blocks, plain content and
+        # tool-call arguments, as the SQLite backend indexes them.
+        conn.execute(
+            """
+            INSERT INTO compacted_text (agent_id, position, version, text, words)
+            SELECT agent_id, position, removed_in, t.text, to_tsvector('english', t.text)
+              FROM messages,
+                   LATERAL (SELECT concat_ws(
+                       ' ',
+                       CASE jsonb_typeof(body::jsonb -> 'content')
+                       WHEN 'array' THEN (
+                           SELECT string_agg(block ->> 'text', ' ')
+                             FROM jsonb_array_elements(body::jsonb -> 'content') AS block)
+                       ELSE body::jsonb ->> 'content' END,
+                       body::jsonb -> 'tool_calls') AS text) AS t
+             WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
+               AND position BETWEEN ?3 AND ?4
+            """,
+            (
+                agent_id,
+                version,
+                compaction.first_position,
+                compaction.last_position,
+                conversation,
+            ),
+        )
+
+    def search_compacted(
+        self, conn: Conn, agent_id: str, words: list[str], limit: int, conversation: str
+    ) -> list[str]:
+        # Every word must occur: the words' queries ANDed, each word taken as text.
+        query = " && ".join(["plainto_tsquery('english', ?)"] * len(words))
+        rows = conn.execute(
+            f"""
+            SELECT m.body FROM compacted_text AS t
+              JOIN messages AS m
+                ON m.agent_id = t.agent_id AND m.position = t.position
+               AND m.removed_in = t.version,
+                   (SELECT {query} AS q) AS query
+             WHERE t.agent_id = ? AND m.conversation = ? AND t.words @@ query.q
+               AND numnode(query.q) > 0
+             ORDER BY ts_rank(t.words, query.q) DESC, t.version, t.position LIMIT ?
+            """,
+            (*words, agent_id, conversation, limit),
+        ).fetchall()
+        return [str(body) for (body,) in rows]
+
+    def check(self) -> dict[str, Any]:
+        """The schema version and row counts ("integrity" is "ok" when they read)."""
+        with self.reading() as conn:
+            facts: dict[str, Any] = {
+                "integrity": "ok",
+                "schema": conn.execute("SELECT schema_version FROM effectful_durable").get,
+            }
+            for table in (
+                "agents",
+                "conversations",
+                "versions",
+                "messages",
+                "workflow_steps",
+                "memory",
+            ):
+                facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
+            facts["bytes"] = conn.execute("SELECT pg_database_size(current_database())").get
+        return facts
+
+
+class PostgresConn:
+    """A pooled psycopg connection in one of the Store's transactions, as a Conn."""
+
+    in_transaction = True
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+        self._changes = 0
+
+    def execute(self, statements: str, bindings: Any = None, /) -> PostgresRows:
+        """Run one statement written with ``?``/``?N`` parameters."""
+        query, numbered = _rewritten(statements)
+        cursor = self.raw.execute(query, _params(bindings, numbered))
+        self._changes = max(cursor.rowcount, 0)
+        return PostgresRows(cursor)
+
+    def executemany(self, statements: str, sequenceofbindings: Iterable[Any], /) -> None:
+        """Run one statement for each set of parameters (pipelined by psycopg)."""
+        query, numbered = _rewritten(statements)
+        params = [_params(bindings, numbered) for bindings in sequenceofbindings]
+        if not params:
+            return
+        with self.raw.cursor() as cursor:
+            cursor.executemany(query, params)
+            self._changes = max(cursor.rowcount, 0)
+
+    def changes(self) -> int:
+        """Rows changed by the last INSERT, UPDATE or DELETE."""
+        return self._changes
+
+
+class PostgresRows:
+    """A psycopg cursor's rows, read as apsw's Cursor is."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self._cursor = cursor
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone() if self._cursor.description else None
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall() if self._cursor.description else []
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+    @property
+    def get(self) -> Any:
+        rows = self.fetchall()
+        if not rows:
+            return None
+        if len(rows) == 1:
+            return rows[0][0] if len(rows[0]) == 1 else rows[0]
+        return rows
+
+
+_NUMBERED = re.compile(r"\?(\d+)")
+
+
+@functools.lru_cache(maxsize=512)
+def _rewritten(sql: str) -> tuple[str, bool]:
+    """``sql`` with ``?N`` as ``%(N)s`` (numbered) or ``?`` as ``%s``, and ``%`` escaped."""
+    sql = sql.replace("%", "%%")
+    if _NUMBERED.search(sql):
+        return _NUMBERED.sub(r"%(\1)s", sql), True
+    return sql.replace("?", "%s"), False
+
+
+def _params(bindings: Any, numbered: bool) -> Any:
+    if bindings is None:
+        return None
+    if numbered:
+        return {str(i): value for i, value in enumerate(bindings, 1)}
+    return tuple(bindings)
+
+
+@functools.cache
+def _schema_sql() -> str:
+    return resources.files(__package__).joinpath("schema_postgres.sql").read_text("utf-8")
+
+
+def _key(scope: str, name: str) -> int:
+    """A signed 64-bit advisory-lock key for ``name`` in ``scope``."""
+    digest = hashlib.blake2b(f"effectful-durable {scope}\0{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, signed=True)
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+class _AdvisoryLocks:
+    """The agents a Store holds: session advisory locks on one connection of its own.
+
+    Within the process a table of held ids decides between threads (a session's
+    advisory locks are reentrant, so PostgreSQL alone would let two threads in).
+    """
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+        self._conn: psycopg.Connection[Any] | None = None
+        self._held: dict[str, threading.Thread] = {}
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def acquire(self, agent_id: str, *, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        pause = _POLL_SECONDS
+        while True:
+            with self._mutex:
+                holder = self._held.get(agent_id)
+                if holder is None and self._try(agent_id):
+                    self._held[agent_id] = threading.current_thread()
+                    return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if holder is not None:
+                    raise AgentInUseError(agent_id, f"thread {holder.name!r} of this process")
+                raise AgentInUseError(agent_id, self._holder(agent_id))
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, _MAX_POLL_SECONDS)
+
+    def release(self, agent_id: str) -> None:
+        with self._mutex:
+            del self._held[agent_id]
+            if self._conn is None:
+                return
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (_key("agent", agent_id),))
+            except psycopg.OperationalError:
+                self._drop()  # the server dropped every lock of that session already
+
+    def _try(self, agent_id: str) -> bool:
+        """Try the advisory lock once; reconnect once if the lock connection was lost."""
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                row = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s)", (_key("agent", agent_id),)
+                ).fetchone()
+                return bool(row and row[0])
+            except psycopg.OperationalError as e:
+                self._drop()
+                if attempt == 2:
+                    raise DatabaseUnavailableError(self._db.location, _reason(e)) from e
+        return False  # not reached
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            self._conn = self._db.connect()
+            # The server dropped the locks of the lost session: take back the ones
+            # this process still holds (a turn in flight keeps its agent).
+            for held in self._held:
+                self._conn.execute("SELECT pg_try_advisory_lock(%s)", (_key("agent", held),))
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def _holder(self, agent_id: str) -> str:
+        """Who holds the agent's lock: the process and host its application_name names."""
+        key = _key("agent", agent_id)
+        try:
+            with self._db.reading() as conn:
+                row = conn.execute(
+                    """
+                    SELECT a.application_name, a.pid FROM pg_locks AS l
+                      JOIN pg_stat_activity AS a ON a.pid = l.pid
+                     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                       AND l.database = (SELECT oid FROM pg_database
+                                          WHERE datname = current_database())
+                       AND l.classid::bigint = ? AND l.objid::bigint = ?
+                    """,
+                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+                ).fetchone()
+                handoff = conn.execute(
+                    """
+                    SELECT pid, host, template FROM handoffs
+                     WHERE agent_id = ? AND status = 'running' ORDER BY started_at DESC
+                    """,
+                    (agent_id,),
+                ).fetchone()
+        except DurableError:
+            return "another process"
+        if row is None:
+            return "another process"
+        name, backend = row
+        words = str(name or "").split()
+        if len(words) == 3 and words[0] == "effectful-durable":
+            host, pid = words[1], words[2]
+            running = ""
+            if handoff is not None and str(handoff[0]) == pid and handoff[1] == host:
+                running = f" (running {handoff[2]})"
+            return f"process {pid} on {host}{running}"
+        return f"another process (PostgreSQL backend {backend}, {name or 'no application_name'})"

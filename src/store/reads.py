@@ -1,0 +1,250 @@
+"""The Store's reads of agents, histories, state, versions, handoffs and conversations."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import NotFoundError
+from . import conversation_fields, retention
+from . import conversations as _conversations
+from .backend import Conn
+from .base import StoreBase
+from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
+from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
+from .rows import current_version, decode_messages, state_at, storable, utc
+from .turns import HANDOFF_SELECT, handoff_of
+
+
+class StoreReads(StoreBase):
+    """The read methods of :class:`~effectful_durable.Store` (a base of it)."""
+
+    def agents(self) -> list[AgentRecord]:
+        """Every agent in the database, by id."""
+        with self._reading() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT agent_id, version, created_at, updated_at,
+                       (SELECT count(*) FROM messages AS m
+                         WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
+                  FROM agents AS a ORDER BY agent_id
+                """
+            ).fetchall()
+        return [
+            AgentRecord(agent_id, version, messages, utc(created), utc(updated))
+            for agent_id, version, created, updated, messages in rows
+        ]
+
+    def history(
+        self,
+        agent_id: str,
+        version: int | None = None,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+        include_compacted: bool = False,
+    ) -> list[dict[str, Any]]:
+        """One conversation's active messages, in order, at ``version`` (default: latest).
+
+        With ``include_compacted``, the originals that compactions replaced are
+        included too, in their places, so nothing the agent ever saw is missing.
+        Each of them carries ``"durable": {"compacted_in": <version>}``, and each
+        summary ``"durable": {"summary_of": <number of messages>}``.
+
+        Args:
+            agent_id: The agent.
+            version: The version to read; the latest by default.
+            conversation: The conversation; the default one unless named. The
+                default conversation of an agent that never used it is empty.
+            include_compacted: Include the originals compactions replaced.
+
+        Raises:
+            NotFoundError: No such agent or version, or no such conversation at
+                that version.
+
+        .. versionchanged:: 0.2.0
+           ``conversation``.
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            self._checked_conversation(conn, agent_id, conversation, version)
+            if not include_compacted:
+                bodies = conn.execute(
+                    """
+                    SELECT body FROM messages
+                     WHERE agent_id = ?1 AND conversation = ?3 AND added_in <= ?2
+                       AND (removed_in IS NULL OR removed_in > ?2)
+                     ORDER BY position
+                    """,
+                    (agent_id, version, conversation),
+                )
+                return decode_messages(body for (body,) in bodies)
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT m.body, c.version, s.messages FROM messages AS m
+                  LEFT JOIN compactions AS c
+                    ON c.agent_id = m.agent_id AND c.version = m.removed_in
+                   AND m.position BETWEEN c.first_position AND c.last_position
+                  LEFT JOIN compactions AS s
+                    ON s.agent_id = m.agent_id AND s.version = m.added_in
+                   AND s.summary_id = m.message_id
+                 WHERE m.agent_id = ?1 AND m.conversation = ?3 AND m.added_in <= ?2
+                   AND (m.removed_in IS NULL OR m.removed_in > ?2 OR c.version IS NOT NULL)
+                 ORDER BY m.position, m.added_in
+                """,
+                (agent_id, version, conversation),
+            ).fetchall()
+        messages = decode_messages(body for body, _, _ in rows)
+        for message, (_, compacted_in, summary_of) in zip(messages, rows, strict=True):
+            if compacted_in is not None:
+                message["durable"] = {"compacted_in": compacted_in}
+            elif summary_of is not None:
+                message["durable"] = {"summary_of": summary_of}
+        return messages
+
+    def search_compacted(
+        self,
+        agent_id: str,
+        query: str,
+        limit: int = 5,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> list[dict[str, Any]]:
+        """Compacted messages of one conversation that match ``query``, best match first.
+
+        Every word of ``query`` must occur (stemmed, case-insensitive), through
+        SQLite's FTS5 full-text index (PostgreSQL's full-text search on
+        PostgreSQL). Other conversations are never searched.
+
+        .. versionchanged:: 0.2.0
+           ``conversation``.
+        """
+        words = query.replace("\0", " ").split()
+        if not words or not storable(" ".join(words)):  # a lone surrogate is in no stored text
+            return []
+        with self._reading() as conn:
+            bodies = self._db.search_compacted(conn, agent_id, words, limit, conversation)
+        return decode_messages(bodies)
+
+    def state(
+        self,
+        agent_id: str,
+        version: int | None = None,
+        *,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> dict[str, Any]:
+        """The agent's persisted fields as JSON values, at ``version`` (default: latest).
+
+        The shared fields, and the values ``conversation`` holds of the fields
+        declared :func:`~effectful_durable.per_conversation` (absent until a turn
+        in it stored them).
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionchanged:: 0.2.0
+           ``conversation``.
+        """
+        validate_conversation_id(conversation)
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            state = state_at(conn, agent_id, version)
+            own = conversation_fields.state_at(conn, agent_id, conversation, version)
+        values: dict[str, Any] = json.loads(state) if state is not None else {}
+        return values | json.loads(own) if own is not None else values
+
+    def versions(self, agent_id: str) -> list[VersionInfo]:
+        """Every committed version of the agent, oldest first.
+
+        Raises:
+            NotFoundError: No such agent.
+        """
+        with self._reading() as conn:
+            self._checked_version(conn, agent_id, None)
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT version, kind, template, added, removed, state IS NOT NULL,
+                       detail, committed_at, conversation
+                  FROM versions WHERE agent_id = ? ORDER BY version
+                """,
+                (agent_id,),
+            ).fetchall()
+        return [
+            VersionInfo(
+                agent_id,
+                version,
+                kind,
+                template,
+                added,
+                removed,
+                bool(changed),
+                json.loads(detail) if detail else None,
+                utc(committed),
+                conversation,
+            )
+            for (
+                version,
+                kind,
+                template,
+                added,
+                removed,
+                changed,
+                detail,
+                committed,
+                conversation,
+            ) in rows
+        ]
+
+    def handoffs(self) -> list[Handoff]:
+        """Turns that started and did not commit: running, crashed or failed."""
+        with self._reading() as conn:
+            rows = conn.execute(f"{HANDOFF_SELECT} ORDER BY agent_id, conversation").fetchall()
+        return [handoff_of(row) for row in rows]
+
+    def conversations(self, agent_id: str, version: int | None = None) -> list[ConversationInfo]:
+        """The agent's conversations at ``version`` (default: the latest), by id.
+
+        Raises:
+            NotFoundError: No such agent or version.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            version = self._checked_version(conn, agent_id, version)
+            return _conversations.listed(conn, agent_id, version)
+
+    def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int:
+        current = current_version(conn, validate_agent_id(agent_id))
+        if current is None:
+            raise NotFoundError(no_agent(agent_id, self.path))
+        if version is None:
+            return current
+        if not 1 <= version <= current:
+            msg = f"agent {agent_id!r} has no version {version}; it has versions 1 to {current}"
+            raise NotFoundError(msg)
+        if version < current and version < (kept := retention.kept_from(conn, agent_id)):
+            msg = (
+                f"version {version} of agent {agent_id!r} was pruned; it keeps "
+                f"versions {kept} to {current}"
+            )
+            raise NotFoundError(msg)
+        return version
+
+    def _checked_conversation(
+        self, conn: Conn, agent_id: str, conversation: str, version: int
+    ) -> None:
+        if conversation == DEFAULT_CONVERSATION:
+            return  # an agent that never used it has it empty
+        validate_conversation_id(conversation)
+        if not _conversations.exists(conn, agent_id, conversation, version):
+            raise NotFoundError(no_conversation(agent_id, conversation, version))
+
+
+def no_conversation(agent_id: str, conversation: str, version: int) -> str:
+    return (
+        f"agent {agent_id!r} has no conversation {conversation!r} at version {version}; "
+        "Store.conversations() lists the ones it has"
+    )
+
+
+def no_agent(agent_id: str, path: str) -> str:
+    return f"no agent {agent_id!r} in {path}; Store.agents() lists the agents it holds"

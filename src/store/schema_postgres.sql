@@ -1,0 +1,161 @@
+-- effectful-durable database schema on PostgreSQL, version 3.
+--
+-- The same tables as schema.sql (read it for what each one means), in
+-- PostgreSQL's types: times are Unix seconds and positions double precision,
+-- payloads JSON text. Ids and keys compare as bytes (COLLATE "C"), as SQLite
+-- compares text, so that every listing has the same order on both backends.
+-- The parts not yet carried on PostgreSQL (the SQL workspace, alarms) have no
+-- tables here; the Store refuses them.
+
+-- Marks the database as ours and names its schema version (SQLite: PRAGMA
+-- application_id and user_version). One row.
+CREATE TABLE effectful_durable (
+    application_id bigint NOT NULL,
+    schema_version integer NOT NULL,
+    created_at     double precision NOT NULL
+);
+
+CREATE TABLE agents (
+    agent_id   text COLLATE "C" PRIMARY KEY,
+    version    bigint NOT NULL CHECK (version >= 1),
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL
+);
+
+CREATE TABLE versions (
+    agent_id     text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version      bigint NOT NULL,
+    kind         text NOT NULL
+                 CHECK (kind IN ('turn', 'rollback', 'fork', 'compaction', 'delete')),
+    conversation text COLLATE "C",
+    template     text,
+    state        text,
+    added        bigint NOT NULL,
+    removed      bigint NOT NULL,
+    detail       text,
+    committed_at double precision NOT NULL,
+    PRIMARY KEY (agent_id, version)
+);
+
+CREATE TABLE messages (
+    agent_id     text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation text COLLATE "C" NOT NULL,
+    position     double precision NOT NULL,
+    added_in     bigint NOT NULL,
+    removed_in   bigint CHECK (removed_in > added_in),
+    message_id   text NOT NULL,
+    role         text NOT NULL,
+    body         text NOT NULL,
+    PRIMARY KEY (agent_id, conversation, position, added_in)
+);
+
+CREATE UNIQUE INDEX messages_active ON messages (agent_id, conversation, position)
+    WHERE removed_in IS NULL;
+
+CREATE INDEX messages_removed ON messages (agent_id, removed_in)
+    WHERE removed_in IS NOT NULL;
+
+CREATE TABLE handoffs (
+    agent_id     text COLLATE "C" NOT NULL,
+    conversation text COLLATE "C" NOT NULL,
+    base_version bigint NOT NULL,
+    template     text NOT NULL,
+    arguments    text NOT NULL,
+    status       text NOT NULL CHECK (status IN ('running', 'failed')),
+    error        text,
+    interrupted  text,
+    host         text NOT NULL,
+    pid          bigint NOT NULL,
+    started_at   double precision NOT NULL,
+    ended_at     double precision,
+    PRIMARY KEY (agent_id, conversation)
+);
+
+CREATE TABLE workflow_steps (
+    workflow     text COLLATE "C" NOT NULL,
+    step_key     text COLLATE "C" NOT NULL,
+    number       bigint NOT NULL,
+    agent_id     text COLLATE "C",
+    conversation text COLLATE "C",
+    template     text NOT NULL,
+    arguments    text NOT NULL,
+    status       text NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+    result       text,
+    base_version bigint,
+    version      bigint,
+    started_at   double precision NOT NULL,
+    finished_at  double precision,
+    PRIMARY KEY (workflow, step_key)
+);
+
+CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
+
+CREATE TABLE compactions (
+    agent_id       text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version        bigint NOT NULL,
+    summary_id     text NOT NULL,
+    first_position double precision NOT NULL,
+    last_position  double precision NOT NULL,
+    messages       bigint NOT NULL,
+    summarizer     text NOT NULL,
+    PRIMARY KEY (agent_id, version)
+);
+
+-- Full-text index of compacted messages (SQLite: the FTS5 table of that name).
+-- words is the text under the 'english' configuration, which stems as SQLite's
+-- porter tokenizer does but also drops English stop words ("the", "and"): a
+-- query of stop words alone finds nothing here.
+CREATE TABLE compacted_text (
+    agent_id text COLLATE "C" NOT NULL,
+    position double precision NOT NULL,
+    version  bigint NOT NULL,
+    text     text NOT NULL,
+    words    tsvector NOT NULL
+);
+
+CREATE INDEX compacted_text_words ON compacted_text USING gin (words);
+CREATE INDEX compacted_text_agent ON compacted_text (agent_id, version);
+
+CREATE TABLE conversations (
+    agent_id     text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation text COLLATE "C" NOT NULL,
+    added_in     bigint NOT NULL,
+    removed_in   bigint CHECK (removed_in > added_in),
+    created_at   double precision NOT NULL,
+    PRIMARY KEY (agent_id, conversation, added_in)
+);
+
+CREATE UNIQUE INDEX conversations_active ON conversations (agent_id, conversation)
+    WHERE removed_in IS NULL;
+
+CREATE TABLE conversation_fields (
+    agent_id     text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation text COLLATE "C" NOT NULL,
+    added_in     bigint NOT NULL,
+    removed_in   bigint CHECK (removed_in > added_in),
+    state        text NOT NULL,
+    PRIMARY KEY (agent_id, conversation, added_in)
+);
+
+CREATE UNIQUE INDEX conversation_fields_active ON conversation_fields (agent_id, conversation)
+    WHERE removed_in IS NULL;
+
+CREATE TABLE retention (
+    agent_id  text COLLATE "C" PRIMARY KEY REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kept_from bigint NOT NULL CHECK (kept_from >= 1),
+    state     text,
+    pruned_at double precision NOT NULL
+);
+
+CREATE TABLE memory (
+    agent_id   text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    kind       text NOT NULL CHECK (kind IN ('key', 'note')),
+    key        text COLLATE "C" NOT NULL,
+    added_in   bigint NOT NULL,
+    removed_in bigint CHECK (removed_in > added_in),
+    value      text NOT NULL,
+    PRIMARY KEY (agent_id, kind, key, added_in)
+);
+
+CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
+    WHERE removed_in IS NULL;

@@ -1,0 +1,307 @@
+"""The SQLite backend: one file, a connection per thread, file locks per agent.
+
+Opening the file (identify, migrate, pragmas) is ``connection.py``; damage and
+I/O errors are translated by ``damage.py`` and ``translate.py``. This module
+holds the connections of one Store and the SQL that only SQLite speaks (FTS5,
+``PRAGMA integrity_check``); see ``backend.py`` for the seam.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, Literal
+
+import apsw
+
+from ..errors import (
+    AgentInUseError,
+    DatabaseBusyError,
+    DatabaseCorruptError,
+    DurableError,
+    NotOurDatabaseError,
+    StorageError,
+)
+from . import conversation_fields
+from . import conversations as _conversations
+from .alarms import AlarmPart
+from .backend import Conn
+from .connection import Durability, connect, quarantine, read_transaction, write_transaction
+from .damage import DamageWatch
+from .locks import AgentBusy, AgentLocks
+from .memory import MemoryPart
+from .parts import TurnWrite, VersionedPart
+from .records import Compaction
+from .translate import translated
+from .workspace import WorkspaceFiles, WorkspacePart
+
+# Every part of an agent's record besides messages and fields: rollback and fork
+# carry each of them (see parts.py).
+PARTS: tuple[VersionedPart, ...] = (
+    _conversations.Conversations(),
+    conversation_fields.ConversationFields(),
+    MemoryPart(),
+    WorkspacePart(),
+    AlarmPart(),
+)
+
+
+class SQLiteDatabase:
+    """One SQLite database file, as a Store's Database (see backend.py).
+
+    Raises:
+        NotOurDatabaseError, DatabaseCorruptError, SchemaTooNewError: as
+            :class:`~effectful_durable.Store` says.
+    """
+
+    kind = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        durability: Durability,
+        busy_timeout: float,
+        readonly: bool,
+        on_unreadable: Literal["refuse", "quarantine"],
+    ) -> None:
+        self.path = self.location = path
+        self.durability: Durability = durability
+        self.busy_timeout = busy_timeout
+        self.readonly = readonly
+        self._local = threading.local()
+        self._connections: list[apsw.Connection] = []
+        self._workspace_caches: list[WorkspaceFiles] = []
+        self._connections_lock = threading.Lock()
+        self._closed = False
+        self.damage = DamageWatch(self.path, self._connections)
+        try:
+            self.connection()  # fail here, not at the first turn, if the file is bad
+        except (NotOurDatabaseError, DatabaseCorruptError):
+            if on_unreadable == "refuse":
+                raise
+            try:  # another process may have moved it aside and started afresh meanwhile
+                self.connection()
+            except (NotOurDatabaseError, DatabaseCorruptError):
+                quarantine(self.path)
+                self.connection()
+        self._locks = AgentLocks.for_database(self.path)
+
+    @property
+    def parts(self) -> Sequence[VersionedPart]:
+        # Read at each use, so that a test may replace the module's tuple.
+        return PARTS
+
+    def close(self) -> None:
+        """Close every connection this database opened, in all threads."""
+        with self._connections_lock:
+            self._closed = True
+            for files in self._workspace_caches:
+                files.close()
+            self._workspace_caches.clear()
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+
+    # -- connections and transactions ------------------------------------------
+
+    def connection(self) -> apsw.Connection:
+        """This thread's connection, opened at its first use."""
+        if self._closed:
+            msg = f"Store({self.path!r}) is closed; open a new Store to use {self.path}"
+            raise DurableError(msg)
+        conn: apsw.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(
+                self.path,
+                durability=self.durability,
+                busy_timeout=self.busy_timeout,
+                readonly=self.readonly,
+            )
+            with self._connections_lock:
+                self._connections.append(conn)
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def writing(self) -> Iterator[apsw.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection."""
+        self.damage.check_writable("a write")
+        try:
+            with self.damage.watching("a write"), write_transaction(self.connection()) as conn:
+                yield conn
+        except StorageError:
+            self._reconnect()
+            raise
+        except apsw.BusyError as e:
+            raise DatabaseBusyError(self.path, self.busy_timeout) from e
+        except apsw.ReadOnlyError as e:
+            msg = f"{self.path} is open read-only; open Store({self.path!r}) to change it"
+            raise DurableError(msg) from e
+
+    @contextmanager
+    def reading(self) -> Iterator[apsw.Connection]:
+        """One read transaction, so several SELECTs see the same snapshot."""
+        conn = self.connection()
+        nested = conn.in_transaction
+        try:
+            with self.damage.watching("a read"), translated(self.path, conn):
+                with read_transaction(conn):
+                    yield conn
+        except StorageError:
+            if not nested:
+                self._reconnect()
+            raise
+
+    def _reconnect(self) -> None:
+        """Replace this thread's connection after an I/O error, opening the new one first.
+
+        SQLite rolls a failed transaction back in the file, but FTS5's state in the
+        connection did not follow and damaged its index at the next insert (found
+        by tests/test_faults.py). Closing the process's last connection first would
+        drop the WAL index, and a commit whose sync failed could then be recovered.
+        """
+        old = self._local.conn
+        self._local.conn = None
+        try:
+            self.connection()
+        except DurableError:
+            self._local.conn = old  # keep it: nothing better to offer
+            return
+        with self._connections_lock:
+            self._connections.remove(old)
+        with suppress(apsw.Error):
+            old.close()
+
+    def workspace_files(self) -> WorkspaceFiles:
+        """This thread's open SQL workspace files (closed with the database)."""
+        files: WorkspaceFiles | None = getattr(self._local, "workspaces", None)
+        if files is None:
+            files = self._local.workspaces = WorkspaceFiles()
+            with self._connections_lock:
+                self._workspace_caches.append(files)
+        return files
+
+    # -- the agents' locks -------------------------------------------------------
+
+    @contextmanager
+    def agent_lock(self, agent_id: str, *, wait: float) -> Iterator[None]:
+        """Hold the agent against every other thread and process (locks.py)."""
+        try:
+            self._locks.acquire(agent_id, wait=wait)
+        except AgentBusy as busy:
+            holder = self._describe_holder(agent_id, busy)
+            raise AgentInUseError(agent_id, holder) from None
+        try:
+            yield
+        finally:
+            self._locks.release(agent_id)
+
+    def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
+        if busy.holder != "another process":
+            return busy.holder
+        try:
+            row = (
+                self.connection()
+                .execute(
+                    """
+                    SELECT pid, host, template FROM handoffs
+                     WHERE agent_id = ? AND status = 'running' ORDER BY started_at DESC
+                    """,
+                    (agent_id,),
+                )
+                .fetchone()
+            )
+        except apsw.Error:
+            row = None
+        if row is None:
+            return busy.holder
+        pid, host, template = row
+        return f"process {pid} on {host} (running {template})"
+
+    # -- what differs from PostgreSQL ---------------------------------------------
+
+    def require(self, feature: str) -> None:
+        """SQLite carries every part."""
+
+    def check_writes(self, writes: Sequence[TurnWrite]) -> None:
+        """SQLite carries every part."""
+
+    def locked_version(self, conn: Conn, agent_id: str) -> int | None:
+        # BEGIN IMMEDIATE already holds every other writer off.
+        row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def serialize(self, conn: Conn, scope: str, key: str) -> None:
+        """Nothing to do: SQLite has one writer at a time."""
+
+    def index_compacted(
+        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+    ) -> None:
+        # Index the text of the originals, for RecallTools: text blocks, plain
+        # content and tool-call arguments (of bodies SQLite's JSON functions read:
+        # not nested deeper than 1,000, sqlite.org/json1.html#jmini).
+        conn.execute(
+            """
+            INSERT INTO compacted_text (text, agent_id, position, version)
+            SELECT concat_ws(
+                       ' ',
+                       CASE json_type(body, '$.content')
+                       WHEN 'array' THEN (
+                           SELECT group_concat(json_extract(value, '$.text'), ' ')
+                             FROM json_each(body, '$.content'))
+                       ELSE json_extract(body, '$.content') END,
+                       json_extract(body, '$.tool_calls')),
+                   agent_id, position, removed_in
+              FROM messages
+             WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
+               AND position BETWEEN ?3 AND ?4 AND json_valid(body)
+            """,
+            (
+                agent_id,
+                version,
+                compaction.first_position,
+                compaction.last_position,
+                conversation,
+            ),
+        )
+
+    def search_compacted(
+        self, conn: Conn, agent_id: str, words: list[str], limit: int, conversation: str
+    ) -> list[str]:
+        # Each word quoted: an FTS5 phrase, so that no word is read as an operator.
+        query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
+        rows = conn.execute(
+            """
+            SELECT m.body FROM compacted_text AS t
+              JOIN messages AS m
+                ON m.agent_id = t.agent_id AND m.position = t.position
+               AND m.removed_in = t.version
+             WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
+             ORDER BY t.rank LIMIT ?3
+            """,
+            (agent_id, query, limit, conversation),
+        ).fetchall()
+        return [str(body) for (body,) in rows]
+
+    def check(self) -> dict[str, Any]:
+        """``PRAGMA integrity_check`` ("ok" when sound) and quick facts about the file."""
+        conn = self.connection()
+        facts: dict[str, Any] = {
+            "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
+            "schema": conn.pragma("user_version"),
+        }
+        for table in (
+            "agents",
+            "conversations",
+            "versions",
+            "messages",
+            "workflow_steps",
+            "memory",
+        ):
+            facts[table] = conn.execute(f"SELECT count(*) FROM {table}").get
+        sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
+        facts["bytes"] = sum(sizes)
+        return facts

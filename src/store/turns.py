@@ -1,0 +1,450 @@
+"""The turn protocol PersistenceHandler runs: load, handoff, the one commit per turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import AgentInUseError
+from . import conversation_fields
+from . import conversations as _conversations
+from .backend import Conn
+from .base import StoreBase
+from .history import ActiveHistory, HistoryChange, message_json
+from .ids import DEFAULT_CONVERSATION
+from .journal import STEP_UPSERT, step_number
+from .parts import TurnWrite
+from .records import Compaction, Handoff, LoadedAgent, TurnStart
+from .rows import current_version, decode_messages, dumps, state_at, utc
+
+_HOST = socket.gethostname()
+
+
+class TurnProtocol(StoreBase):
+    """The turn protocol of :class:`~effectful_durable.Store` (a base of it).
+
+    PersistenceHandler holds the agent's lock (``agent_lock``) around a turn,
+    commits a handoff row when it starts (``begin_turn``), and commits the turn
+    in one transaction (``commit_turn``) or records its failure (``fail_turn``).
+    """
+
+    def load_agent(self, agent_id: str, conversation: str = DEFAULT_CONVERSATION) -> LoadedAgent:
+        """The agent's committed version, state, and one conversation's active history.
+
+        Version 0 if the agent is new; an empty history, not found, if the
+        conversation is.
+        """
+        with self._reading() as conn:
+            version = current_version(conn, agent_id)
+            if version is None:
+                return LoadedAgent(0, ActiveHistory(), None)
+            rows: list[tuple[Any, ...]] = conn.execute(
+                """
+                SELECT position, body FROM messages
+                 WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
+                 ORDER BY position
+                """,
+                (agent_id, conversation),
+            ).fetchall()
+            found = bool(rows) or _conversations.exists(conn, agent_id, conversation, version)
+            state = state_at(conn, agent_id, version)
+            own = conversation_fields.state_at(conn, agent_id, conversation, version)
+        positions = [position for position, _ in rows]
+        messages = decode_messages(body for _, body in rows)
+        return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
+
+    def begin_turn(
+        self,
+        agent_id: str,
+        *,
+        template: str,
+        arguments: Any,
+        step: tuple[str, str] | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> TurnStart:
+        """Commit a handoff row for a turn that starts now (and its journal step).
+
+        Args:
+            agent_id: The agent.
+            conversation: The conversation the turn runs in; it has its own handoff.
+            template: Name of the template the turn runs.
+            arguments: The template's arguments, as JSON values.
+            step: ``(workflow, step key)`` when the turn is a workflow step.
+
+        Returns:
+            The agent's committed version, the handoff of an earlier turn that did
+            not commit (crashed or failed), which this one replaces, and the step's
+            number.
+        """
+        arguments_json = dumps(arguments)
+        now = time.time()
+        with self._writing() as conn:
+            version = current_version(conn, agent_id) or 0
+            row = conn.execute(
+                f"{HANDOFF_SELECT} WHERE agent_id = ? AND conversation = ?",
+                (agent_id, conversation),
+            ).fetchone()
+            earlier = handoff_of(row) if row else None
+            conn.execute(
+                """
+                INSERT INTO handoffs (agent_id, conversation, base_version,
+                    template, arguments, status, interrupted, host, pid, started_at)
+                VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
+                ON CONFLICT (agent_id, conversation) DO UPDATE SET
+                    base_version = excluded.base_version, template = excluded.template,
+                    arguments = excluded.arguments, status = 'running', error = NULL,
+                    interrupted = excluded.interrupted, host = excluded.host,
+                    pid = excluded.pid, started_at = excluded.started_at, ended_at = NULL
+                """,
+                (
+                    agent_id,
+                    conversation,
+                    version,
+                    template,
+                    arguments_json,
+                    _handoff_json(earlier),
+                    _HOST,
+                    os.getpid(),
+                    now,
+                ),
+            )
+            number = None
+            if step is not None:
+                workflow, key = step
+                self._db.serialize(conn, "workflow", workflow)
+                number = step_number(conn, workflow, key)
+                conn.execute(
+                    f"""
+                    INSERT INTO workflow_steps (workflow, step_key, number,
+                        agent_id, conversation, template, arguments, status, base_version,
+                        started_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)
+                    {STEP_UPSERT}
+                    """,
+                    (
+                        workflow,
+                        key,
+                        number,
+                        agent_id,
+                        conversation,
+                        template,
+                        arguments_json,
+                        version,
+                        now,
+                    ),
+                )
+        return TurnStart(version, earlier, number)
+
+    def commit_turn(
+        self,
+        agent_id: str,
+        *,
+        base_version: int,
+        template: str,
+        change: HistoryChange,
+        state: str | None,
+        detail: Mapping[str, Any] | None = None,
+        step: tuple[str, str] | None = None,
+        result: str | None = None,
+        compaction: Compaction | None = None,
+        writes: Sequence[TurnWrite] = (),
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> int:
+        """Commit one turn in one transaction and clear its handoff.
+
+        Args:
+            agent_id: The agent.
+            conversation: The conversation the turn ran in; ``change`` and
+                ``compaction`` apply to its history.
+            base_version: The version the turn started from.
+            template: Name of the template the turn ran.
+            change: Messages the turn added and removed.
+            state: JSON of the persisted fields, or None if unchanged.
+            detail: Extra facts to record with the version.
+            step: ``(workflow, step key)`` to mark done, when the turn is a step.
+            result: The step's result as JSON.
+            compaction: A compaction made at the end of the turn; it becomes the
+                next version, in the same transaction.
+            writes: What the turn staged besides messages and fields (memory, SQL,
+                alarms), applied as part of the turn's version.
+
+        Returns:
+            The last new version.
+
+        Raises:
+            StateSerializationError: A message cannot be stored as JSON.
+            AgentInUseError: The agent was changed by a writer that bypassed its lock.
+        """
+        new = base_version + 1
+        with self._writing() as conn:
+            self._check_base(conn, agent_id, base_version)
+            self._write_version(
+                conn,
+                agent_id,
+                new,
+                kind="turn",
+                template=template,
+                change=change,
+                state=state,
+                detail=detail,
+                conversation=conversation,
+            )
+            self._db.check_writes(writes)
+            for write in writes:
+                write.write(conn, agent_id, new)
+            conn.execute(
+                "DELETE FROM handoffs WHERE agent_id = ? AND conversation = ?",
+                (agent_id, conversation),
+            )
+            if step is not None:
+                conn.execute(
+                    """
+                    UPDATE workflow_steps SET status = 'done', result = ?, version = ?,
+                           finished_at = ?
+                     WHERE workflow = ? AND step_key = ?
+                    """,
+                    (result, new, time.time(), *step),
+                )
+            if compaction is not None:
+                new += 1
+                self._write_compaction(conn, agent_id, new, compaction, conversation)
+        return new
+
+    def commit_compaction(
+        self,
+        agent_id: str,
+        *,
+        base_version: int,
+        compaction: Compaction,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> int:
+        """Commit a compaction made after the agent's turn had committed, as its own version.
+
+        Returns:
+            The new version.
+        """
+        with self._writing() as conn:
+            self._check_base(conn, agent_id, base_version)
+            self._write_compaction(conn, agent_id, base_version + 1, compaction, conversation)
+        return base_version + 1
+
+    def fail_turn(
+        self,
+        agent_id: str,
+        error: str,
+        *,
+        step: tuple[str, str] | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
+    ) -> None:
+        """Mark the conversation's running handoff, and its journal step, as failed."""
+        now = time.time()
+        with self._writing() as conn:
+            conn.execute(
+                """
+                UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?
+                 WHERE agent_id = ? AND conversation = ? AND status = 'running'
+                """,
+                (error, now, agent_id, conversation),
+            )
+            if step is not None:
+                conn.execute(
+                    """
+                    UPDATE workflow_steps SET status = 'failed', finished_at = ?
+                     WHERE workflow = ? AND step_key = ? AND status = 'running'
+                    """,
+                    (now, *step),
+                )
+
+    def _check_base(self, conn: Conn, agent_id: str, base_version: int) -> None:
+        current = self._db.locked_version(conn, agent_id) or 0
+        if current != base_version:
+            holder = f"a writer that committed version {current} during this turn"
+            raise AgentInUseError(agent_id, holder)
+
+    def _write_version(
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        *,
+        kind: str,
+        template: str | None,
+        change: HistoryChange,
+        state: str | None,
+        detail: Mapping[str, Any] | None,
+        conversation: str,
+    ) -> None:
+        """Apply one conversation's history change as ``version`` and record the version."""
+        added = [
+            (
+                agent_id,
+                conversation,
+                position,
+                version,
+                message.get("id"),
+                message.get("role", ""),
+                message_json(agent_id, message),
+            )
+            for position, message in change.added
+        ]
+        conn.execute(
+            """
+            INSERT INTO agents VALUES (?1, ?2, ?3, ?3)
+            ON CONFLICT (agent_id) DO UPDATE SET version = ?2, updated_at = ?3
+            """,
+            (agent_id, version, time.time()),
+        )
+        _conversations.ensure(conn, agent_id, conversation, version)
+        for low, high in change.removed:
+            conn.execute(
+                """
+                UPDATE messages SET removed_in = ?4
+                 WHERE agent_id = ?1 AND conversation = ?5 AND removed_in IS NULL
+                   AND position BETWEEN ?2 AND ?3
+                """,
+                (agent_id, low, high, version, conversation),
+            )
+        conn.executemany(
+            """
+            INSERT INTO messages (agent_id, conversation, position, added_in, message_id,
+                role, body)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            """,
+            added,
+        )
+        self._insert_version(
+            conn,
+            agent_id,
+            version,
+            kind=kind,
+            template=template,
+            state=state,
+            added=len(added),
+            removed=change.removed_count,
+            detail=detail,
+            conversation=conversation,
+        )
+
+    def _write_compaction(
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        compaction: Compaction,
+        conversation: str,
+    ) -> None:
+        self._write_version(
+            conn,
+            agent_id,
+            version,
+            kind="compaction",
+            template=compaction.summarizer,
+            change=compaction.change,
+            state=None,
+            detail={"summary_id": compaction.summary_id, "messages": compaction.messages},
+            conversation=conversation,
+        )
+        conn.execute(
+            "INSERT INTO compactions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                agent_id,
+                version,
+                compaction.summary_id,
+                compaction.first_position,
+                compaction.last_position,
+                compaction.messages,
+                compaction.summarizer,
+            ),
+        )
+        self._db.index_compacted(conn, agent_id, version, compaction, conversation)
+
+    def _insert_version(
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        *,
+        kind: str,
+        template: str | None,
+        state: str | None,
+        added: int,
+        removed: int,
+        detail: Mapping[str, Any] | None,
+        conversation: str | None = None,
+    ) -> None:
+        conn.execute(
+            """
+            INSERT INTO versions (agent_id, version, kind, conversation, template, state,
+                added, removed, detail, committed_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """,
+            (
+                agent_id,
+                version,
+                kind,
+                conversation,
+                template,
+                state,
+                added,
+                removed,
+                dumps(detail) if detail else None,
+                time.time(),
+            ),
+        )
+
+
+HANDOFF_SELECT = """
+    SELECT agent_id, base_version, template, arguments, status, error, interrupted,
+           host, pid, started_at, ended_at, conversation
+      FROM handoffs
+"""
+
+
+def handoff_of(row: tuple[Any, ...]) -> Handoff:
+    (
+        agent_id,
+        base,
+        template,
+        arguments,
+        status,
+        error,
+        interrupted,
+        host,
+        pid,
+        started,
+        ended,
+        conversation,
+    ) = row
+    return Handoff(
+        agent_id,
+        base,
+        template,
+        json.loads(arguments),
+        status,
+        error,
+        json.loads(interrupted) if interrupted else None,
+        host,
+        pid,
+        utc(started),
+        utc(ended) if ended is not None else None,
+        conversation,
+    )
+
+
+def _handoff_json(handoff: Handoff | None) -> str | None:
+    if handoff is None:
+        return None
+    return dumps(
+        {
+            "template": handoff.template,
+            "arguments": handoff.arguments,
+            "status": handoff.status,
+            "error": handoff.error,
+            "base_version": handoff.base_version,
+            "started_at": handoff.started_at.isoformat(),
+        }
+    )

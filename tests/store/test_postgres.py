@@ -1,0 +1,156 @@
+"""What only the PostgreSQL backend does: identify its database, lock across processes,
+refuse the parts it does not carry yet, and survive a server restart."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from postgres_server import PostgresServer
+
+from effectful_durable import (
+    AgentInUseError,
+    DurableError,
+    NotOurDatabaseError,
+    PersistenceHandler,
+    SchemaTooNewError,
+    Store,
+)
+from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
+from effectful_durable.store.alarms import make_schedule
+from effectful_durable.testing import FakeLLM
+from tests.helpers import Assistant, in_new_process, persisted
+
+
+def tables(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        ).fetchall()
+    return [name for (name,) in rows]
+
+
+class TestOpening:
+    def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
+        """Opening an empty database creates the schema and marks it ours (version 3)."""
+        with Store(postgres_url) as store:
+            assert store.check()["schema"] == 3
+        assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
+
+    def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
+        """A database whose schema holds other tables is refused, and nothing is created."""
+        with psycopg.connect(postgres_url) as conn:
+            conn.execute("CREATE TABLE invoices (id int)")
+        with pytest.raises(NotOurDatabaseError, match="1 tables of another program"):
+            Store(postgres_url)
+        assert tables(postgres_url) == ["invoices"]
+
+    def test_a_newer_schema_is_refused_untouched(self, postgres_url: str) -> None:
+        """A database a newer version made raises SchemaTooNewError and is left as it was."""
+        Store(postgres_url).close()
+        with psycopg.connect(postgres_url) as conn:
+            conn.execute("UPDATE effectful_durable SET schema_version = 99")
+        with pytest.raises(SchemaTooNewError, match="99"):
+            Store(postgres_url)
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute("SELECT schema_version FROM effectful_durable").fetchone() == (99,)
+
+    def test_a_password_is_not_in_messages(self) -> None:
+        """The URL named in an error has its password masked."""
+        url = "postgresql://me:secret@127.0.0.1:1/nowhere?connect_timeout=1"
+        with pytest.raises(DatabaseUnavailableError) as raised:
+            Store(url, busy_timeout=0.5)
+        assert "secret" not in str(raised.value) and "***" in str(raised.value)
+
+
+class TestNotYetOnPostgres:
+    def test_parts_not_carried_are_refused_clearly(self, postgres_url: str) -> None:
+        """Alarms, the SQL workspace, prune, vacuum and backup raise NotSupportedError."""
+        with Store(postgres_url) as store:
+            for call in (
+                lambda: store.alarms(),
+                lambda: store.schedule_alarm("bot", "ping", make_schedule(0.0, delay=60)),
+                lambda: store.sql("bot", "SELECT 1"),
+                lambda: store.prune(keep_versions=1),
+                lambda: store.vacuum(),
+                lambda: store.backup("/tmp/never.db"),
+            ):
+                with pytest.raises(NotSupportedError, match="not supported on PostgreSQL"):
+                    call()
+
+    def test_keep_versions_is_refused_at_once(self, postgres_url: str) -> None:
+        """PersistenceHandler(keep_versions=...) on PostgreSQL fails when it is made."""
+        with pytest.raises(NotSupportedError, match="pruning as you go"):
+            PersistenceHandler(postgres_url, keep_versions=3)
+
+
+class TestSingleWriter:
+    def test_a_second_process_gets_agent_in_use_naming_the_holder(self, postgres_url: str) -> None:
+        """While this process holds an agent, another process's turn on it is refused,
+        and the error names this process's pid and host."""
+        import os
+        import socket
+
+        store = Store(postgres_url)
+        script = f"""
+            from effectful_durable import Store, AgentInUseError
+            try:
+                with Store({postgres_url!r}).agent_lock("bot"):
+                    print("got it")
+            except AgentInUseError as e:
+                print("refused:", e.holder)
+        """
+        with store.agent_lock("bot"):
+            out = in_new_process(script)
+        assert f"refused: process {os.getpid()} on {socket.gethostname()}" in out
+        assert "got it" in in_new_process(script)  # released
+        store.close()
+
+    def test_the_lock_goes_with_a_killed_process(self, postgres_url: str) -> None:
+        """A process killed while holding an agent frees it (the server drops its session)."""
+        import subprocess
+        import sys
+        import textwrap
+        import time
+
+        code = textwrap.dedent(f"""
+            import sys, time
+            from effectful_durable import Store
+            with Store({postgres_url!r}).agent_lock("bot"):
+                print("held", flush=True)
+                time.sleep(60)
+        """)
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        with Store(postgres_url) as store:
+            with pytest.raises(AgentInUseError):
+                with store.agent_lock("bot"):
+                    pass
+            child.kill()
+            child.wait()
+            deadline = time.monotonic() + 10
+            with store.agent_lock("bot", wait=max(0.0, deadline - time.monotonic())):
+                pass
+
+
+class TestServerRestart:
+    def test_an_immediate_restart_loses_no_commit_and_clients_recover(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """pg_ctl restart -m immediate between turns: every committed turn is there, the
+        turn in flight fails cleanly if it meets the restart, and the next turn works."""
+        llm = FakeLLM(respond=lambda call: "ok")
+        with persisted(postgres_url, llm) as persistence:
+            bot = Assistant(agent_id="bot")
+            bot.ask("one")
+            bot.ask("two")
+            postgres_server.restart()
+            try:
+                bot.ask("three")  # may meet a connection the restart broke
+            except DurableError:
+                pass
+            bot.ask("four")
+            version = persistence.store.versions("bot")[-1].version
+        with Store(postgres_url) as store:
+            users = [m for m in store.history("bot") if m["role"] == "user"]
+            assert len(users) == version  # one user message per committed turn
+            assert version >= 3
