@@ -22,6 +22,7 @@ until :meth:`~effectful_durable.Store.vacuum` rebuilds them with checksums.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import zlib
 from collections.abc import Buffer
@@ -37,6 +38,25 @@ _HEADER = b"SQLite format 3\x00"
 def checksum(page: bytes | memoryview) -> bytes:
     """The checksum stored in the last :data:`RESERVE` bytes of ``page``."""
     return zlib.crc32(page[:-RESERVE]).to_bytes(RESERVE)
+
+
+def seal(path: str) -> None:
+    """Write the checksum of every page of ``path``, a database file no connection has open.
+
+    For a file SQLite wrote as a whole (``VACUUM INTO``): pages it wrote before the
+    first one, which says the file reserves room for checksums, went out without.
+    """
+    with open(path, "r+b") as file:
+        header = file.read(100)
+        if len(header) < 100 or not header.startswith(_HEADER) or header[20] != RESERVE:
+            return
+        size = int.from_bytes(header[16:18])
+        size = 65536 if size == 1 else size
+        offset = 0
+        while len(page := os.pread(file.fileno(), size, offset)) == size:
+            if page[-RESERVE:] != (crc := checksum(page)):
+                os.pwrite(file.fileno(), crc, offset + size - RESERVE)
+            offset += size
 
 
 class ChecksumVFS(apsw.VFS):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import apsw
 
 from ..errors import AgentInUseError, DurableError, NotFoundError
+from . import checksums
 from .backend import Conn
 from .connection import reserve_checksum_bytes
 from .parts import VersionedPart
@@ -256,6 +257,7 @@ def backup(conn: apsw.Connection, source: str, target: str) -> None:
     partial = os.path.join(directory, f".{os.path.basename(target)}.partial-{uuid.uuid4().hex}")
     try:
         conn.execute("VACUUM INTO ?", (partial,))
+        checksums.seal(partial)
         with open(partial, "rb") as written:
             os.fsync(written.fileno())
         try:

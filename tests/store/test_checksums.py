@@ -67,15 +67,17 @@ def test_a_changed_letter_is_refused_not_read(written: Path) -> None:
 
 
 def test_backup_carries_checksums(written: Path, tmp_path: Path) -> None:
-    """Store.backup writes a copy whose every page has its checksum."""
+    """Store.backup writes a copy whose every page has its checksum, also when the copy
+    is larger than SQLite's page cache (pages then leave it before the first page)."""
     copy = tmp_path / "copy.db"
     with Store(written) as store:
-        commit(store, "bot", "after the checkpoint")  # in the WAL only
+        for i in range(40):  # 4 MB, twice the default page cache; the last ones in the WAL
+            commit(store, "bot", f"{i}" + "x" * 100_000)
         store.backup(copy)
     assert copy.read_bytes()[20] == RESERVE
     assert bad_pages(copy) == []
     with Store(copy) as store:
-        assert len(store.history("bot")) == 51
+        assert len(store.history("bot")) == 90
 
 
 def test_older_file_gains_checksums_on_vacuum(tmp_path: Path) -> None:
