@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import zlib
 from collections.abc import Buffer
 
@@ -70,6 +71,12 @@ class ChecksumVFS(apsw.VFS):
         self.vfs_name = name
         self.base = base
         super().__init__(name, base)
+
+    def xSleep(self, microseconds: int) -> int:
+        # The default VFS would sleep holding the GIL (apsw calls it from Python),
+        # so a thread waiting out the busy timeout would stall the one holding the lock.
+        time.sleep(microseconds / 1_000_000)
+        return microseconds
 
     def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> apsw.VFSFile:
         if flags[0] & apsw.SQLITE_OPEN_MAIN_DB:

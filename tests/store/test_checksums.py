@@ -1,6 +1,8 @@
 """Page checksums: every page of the database file carries a CRC-32 that each read checks."""
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import apsw
@@ -9,7 +11,7 @@ import pytest
 from effectful_durable import DatabaseCorruptError, Store
 from effectful_durable.store.checksums import RESERVE, checksum
 from effectful_durable.store.history import HistoryChange
-from tests.helpers import integrity
+from tests.helpers import integrity, writable_connection
 
 SCHEMA2 = Path(__file__).parent.parent / "fixtures" / "schema2.db"
 TEXT = "the meeting moved to Thursday at nine"
@@ -94,3 +96,28 @@ def test_older_file_gains_checksums_on_vacuum(tmp_path: Path) -> None:
     with Store(old) as store:
         assert {a.agent_id: a.version for a in store.agents()} == agents
         assert {agent: store.history(agent) for agent in agents} == histories
+
+
+def test_a_waiting_writer_does_not_stall_the_lock_holder(db_path: Path) -> None:
+    """A thread waiting out the busy timeout sleeps without the GIL: the thread holding
+    the write lock keeps most of its speed (with the GIL held it got a tenth or less)."""
+    Store(db_path).close()
+    holder, waiter = writable_connection(db_path), writable_connection(db_path)
+    waiter.set_busy_timeout(5_000)
+
+    def spin(seconds: float) -> int:
+        count, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            count += 1
+        return count
+
+    alone = spin(0.3)
+    holder.execute("BEGIN IMMEDIATE")
+    waiting = threading.Thread(target=waiter.execute, args=("BEGIN IMMEDIATE",))
+    waiting.start()
+    time.sleep(0.05)
+    contended = spin(0.3)
+    holder.execute("COMMIT")
+    waiting.join()
+    waiter.execute("COMMIT")
+    assert contended > alone / 3
