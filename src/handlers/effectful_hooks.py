@@ -56,8 +56,15 @@ def keep_own_history() -> Interpretation:
     ``LiteLLMProvider`` writes a template's messages to ``__history__`` only when no
     enclosing template has an active history, so the messages of agent B, called
     from a tool of agent A, are lost. Hiding A's history for B's call restores them.
+
+    Empty when no history is active (an outermost call): then there is nothing to
+    hide, and installing a handler would cost effectful tens of microseconds.
     """
     from effectful.handlers.llm.completions import _get_history, _NoActiveHistoryException
+    from effectful.internals.runtime import get_interpretation
+
+    if _get_history not in get_interpretation():
+        return {}  # unhandled, _get_history raises _NoActiveHistoryException already
 
     def no_active_history() -> Any:
         msg = "no enclosing history: each agent's turn keeps its own"

@@ -577,7 +577,12 @@ def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
 
 def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        bound: Any = inspect.signature(template).bind(*args, **kwargs).arguments
+        # A template keeps its signature (without self, once bound) as effectful
+        # resolved it; inspect.signature() would find the same one, more slowly.
+        signature = getattr(template, "__signature__", None)
+        if not isinstance(signature, inspect.Signature):
+            signature = inspect.signature(template)
+        bound: Any = signature.bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
         bound = {"args": args, "kwargs": kwargs}
     return pydantic_core.to_jsonable_python(bound, fallback=repr)

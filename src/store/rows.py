@@ -20,11 +20,16 @@ def utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
+# What json.dumps(value, separators=(",", ":"), ...) builds on every call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=repr)
+_JSON_ASCII = json.JSONEncoder(separators=(",", ":"), default=repr)
+
+
 def dumps(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+    text = _JSON.encode(value)
     if storable(text):
         return text
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=repr)
+    return _JSON_ASCII.encode(value)
 
 
 def storable(text: str) -> bool:
