@@ -40,11 +40,11 @@ from ..store.parts import TurnWrite
 from .alarms import AlarmHandling
 from .conversations import ConversationHandling
 from .effectful_hooks import (
+    add_prompt_cache_hints,
     bound_agent,
     keep_own_history,
     set_history,
     system_notes,
-    with_prompt_cache_hints,
 )
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
@@ -375,8 +375,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             history_only = False  # another writer moved it since
         state = loaded.state
         if loaded.conversation_found or not keep_memory:
-            loaded.history.messages[:] = with_prompt_cache_hints(loaded.history.messages)
             set_history(agent, loaded.history.messages)
+            add_prompt_cache_hints(agent.__history__)
+            loaded.history.messages[:] = history_messages(agent.__history__)
         if history_only:
             state = committed.state  # type: ignore[union-attr]  # set above
         elif loaded.version:
