@@ -10,8 +10,9 @@ message and a ~700-byte answer from the offline ``FakeLLM`` under effectful's
 * overhead = with minus without, per turn pair: median and p90 over all turns and
   over the last 10% of turns (is the cost independent of history length?);
 * handler time = a persisted turn's wall time minus the time spent below the
-  PersistenceHandler (a timing handler sits between it and the provider): the
-  handler's own work measured directly, without the noise of two separate calls;
+  PersistenceHandler (a timing handler sits between it and the provider), less the
+  same difference in the plain turn (the template call's own cost, which both arms
+  pay): the handler's own work measured directly, without the noise of two calls;
 * the ratio of durable to plain turn time (median, and over the last 10%);
 * garbage-collection time per turn in each arm (``gc.callbacks``), since what we
   keep alive costs the user outside our own code;
@@ -20,7 +21,9 @@ message and a ~700-byte answer from the offline ``FakeLLM`` under effectful's
 
 ``--agents 50`` plays 50 bots per arm round-robin in one database instead (N turns
 each): what switching agents costs. ``--profile`` splits the handler's time into
-the handoff write at turn start, planning the change, the commit and the rest.
+the handoff write at turn start, planning the change, the commit and the rest, and
+plays a third arm under a handler that only calls ``fwd()``: what effectful charges
+for any handler in that place, the floor of the handler's time.
 
 Run: ``.venv/bin/python bench/bench_persistence.py [--turns 100,1000,5000] [--quick]``.
 No assertions: targets are in bench/README.md.
@@ -66,6 +69,14 @@ class Bot(PersistentAgent):
     def ask(self, question: str) -> str:
         """Answer the question: {question}"""
         raise NotHandled
+
+
+class PassThrough(ObjectInterpretation):
+    """A handler that does nothing but forward: effectful's cost of one handler layer."""
+
+    @implements(Template.__apply__)
+    def _apply(self, template, *args, **kwargs):
+        return fwd()
 
 
 class Below(ObjectInterpretation):
@@ -149,30 +160,28 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
         PROFILE.wrap(persistence.store, "begin_turn", "begin")
         PROFILE.wrap(persistence.store, "commit_turn", "commit")
         PROFILE.wrap(persistence_module, "_plan", "plan")
-    plains = [Bot(agent_id=f"plain-{j}") for j in range(agents)]
-    durables = [Bot(agent_id=f"durable-{j}") for j in range(agents)]
-    times: dict[str, list[float]] = {k: [] for k in ("plain", "durable", "below", "gc_p", "gc_d")}
+    # With --profile, a third arm: the same turns under a handler that only forwards.
+    arms = {"plain": {}, "durable": persistence, **({"pass": PassThrough()} if PROFILE else {})}
+    bots = {arm: [Bot(agent_id=f"{arm}-{j}") for j in range(agents)] for arm in arms}
+    times: dict[str, list[float]] = {
+        f"{kind}{arm}": [] for arm in arms for kind in ("", "below_", "gc_")
+    }
+    order = list(arms)
     gc.callbacks.append(gc_clock)
     with handler(LiteLLMProvider(model="fake")), handler(fake), handler(below):
         for i in range(n):
             q = question(i)
-            for plain, durable in zip(plains, durables, strict=True):
-                for arm in ("plain", "durable") if i % 2 else ("durable", "plain"):
+            for j in range(agents):
+                for arm in order[i % len(order) :] + order[: i % len(order)]:  # rotate
                     gc_before = gc_clock.seconds
-                    if arm == "plain":
+                    with handler(arms[arm]):
                         start = time.perf_counter()
-                        plain.ask(q)
-                        times["plain"].append(time.perf_counter() - start)
-                        times["gc_p"].append(gc_clock.seconds - gc_before)
-                    else:
-                        with handler(persistence):
-                            start = time.perf_counter()
-                            durable.ask(q)
-                            times["durable"].append(time.perf_counter() - start)
-                        times["gc_d"].append(gc_clock.seconds - gc_before)
-                        times["below"].append(below.seconds)
-                        if PROFILE is not None:
-                            PROFILE.end_turn()
+                        bots[arm][j].ask(q)
+                        times[arm].append(time.perf_counter() - start)
+                    times[f"gc_{arm}"].append(gc_clock.seconds - gc_before)
+                    times[f"below_{arm}"].append(below.seconds)
+                    if arm == "durable" and PROFILE is not None:
+                        PROFILE.end_turn()
                 fake.calls.clear()  # keep memory flat: .calls holds every request
             if (i + 1) % max(1, n // 10) == 0:
                 print(f"\rN={n}x{agents}: {i + 1} turns", end="", file=sys.stderr, flush=True)
@@ -191,7 +200,7 @@ def db_bytes(db: Path) -> int:
 
 
 def child_load(db: str, agent_id: str, what: str) -> None:
-    """In a fresh process: time loading the agent (``what``: load or ask); print JSON.
+    """In a fresh process: time loading the agent (``what``: load, ask, ask-warm); print JSON.
 
     Everything is imported (module top) and warmed up first: an effectful turn
     without persistence and a persisted turn on a scratch database, so one-time
@@ -204,11 +213,17 @@ def child_load(db: str, agent_id: str, what: str) -> None:
       (one indexed read of the active messages, JSON decode);
     * ask: ``persistence.load(bot)`` for a new ``Bot`` object with that id
       (read, then restore history and state into the object: ``restore_ms``), then
-      its first ``ask()`` under persistence minus the median of 3 ``ask()``s
-      without persistence of a Bot holding the same history in memory
+      its first ``ask()`` under persistence minus the median first ``ask()`` of 3
+      new Bots without persistence holding the same history in memory
       (``first_turn_extra_ms``; effectful's model call is itself O(history), so an
       empty Bot would be the wrong baseline). Compare it with the overhead of an
-      ordinary turn: the first turn after a load should cost no more.
+      ordinary turn: the first turn after a load should cost no more;
+    * ask-warm: the same in a process that has already written to the database (a
+      turn of another agent through the same handler, before the load): the first
+      write of a process pays costs that are not the load's, once per process and
+      database (SQLite syncs the header of a WAL it starts afresh, and the turn's
+      statements are compiled on the thread's connection). The median over the
+      agent and two forks of it, loaded one after the other.
     """
     fake, q = fake_llm(), question(0)
     with handler(LiteLLMProvider(model="fake")), handler(fake):
@@ -226,31 +241,51 @@ def child_load(db: str, agent_id: str, what: str) -> None:
             persistence.store.load_agent(agent_id)
             print(json.dumps({"load_ms": (time.perf_counter() - start) * 1e3}))
             return
-        fresh = Bot(agent_id=agent_id)
-        start = time.perf_counter()
-        persistence.load(fresh)
-        restore = time.perf_counter() - start
-        start = time.perf_counter()
-        with handler(persistence):
-            fresh.ask(q)
-        first = time.perf_counter() - start
-
-        plain = Bot(agent_id="baseline")
-        plain.__history__.update(list(fresh.__history__.items())[:-2])
-        base = []
-        for _ in range(3):
+        # ask: one agent, the first write of the process. ask-warm: the agent and
+        # two forks of it, after a turn of another agent; the median of the three.
+        agents = [agent_id]
+        if what == "ask-warm":
+            with handler(persistence):
+                Bot(agent_id="other-agent").ask(q)
+            for k in range(2):
+                persistence.store.fork(agent_id, None, f"{agent_id}-{k}")
+                agents.append(f"{agent_id}-{k}")
+        extras, restores = [], []
+        for one in agents:
+            fresh = Bot(agent_id=one)
+            gc.collect()
             start = time.perf_counter()
-            plain.ask(q)
-            base.append(time.perf_counter() - start)
-            fake.calls.clear()
-    extra = first - statistics.median(base)
-    print(json.dumps({"restore_ms": restore * 1e3, "first_turn_extra_ms": extra * 1e3}))
+            persistence.load(fresh)
+            restores.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            with handler(persistence):
+                fresh.ask(q)
+            first = time.perf_counter() - start
+            # The baseline is the first ask() of new plain Bots too: effectful's
+            # first call on an agent object builds its bound template, on either side.
+            loaded = list(fresh.__history__.items())[:-2]
+            del fresh
+            base = []
+            for k in range(3):
+                plain = Bot(agent_id=f"baseline-{k}")
+                plain.__history__.update(loaded)
+                start = time.perf_counter()
+                plain.ask(q)
+                base.append(time.perf_counter() - start)
+                fake.calls.clear()
+            del loaded, plain
+            extras.append((first - statistics.median(base)) * 1e3)
+    if what == "ask-warm":
+        print(json.dumps({"first_turn_warm_extra_ms": statistics.median(extras)}))
+    else:
+        restore = statistics.median(restores) * 1e3
+        print(json.dumps({"restore_ms": restore, "first_turn_extra_ms": extras[0]}))
 
 
 def fresh_load(db: Path, agent_id: str) -> dict[str, float]:
-    """Both fresh-process measures; ``ask`` commits a turn, so it runs last."""
+    """The fresh-process measures; the asks commit a turn, so they run last."""
     results: dict[str, float] = {}
-    for what in ("load", "ask"):
+    for what in ("load", "ask", "ask-warm"):
         out = subprocess.run(
             [sys.executable, __file__, "--child-load", str(db), agent_id, what],
             capture_output=True,
@@ -265,7 +300,10 @@ def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
     db = directory / f"bench-{n}x{agents}.db"
     t = play(n, db, agents)
     over = [d - p for d, p in zip(t["durable"], t["plain"], strict=True)]
-    own = [d - b for d, b in zip(t["durable"], t["below"], strict=True)]
+    # Above the provider, each turn also pays effectful's cost of calling the
+    # template, with or without a handler: take the plain turn's from the durable's.
+    floor = [p - b for p, b in zip(t["plain"], t["below_plain"], strict=True)]
+    own = [d - b - f for d, b, f in zip(t["durable"], t["below_durable"], floor, strict=True)]
     turns = n * agents
     tail = slice(turns - max(1, turns // 10), turns)
     median = statistics.median
@@ -275,12 +313,15 @@ def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
         parts = {part: values[-turns:] for part, values in PROFILE.parts.items()}
         rest = [o - sum(p) for o, *p in zip(own, *parts.values(), strict=True)]
         profile = {f"p_{part}": median(v) * ms for part, v in [*parts.items(), ("rest", rest)]}
+        passing = [a - b - f for a, b, f in zip(t["pass"], t["below_pass"], floor, strict=True)]
+        profile["p_pass"] = median(passing) * ms
+        profile["gc_pass"] = sum(t["gc_pass"]) / turns * ms
     return {
         **profile,
         "ratio": median(t["durable"]) / median(t["plain"]),
         "ratio_tail": median(t["durable"][tail]) / median(t["plain"][tail]),
-        "gc_p": sum(t["gc_p"]) / turns * ms,
-        "gc_d": sum(t["gc_d"]) / turns * ms,
+        "gc_p": sum(t["gc_plain"]) / turns * ms,
+        "gc_d": sum(t["gc_durable"]) / turns * ms,
         "plain": median(t["plain"]) * ms,
         "durable": median(t["durable"]) * ms,
         "over": statistics.median(over) * ms,
@@ -295,7 +336,9 @@ def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
         **(
             fresh_load(db, "durable-0")
             if agents == 1
-            else {"load_ms": 0.0, "restore_ms": 0.0, "first_turn_extra_ms": 0.0}
+            else dict.fromkeys(
+                ("load_ms", "restore_ms", "first_turn_extra_ms", "first_turn_warm_extra_ms"), 0.0
+            )
         ),
     }
 
@@ -313,7 +356,7 @@ COLUMNS = [  # (header, format)
     ("db MB", "{mb:>6.2f}"),
     ("load ms", "{load_ms:>7.2f}"),
     ("restore ms", "{restore_ms:>10.2f}"),
-    ("1st turn +ms", "{first_turn_extra_ms:>12.2f}"),
+    ("1st turn +ms/warm", "{first_turn_extra_ms:>8.2f}/{first_turn_warm_extra_ms:<6.2f}"),
 ]
 
 
@@ -323,7 +366,9 @@ PROFILE_COLUMNS = [
     ("handoff write", "{p_begin:>13.3f}"),
     ("plan change", "{p_plan:>11.3f}"),
     ("commit", "{p_commit:>6.3f}"),
-    ("bookkeeping", "{p_rest:>11.3f}"),
+    ("rest", "{p_rest:>6.3f}"),
+    ("pass-through handler", "{p_pass:>20.3f}"),
+    ("gc ms pass-through", "{gc_pass:>18.2f}"),
 ]
 
 

@@ -101,6 +101,34 @@ def _adapter(annotation: Any) -> pydantic.TypeAdapter[Any]:
     return pydantic.TypeAdapter(annotation)
 
 
+type _Serializers = tuple[tuple[str, Any, pydantic_core.SchemaSerializer | None], ...]
+_SERIALIZERS: dict[tuple[type, bool], _Serializers] = {}
+
+
+def _serializers(cls: type, per_conversation: bool) -> _Serializers:
+    """The persisted fields of ``cls``, their annotations and pydantic serializers.
+
+    Looked up once per class. None for an annotation pydantic refuses: dumping
+    that field asks pydantic again, to raise its error.
+    """
+    found = _SERIALIZERS.get((cls, per_conversation))
+    if found is None:
+        fields = []
+        for name, annotation in _field_types(cls, per_conversation=per_conversation):
+            try:
+                serializer = _adapter(annotation).serializer
+            except pydantic.PydanticUserError:
+                serializer = None
+            fields.append((name, annotation, serializer))
+        found = _SERIALIZERS[cls, per_conversation] = tuple(fields)
+    return found
+
+
+# What json.dumps(..., sort_keys=True, separators=(",", ":")) builds on every call.
+_STATE_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+_STATE_JSON_ASCII = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def conversation_fields(agent: Any) -> tuple[str, ...]:
     """The names of the agent's fields declared :func:`per_conversation`."""
     cls = type(agent)
@@ -125,10 +153,12 @@ def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
             annotated type; it names the agent, the field and the value's type.
     """
     values: dict[str, Any] = {}
-    for name, annotation in _field_types(type(agent), per_conversation=per_conversation):
+    for name, annotation, serializer in _serializers(type(agent), per_conversation):
         value = getattr(agent, name)
         try:
-            values[name] = _adapter(annotation).dump_python(value, mode="json", warnings="error")
+            if serializer is None:
+                serializer = _adapter(annotation).serializer  # raises pydantic's error
+            values[name] = serializer.to_python(value, mode="json", warnings="error")
         except (
             pydantic.PydanticUserError,
             pydantic_core.PydanticSerializationError,
@@ -139,10 +169,10 @@ def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
             raise StateSerializationError(
                 _owner(agent), name, type(value).__qualname__, _one_line(e)
             ) from e
-    text = json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = _STATE_JSON.encode(values)
     if storable(text):
         return text
-    return json.dumps(values, sort_keys=True, separators=(",", ":"))  # lone surrogates
+    return _STATE_JSON_ASCII.encode(values)  # lone surrogates
 
 
 def restore_state(

@@ -67,7 +67,9 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
             announced.pop(id(agent), None)
 
     def _announced(self) -> dict[int, Claim]:
-        local: threading.local = self.__dict__.setdefault("_alarm_local", threading.local())
+        local: threading.local | None = self.__dict__.get("_alarm_local")
+        if local is None:  # not setdefault: that would build a local on every call
+            local = self.__dict__.setdefault("_alarm_local", threading.local())
         announced: dict[int, Claim] | None = getattr(local, "announced", None)
         if announced is None:
             announced = local.announced = {}

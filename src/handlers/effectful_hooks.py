@@ -37,17 +37,15 @@ def set_history(agent: Any, messages: Sequence[Mapping[str, Any]]) -> None:
     replace_history(agent.__history__, messages)
 
 
-def with_prompt_cache_hints(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
-    """The messages as effectful marks them for prompt caching on each agent call.
+def add_prompt_cache_hints(history: OrderedDict[str, Any]) -> None:
+    """Mark a history's messages, in place, as effectful marks them for prompt caching.
 
-    Stored messages lack the hints; restoring them marked means the first call
+    Stored messages may lack the hints; restoring them marked means the first call
     after a load replaces none of them.
     """
     from effectful.handlers.llm.completions import _add_cache_control_to_history
 
-    history = OrderedDict((message["id"], message) for message in messages)
     _add_cache_control_to_history(history)
-    return list(history.values())
 
 
 def keep_own_history() -> Interpretation:
@@ -56,8 +54,15 @@ def keep_own_history() -> Interpretation:
     ``LiteLLMProvider`` writes a template's messages to ``__history__`` only when no
     enclosing template has an active history, so the messages of agent B, called
     from a tool of agent A, are lost. Hiding A's history for B's call restores them.
+
+    Empty when no history is active (an outermost call): then there is nothing to
+    hide, and installing a handler would cost effectful tens of microseconds.
     """
     from effectful.handlers.llm.completions import _get_history, _NoActiveHistoryException
+    from effectful.internals.runtime import get_interpretation
+
+    if _get_history not in get_interpretation():  # type: ignore[no-untyped-call]
+        return {}  # unhandled, _get_history raises _NoActiveHistoryException already
 
     def no_active_history() -> Any:
         msg = "no enclosing history: each agent's turn keeps its own"

@@ -40,11 +40,11 @@ from ..store.parts import TurnWrite
 from .alarms import AlarmHandling
 from .conversations import ConversationHandling
 from .effectful_hooks import (
+    add_prompt_cache_hints,
     bound_agent,
     keep_own_history,
     set_history,
     system_notes,
-    with_prompt_cache_hints,
 )
 from .effects import Compacted, history_compacted
 from .journal import Journal, Step
@@ -376,8 +376,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             history_only = False  # another writer moved it since
         state = loaded.state
         if loaded.conversation_found or not keep_memory:
-            loaded.history.messages[:] = with_prompt_cache_hints(loaded.history.messages)
             set_history(agent, loaded.history.messages)
+            add_prompt_cache_hints(agent.__history__)
+            loaded.history.messages[:] = history_messages(agent.__history__)
         if history_only:
             state = committed.state  # type: ignore[union-attr]  # set above
         elif loaded.version:
@@ -578,7 +579,12 @@ def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
 
 def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        bound: Any = inspect.signature(template).bind(*args, **kwargs).arguments
+        # A template keeps its signature (without self, once bound) as effectful
+        # resolved it; inspect.signature() would find the same one, more slowly.
+        signature = getattr(template, "__signature__", None)
+        if not isinstance(signature, inspect.Signature):
+            signature = inspect.signature(template)
+        bound: Any = signature.bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
         bound = {"args": args, "kwargs": kwargs}
     return pydantic_core.to_jsonable_python(bound, fallback=repr)

@@ -267,6 +267,11 @@ def check_messages(
         )
 
 
+# What json.dumps(message, separators=(",", ":"), ...) builds on every call.
+_MESSAGE_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_MESSAGE_JSON_ASCII = json.JSONEncoder(separators=(",", ":"))
+
+
 def message_json(agent_id: str, message: Message) -> str:
     """The JSON text a message is stored as.
 
@@ -274,9 +279,9 @@ def message_json(agent_id: str, message: Message) -> str:
         StateSerializationError: It holds a value JSON cannot hold, or nests too deep.
     """
     try:
-        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        text = _MESSAGE_JSON.encode(message)
         if not storable(text):  # a lone surrogate: store it as an escape
-            text = json.dumps(message, ensure_ascii=True, separators=(",", ":"))
+            text = _MESSAGE_JSON_ASCII.encode(message)
     except (TypeError, ValueError, RecursionError) as e:
         owner = f"agent {agent_id!r} message {message.get('id')!r}"
         raise StateSerializationError(

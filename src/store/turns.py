@@ -19,7 +19,7 @@ from .ids import DEFAULT_CONVERSATION
 from .journal import STEP_UPSERT, step_number
 from .parts import TurnWrite
 from .records import Compaction, Handoff, LoadedAgent, TurnStart
-from .rows import current_version, decode_messages, dumps, state_at, utc
+from .rows import current_version, decode_positioned, dumps, state_at, utc
 
 _HOST = socket.gethostname()
 
@@ -42,19 +42,18 @@ class TurnProtocol(StoreBase):
             version = current_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
-            rows: list[tuple[Any, ...]] = conn.execute(
+            rows = conn.execute(
                 """
                 SELECT position, body FROM messages
                  WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
                  ORDER BY position
                 """,
                 (agent_id, conversation),
-            ).fetchall()
-            found = bool(rows) or _conversations.exists(conn, agent_id, conversation, version)
+            )
+            positions, messages = decode_positioned(rows)
+            found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
             state = state_at(conn, agent_id, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version)
-        positions = [position for position, _ in rows]
-        messages = decode_messages(body for _, body in rows)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
     def begin_turn(

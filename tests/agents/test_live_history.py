@@ -133,12 +133,15 @@ def plain(messages: Any) -> list[Any]:
 )
 @given(
     seed=st.integers(0, 2**32),
-    plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=3, max_size=12),
+    plan=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()), min_size=3, max_size=12
+    ),
 )
 def test_random_edits_anywhere_are_recorded_exactly(
-    tmp_path: Path, seed: int, plan: list[tuple[int, int]]
+    tmp_path: Path, seed: int, plan: list[tuple[int, int, bool]]
 ) -> None:
-    """Random edits anywhere in a long history, in turns and between them, reach the disk."""
+    """Random edits anywhere in a long history, in turns and between them, reach the disk,
+    also on an agent object just loaded from the database."""
     db = tmp_path / f"edits-{seed}.db"
     db.unlink(missing_ok=True)
     rng = random.Random(seed)
@@ -147,7 +150,12 @@ def test_random_edits_anywhere_are_recorded_exactly(
     with persisted(db, llm) as persistence:
         for i in range(40):  # a long history first
             bot.ask(f"question {i}")
-        for during, between in plan:
+        for during, between, reload in plan:
+            if reload:  # a new object for the same agent, as another process would
+                bot = Assistant(agent_id="edited")
+                persistence.load(bot)
+                stored = persistence.store.history("edited")
+                assert plain(stored) == plain(bot.__history__.values())
             edit_randomly(bot.__history__, rng, between)
             with handler(Editor(rng, during)):
                 bot.ask("next")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.store.rows import decode_messages as _decode_messages
+from effectful_durable.store.rows import decode_positioned
 
 _ids = itertools.count()
 
@@ -165,3 +166,11 @@ class TestDecodingStoredMessages:
     def test_escaped_lone_surrogate_still_decodes(self) -> None:
         """pydantic-core refuses an escaped lone surrogate, which json accepts."""
         assert _decode_messages(iter(['{"text":"\\ud800"}'])) == [{"text": "\ud800"}]
+
+    def test_rows_with_positions_decode_in_order(self) -> None:
+        """(position, body) rows give their positions and messages in the rows' order."""
+        rows = [(0.0, '{"id":"a"}'), (0.5, '{"text":"\\ud800"}'), (3.0, '{"id":"c","n":[1]}')]
+        assert decode_positioned(iter(rows)) == (
+            [0.0, 0.5, 3.0],
+            [{"id": "a"}, {"text": "\ud800"}, {"id": "c", "n": [1]}],
+        )
