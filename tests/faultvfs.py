@@ -315,7 +315,7 @@ class FaultVFS(apsw.VFS):
                 unsynced.synced_size = os.path.getsize(path) if os.path.exists(path) else 0
 
 
-class _File(apsw.VFSFile):
+class _File(checksums.PythonVFSFile):
     def __init__(
         self, vfs: FaultVFS, name: str | apsw.URIFilename | None, flags: list[int]
     ) -> None:
@@ -327,17 +327,6 @@ class _File(apsw.VFSFile):
             self.path = name or ""
         with vfs._lock:
             vfs._unsynced_of(self.path)  # a file that exists now counts as synced
-
-    def xLock(self, level: int) -> None:
-        # A read-only connection closing a WAL database tries an exclusive lock,
-        # which the unix VFS refuses with an I/O error that SQLite ignores. apsw
-        # would still raise it from close(); a BusyError it clears, as SQLite does.
-        try:
-            super().xLock(level)
-        except apsw.BusyError:
-            raise
-        except apsw.Error:
-            raise apsw.BusyError from None
 
     def xRead(self, amount: int, offset: int) -> bytes:
         fault = self.vfs._call("read", self.path)

@@ -84,7 +84,22 @@ class ChecksumVFS(apsw.VFS):
         return apsw.VFSFile(self.base, name, flags)
 
 
-class _File(apsw.VFSFile):
+class PythonVFSFile(apsw.VFSFile):
+    """A file of a VFS written in Python: a failed lock is "busy", as SQLite treats it."""
+
+    def xLock(self, level: int) -> None:
+        # A read-only connection closing a WAL database asks for an exclusive lock,
+        # which the default VFS refuses with an I/O error that SQLite ignores; apsw
+        # would raise it from close(). A BusyError it clears, as SQLite does.
+        try:
+            super().xLock(level)
+        except apsw.BusyError:
+            raise
+        except apsw.Error:
+            raise apsw.BusyError from None
+
+
+class _File(PythonVFSFile):
     def __init__(self, base: str, name: str | apsw.URIFilename | None, flags: list[int]) -> None:
         super().__init__(base, name, flags)
         self.page_size = 0  # until a header with our reserve is read or written: no checks
@@ -103,17 +118,6 @@ class _File(apsw.VFSFile):
             with contextlib.suppress(apsw.Error):  # then the checkpoint's writes fail too
                 self._set_format(super().xRead(100, 0))
         return bool(super().xFileControl(op, ptr))
-
-    def xLock(self, level: int) -> None:
-        # A read-only connection closing a WAL database asks for an exclusive lock,
-        # which the default VFS refuses with an I/O error that SQLite ignores; apsw
-        # would raise it from close(). A BusyError it clears, as SQLite does.
-        try:
-            super().xLock(level)
-        except apsw.BusyError:
-            raise
-        except apsw.Error:
-            raise apsw.BusyError from None
 
     def xRead(self, amount: int, offset: int) -> bytes:
         data = super().xRead(amount, offset)
