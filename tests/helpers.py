@@ -18,8 +18,9 @@ from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, ephemeral
+from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, Store, ephemeral
 from effectful_durable.store.checksums import checksum_vfs
+from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 
 
@@ -125,6 +126,18 @@ def persisted(db_path: Path | str, llm: FakeLLM, **options: Any) -> Iterator[Per
             yield persistence
     finally:
         persistence.close()
+
+
+def commit_message(store: Store, agent_id: str = "bot", content: str | None = None) -> int:
+    """Commit one turn that adds one user message (with ``content``), as the handler would."""
+    start = store.begin_turn(agent_id, template="t", arguments={})
+    message: dict[str, Any] = {"id": f"m{start.version}", "role": "user"}
+    if content is not None:
+        message["content"] = content
+    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
+    return store.commit_turn(
+        agent_id, base_version=start.version, template="t", change=change, state=None
+    )
 
 
 def writable_connection(db_path: Path | str) -> apsw.Connection:

@@ -33,7 +33,23 @@ import apsw
 RESERVE = 4
 """Bytes reserved at the end of every page for its checksum (header byte 20)."""
 
-_HEADER = b"SQLite format 3\x00"
+MAGIC = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
+
+
+def page_size_of(header: bytes) -> int:
+    """The page size a database header names (its bytes 16-17), or 0 if it has none."""
+    if len(header) < 18:
+        return 0
+    size = int.from_bytes(header[16:18])
+    return 65536 if size == 1 else size
+
+
+def checksummed_page_size(header: bytes) -> int:
+    """The page size of a database whose header reserves room for checksums, else 0."""
+    if len(header) < 100 or not header.startswith(MAGIC) or header[20] != RESERVE:
+        return 0
+    return page_size_of(header)
 
 
 def checksum(page: bytes | memoryview) -> bytes:
@@ -48,11 +64,9 @@ def seal(path: str) -> None:
     first one, which says the file reserves room for checksums, went out without.
     """
     with open(path, "r+b") as file:
-        header = file.read(100)
-        if len(header) < 100 or not header.startswith(_HEADER) or header[20] != RESERVE:
+        size = checksummed_page_size(file.read(100))
+        if not size:
             return
-        size = int.from_bytes(header[16:18])
-        size = 65536 if size == 1 else size
         offset = 0
         while len(page := os.pread(file.fileno(), size, offset)) == size:
             if page[-RESERVE:] != (crc := checksum(page)):
@@ -105,10 +119,8 @@ class _File(PythonVFSFile):
         self.page_size = 0  # until a header with our reserve is read or written: no checks
 
     def _set_format(self, header: bytes) -> None:
-        if len(header) < 100 or not header.startswith(_HEADER):
-            return
-        size = int.from_bytes(header[16:18])
-        self.page_size = (65536 if size == 1 else size) if header[20] == RESERVE else 0
+        if header.startswith(MAGIC):  # else not yet written: keep what is known
+            self.page_size = checksummed_page_size(header)
 
     def xFileControl(self, op: int, ptr: int) -> bool:
         # A checkpoint writes pages that other connections committed, perhaps after

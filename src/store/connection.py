@@ -17,7 +17,7 @@ import apsw
 import apsw.bestpractice
 
 from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
-from .checksums import RESERVE, checksum_vfs, take_failure
+from .checksums import MAGIC, RESERVE, checksum_vfs, page_size_of, take_failure
 from .damage import CORRUPTION, header_problem, no_checkpoint_on_close
 from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .translate import translate, translated
@@ -222,9 +222,6 @@ def _identify(conn: apsw.Connection, path: str) -> int:
     return int(user_version)
 
 
-_MAGIC = b"SQLite format 3\x00"
-
-
 def _check_new(path: str) -> None:
     """Refuse to take a file that SQLite reads as empty unless it is new or a whole empty database.
 
@@ -240,11 +237,9 @@ def _check_new(path: str) -> None:
         return  # nothing there yet
     if size == 0:
         return
-    if not header.startswith(_MAGIC):
+    if not header.startswith(MAGIC):
         raise NotOurDatabaseError(path, "it is not an SQLite database")
-    page_size = int.from_bytes(header[16:18]) if len(header) >= 18 else 0
-    page_size = 65536 if page_size == 1 else page_size
-    if size < max(page_size, 512):
+    if size < max(page_size_of(header), 512):
         detail = f"it ends after {size} bytes, inside its first page: the file was cut off"
         raise DatabaseCorruptError(path, detail)
 

@@ -29,7 +29,7 @@ from typing import Any
 import apsw
 
 from ..errors import DatabaseCorruptError, DurableError
-from .checksums import RESERVE, take_failure
+from .checksums import RESERVE, page_size_of, take_failure
 from .migrations import schema_sql
 
 #: What SQLite raises for a file whose pages are malformed.
@@ -75,8 +75,7 @@ def _header_problem(header: bytes, size: int) -> str | None:
 
     if len(header) < 100:
         return None  # SQLite itself refuses a file cut inside its header
-    page_size = field(16, 2)
-    page_size = 65536 if page_size == 1 else page_size
+    page_size = page_size_of(header)
     if page_size < 512 or page_size & (page_size - 1):
         return None  # SQLite refuses it
     pages = field(28)

@@ -10,20 +10,10 @@ import pytest
 
 from effectful_durable import DatabaseCorruptError, Store
 from effectful_durable.store.checksums import RESERVE, checksum
-from effectful_durable.store.history import HistoryChange
-from tests.helpers import integrity, writable_connection
+from tests.helpers import commit_message, integrity, writable_connection
 
 SCHEMA2 = Path(__file__).parent.parent / "fixtures" / "schema2.db"
 TEXT = "the meeting moved to Thursday at nine"
-
-
-def commit(store: Store, agent_id: str, text: str) -> None:
-    start = store.begin_turn(agent_id, template="t", arguments={})
-    message = {"id": f"m{start.version}", "role": "user", "content": text}
-    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
-    store.commit_turn(
-        agent_id, base_version=start.version, template="t", change=change, state=None
-    )
 
 
 def pages(path: Path) -> list[bytes]:
@@ -42,7 +32,7 @@ def written(db_path: Path) -> Path:
     """A database with 50 turns, all in the file (closing the last connection checkpoints)."""
     with Store(db_path) as store:
         for i in range(50):
-            commit(store, "bot", f"{TEXT} ({i})")
+            commit_message(store, "bot", f"{TEXT} ({i})")
     assert not Path(f"{db_path}-wal").exists()
     return db_path
 
@@ -74,7 +64,7 @@ def test_backup_carries_checksums(written: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy.db"
     with Store(written) as store:
         for i in range(40):  # 4 MB, twice the default page cache; the last ones in the WAL
-            commit(store, "bot", f"{i}" + "x" * 100_000)
+            commit_message(store, "bot", f"{i}" + "x" * 100_000)
         store.backup(copy)
     assert copy.read_bytes()[20] == RESERVE
     assert bad_pages(copy) == []

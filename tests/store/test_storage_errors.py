@@ -10,7 +10,6 @@ import apsw
 import pytest
 
 from effectful_durable import DiskFullError, DurableError, StorageError, Store
-from effectful_durable.store.history import HistoryChange
 from effectful_durable.store.translate import TRANSLATIONS, translate, translated
 from tests.faultvfs import (
     READ_EIO,
@@ -21,7 +20,7 @@ from tests.faultvfs import (
     WRITE_ENOSPC,
     FaultVFS,
 )
-from tests.helpers import integrity, persisted_rows
+from tests.helpers import commit_message, integrity, persisted_rows
 
 
 @pytest.fixture
@@ -30,26 +29,16 @@ def vfs() -> Iterator[FaultVFS]:
         yield installed
 
 
-def commit(store: Store, agent_id: str = "bot") -> int:
-    """Commit one turn of one message, as the handler would."""
-    start = store.begin_turn(agent_id, template="t", arguments={})
-    message = {"id": f"m{start.version}", "role": "user"}
-    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
-    return store.commit_turn(
-        agent_id, base_version=start.version, template="t", change=change, state=None
-    )
-
-
 class TestErrors:
     """Each fault becomes our error: the facts as attributes, a message saying what to do."""
 
     def test_disk_full_on_write(self, db_path: Path, vfs: FaultVFS) -> None:
         """ENOSPC on a write is DiskFullError: the file, 'full', what to do; nothing committed."""
         with Store(db_path) as store:
-            commit(store)
+            commit_message(store)
             vfs.fail(WRITE_ENOSPC, nth=1)
             with pytest.raises(DiskFullError) as info:
-                commit(store)
+                commit_message(store)
             vfs.clear()
             error = info.value
             assert isinstance(error, StorageError) and isinstance(error, DurableError)
@@ -63,28 +52,28 @@ class TestErrors:
                 str(error)
             )
             assert isinstance(error.__cause__, apsw.FullError)
-            assert commit(store) == 2
+            assert commit_message(store) == 2
         assert persisted_rows(db_path, "SELECT count(*) FROM versions") == [(2,)]
         assert integrity(db_path) == "ok"
 
     def test_short_write_is_a_full_disk(self, db_path: Path, vfs: FaultVFS) -> None:
         """A write cut short (half the bytes land) is the full disk the unix VFS reports."""
         with Store(db_path) as store:
-            commit(store)
+            commit_message(store)
             vfs.fail(SHORT_WRITE, nth=2)
             with pytest.raises(DiskFullError):
-                commit(store)
+                commit_message(store)
             vfs.clear()
-            assert commit(store) == 2
+            assert commit_message(store) == 2
         assert integrity(db_path) == "ok"
 
     def test_eio_on_write_names_the_os_error(self, db_path: Path, vfs: FaultVFS) -> None:
         """EIO on a write is StorageError with errno EIO from SQLite's system_errno."""
         with Store(db_path) as store:
-            commit(store)
+            commit_message(store)
             vfs.fail(WRITE_EIO, nth=1)
             with pytest.raises(StorageError) as info:
-                commit(store)
+                commit_message(store)
         error = info.value
         assert not isinstance(error, DiskFullError)
         assert (error.operation, error.errno, error.code) == (
@@ -103,20 +92,20 @@ class TestErrors:
     def test_fsync(self, db_path: Path, vfs: FaultVFS, fault: object, full: bool) -> None:
         """A failed fsync of a durability="full" commit fails it; ENOSPC there is a full disk."""
         with Store(db_path, durability="full") as store:
-            commit(store)
+            commit_message(store)
             vfs.fail(fault, nth=1)  # type: ignore[arg-type]
             with pytest.raises(StorageError) as info:
-                commit(store)
+                commit_message(store)
             vfs.clear()
             assert isinstance(info.value, DiskFullError) == full
             assert (info.value.operation, info.value.code) == ("sync", "SQLITE_IOERR_FSYNC")
             assert [v.version for v in store.versions("bot")] == [1]
-            assert commit(store) == 2
+            assert commit_message(store) == 2
 
     def test_read_error_is_not_masked(self, db_path: Path, vfs: FaultVFS) -> None:
         """EIO on a read is StorageError: not the 'no transaction is active' of its COMMIT."""
         with Store(db_path) as store:
-            commit(store)
+            commit_message(store)
         with Store(db_path) as store:  # a cold page cache: the next SELECT reads the file
             vfs.fail(READ_EIO, nth=1)
             with pytest.raises(StorageError) as info:
