@@ -129,6 +129,9 @@ _STATE_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=("
 _STATE_JSON_ASCII = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
+_CONVERSATION_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def conversation_fields(agent: Any) -> tuple[str, ...]:
     """The names of the agent's fields declared :func:`per_conversation`."""
     cls = type(agent)
@@ -137,9 +140,6 @@ def conversation_fields(agent: Any) -> tuple[str, ...]:
         fields = _field_types(cls, per_conversation=True)
         names = _CONVERSATION_FIELD_NAMES[cls] = tuple(name for name, _ in fields)
     return names
-
-
-_CONVERSATION_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def dump_state(agent: Any, *, per_conversation: bool = False) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -88,14 +88,11 @@ def decode_positioned(
     Iterate a cursor rather than a fetched list: each body is freed once decoded,
     so a long history is not held twice (text and messages) in fresh memory.
     """
-    decode = pydantic_core.from_json
     positions: list[float] = []
-    decoded: list[dict[str, Any]] = []
-    add_position, append = positions.append, decoded.append
-    for position, body in rows:
-        add_position(position)
-        try:
-            append(decode(body))
-        except ValueError:  # see decode_messages
-            append(json.loads(body))
-    return positions, decoded
+
+    def bodies() -> Iterator[str]:
+        for position, body in rows:
+            positions.append(position)
+            yield body
+
+    return positions, decode_messages(bodies())
