@@ -132,8 +132,9 @@ def step_id(template: str, arguments: Any) -> str:
 def events(directory: Path, kind: str = "call") -> list[dict[str, Any]]:
     """The call log's ``call`` (or ``answer``) lines, each with the step's identity."""
     log = directory / "calls.log"
-    lines = log.read_text().splitlines() if log.exists() else []
-    found = [json.loads(line) for line in lines]
+    text = log.read_text() if log.exists() else ""
+    # A line the child is still writing has no newline yet: it is not an event.
+    found = [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
     return [{**e, "id": step_id(*e["step"])} for e in found if e["event"] == kind]
 
 
@@ -415,8 +416,9 @@ class TestKilledWorkflow:
                 }
                 return waiting >= set(WORKERS)
 
-            # A slow model keeps both calls in flight long enough to kill them.
-            pid = server.start(directory, delay_ms=200)
+            # A slow model keeps both calls in flight long enough to kill them, though a
+            # worker's first call comes after a few hundred ms of effectful's own work.
+            pid = server.start(directory, delay_ms=800)
             wait_until(lambda: both_workers_waiting(pid), server)  # noqa: B023
             kill(pid)
             assert server.outcome(directory) == SIGKILLED

@@ -158,6 +158,9 @@ def workflow(directory: Path, variant: str, delay: float) -> dict[str, object]:
             parts = [planner.ask(question) for question in questions]
             done: dict[str, list[str]] = {}
             failures: list[BaseException] = []
+            # The workers start each task together, so that their model calls overlap
+            # however the threads are scheduled (the kill tests wait for both in flight).
+            in_step = threading.Barrier(len(WORKERS))
 
             def work(name: str) -> None:
                 try:
@@ -167,9 +170,13 @@ def workflow(directory: Path, variant: str, delay: float) -> dict[str, object]:
                         tasks = [f"{name} does {part}" for part in parts]
                         if variant == "diverged-worker" and name == "worker-2":
                             tasks[2] = f"{name} does part 2 differently"
-                        done[name] = [agent.ask(task) for task in tasks]
+                        done[name] = []
+                        for task in tasks:
+                            in_step.wait()
+                            done[name].append(agent.ask(task))
                 except BaseException as error:
                     failures.append(error)
+                    in_step.abort()  # the other worker stops too, instead of waiting
 
             threads = [threading.Thread(target=work, args=(name,)) for name in WORKERS]
             for thread in threads:
