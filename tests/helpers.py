@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import re
 import subprocess
 import sys
 import textwrap
@@ -157,14 +158,20 @@ def is_postgres(db: Path | str) -> bool:
 def persisted_rows(db_path: Path | str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     """Query the database through a fresh, independent connection (SQLite or PostgreSQL).
 
-    ``sql`` is written for SQLite with ``?`` parameters; on PostgreSQL they become ``%s``.
+    ``sql`` is written for SQLite with ``?`` or ``?N`` parameters; on PostgreSQL they
+    become psycopg's.
     """
     if is_postgres(db_path):
         import psycopg
 
+        query = sql.replace("%", "%%")
+        if re.search(r"\?\d", query):  # ?N: the Nth parameter, however often it appears
+            query = re.sub(r"\?(\d+)", r"%(\1)s", query)
+            bound: Any = {str(i): value for i, value in enumerate(params, 1)}
+        else:
+            query, bound = query.replace("?", "%s"), params
         with psycopg.connect(str(db_path)) as pg:
-            query = sql.replace("%", "%%").replace("?", "%s")
-            return [tuple(row) for row in pg.execute(query.encode(), params).fetchall()]
+            return [tuple(row) for row in pg.execute(query.encode(), bound).fetchall()]
     conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     conn.set_busy_timeout(5000)  # a writer may be recovering the WAL of a killed process
     try:

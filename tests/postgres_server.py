@@ -154,6 +154,21 @@ class PostgresServer:
         self.admin(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def clone_database(self, url: str) -> str:
+        """A new database holding what the database of ``url`` holds now; its URL.
+
+        The source's sessions are ended first (a killed client's may linger a moment):
+        PostgreSQL copies a database only while nobody is connected to it.
+        """
+        source = urllib.parse.urlsplit(url).path.lstrip("/")
+        name = f"test_{os.getpid()}_{next(self._names)}"
+        self.admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{source}' AND pid <> pg_backend_pid()"
+        )
+        self.admin(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+        return self.url(name)
+
     def drop_database(self, url: str) -> None:
         """Drop the database of ``url``, closing its connections."""
         name = urllib.parse.urlsplit(url).path.lstrip("/")

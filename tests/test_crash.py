@@ -3,11 +3,12 @@
 Promise 1: no committed turn is ever lost, and no partial turn is ever visible; kill -9
 at any point leaves the database at the last committed version, and integrity_check passes.
 
-How: ``tests/crash_child.py`` runs turns of one agent on a real SQLite file
-(PersistenceHandler over a fake model); each turn's tool bumps a persisted counter. The
-tests SIGKILL it inside a turn just after its handoff row commits, and at random moments
-of a 50-turn conversation. After each kill they read the file through connections of
-their own, never the child's memory: integrity_check is ok; the versions are 1..v with no
+How: ``tests/crash_child.py`` runs turns of one agent on a real SQLite file, or on a
+PostgreSQL database of the tests' throwaway server (PersistenceHandler over a fake
+model); each turn's tool bumps a persisted counter. The tests SIGKILL it inside a turn
+just after its handoff row commits, and at random moments of a 50-turn conversation.
+After each kill they read the database through connections of their own, never the
+child's memory: integrity_check is ok; the versions are 1..v with no
 gap and no row of a later version exists; the active history is exactly v whole turns; the
 counter is v; every commit the child reported is there. Then the agent goes on from v,
 its next turn is told once about the turn that was cut off, and its version records that.
@@ -33,7 +34,7 @@ from typing import Any, NoReturn
 
 import pytest
 from crash_child import AGENT_ID, Counter, FakeModel, question
-from helpers import integrity, persisted, persisted_rows, texts
+from helpers import integrity, is_postgres, persisted, persisted_rows, texts
 
 from effectful_durable import Handoff, Store
 from effectful_durable.testing import FakeLLM
@@ -55,7 +56,7 @@ class Child:
 
     def __init__(
         self,
-        db_path: Path,
+        db_path: Path | str,
         log_dir: Path,
         *,
         durability: str = "normal",
@@ -152,7 +153,7 @@ class Children:
 
     def __init__(
         self,
-        db_path: Path,
+        db_path: Path | str,
         log_dir: Path,
         *,
         budget: int,
@@ -222,7 +223,7 @@ def whole_turns(version: int) -> list[str]:
     return [f"system:{SYSTEM_PROMPT}"] + [t for k in range(1, version + 1) for t in turn_texts(k)]
 
 
-def on_disk(db_path: Path) -> tuple[int, Handoff | None]:
+def on_disk(db_path: Path | str) -> tuple[int, Handoff | None]:
     """Check the file holds whole committed turns only; return its version and handoff.
 
     Every read goes through connections of this process, never the child's memory.
@@ -282,18 +283,26 @@ COMMITTED = 3  # turns committed before the killed one
 class Crash:
     """A database as a SIGKILL inside turn ``COMMITTED + 1`` left it, and who was killed."""
 
-    db_path: Path
+    db_path: Path | str
     durability: str
     pid: int
 
 
-@pytest.fixture(scope="class", params=["normal", "full"], ids=["normal", "full"])
+@pytest.fixture(
+    scope="class", params=["normal", "full", "postgres"], ids=["normal", "full", "postgres"]
+)
 def crash(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Crash:
-    """Commit COMMITTED turns in a child, then kill it inside the next one."""
-    durability = request.param
-    directory = tmp_path_factory.mktemp(f"crash-{durability}")
-    db_path = directory / "state.db"
-    child = Child(db_path, directory / "logs", durability=durability)
+    """Commit COMMITTED turns in a child, then kill it inside the next one.
+
+    On SQLite with either durability, and on a PostgreSQL database.
+    """
+    directory = tmp_path_factory.mktemp(f"crash-{request.param}")
+    if request.param == "postgres":
+        db: Path | str = request.getfixturevalue("postgres_server").new_database()
+        durability = "normal"
+    else:
+        db, durability = directory / "state.db", request.param
+    child = Child(db, directory / "logs", durability=durability)
     try:
         child.load()
         assert child.open() == 0
@@ -304,11 +313,17 @@ def crash(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         child.kill()
     finally:
         child.close()
-    return Crash(db_path, durability, child.pid)
+    return Crash(db, durability, child.pid)
 
 
-def copy_database(db_path: Path, directory: Path) -> Path:
-    """Copy a database that no process has open, WAL included, as a crash left it."""
+def copy_database(db: Path | str, directory: Path, request: pytest.FixtureRequest) -> Path | str:
+    """Copy a database that no process uses any more, as a crash left it.
+
+    An SQLite file is copied with its WAL; a PostgreSQL database is cloned on its server.
+    """
+    if is_postgres(db):
+        return str(request.getfixturevalue("postgres_server").clone_database(str(db)))
+    db_path = Path(db)
     directory.mkdir()
     for source in db_path.parent.glob(db_path.name + "*"):
         if not source.name.endswith(("-shm", "-lock")):
@@ -320,15 +335,17 @@ def copy_database(db_path: Path, directory: Path) -> Path:
 class Recovery:
     """The crashed database after two more turns run by this process, and their requests."""
 
-    db_path: Path
+    db_path: Path | str
     llm: FakeLLM
     handoffs_after_retry: list[Handoff]
 
 
 @pytest.fixture(scope="class")
-def recovery(crash: Crash, tmp_path_factory: pytest.TempPathFactory) -> Recovery:
+def recovery(
+    crash: Crash, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Recovery:
     """Continue the killed agent on a copy of its database: the retried turn, then one more."""
-    db_path = copy_database(crash.db_path, tmp_path_factory.mktemp("recovery") / "copy")
+    db_path = copy_database(crash.db_path, tmp_path_factory.mktemp("recovery") / "copy", request)
     llm = FakeLLM(respond=FakeModel())
     bot = Counter(agent_id=AGENT_ID)
     with persisted(db_path, llm, durability=crash.durability):
@@ -445,8 +462,9 @@ def kill_at_random(child: Child, rng: random.Random, kills: Kills, version: int)
 class TestRandomKills:
     """A 50-turn conversation whose process is SIGKILLed again and again at random moments."""
 
-    def test_every_kill_leaves_whole_committed_turns(self, db_path: Path, tmp_path: Path) -> None:
-        """After every kill the file holds whole committed turns, and the next run goes on."""
+    def test_every_kill_leaves_whole_committed_turns(self, store_url: str, tmp_path: Path) -> None:
+        """After every kill the database holds whole committed turns, and the next run goes on."""
+        db_path = store_url
         rng = random.Random(SEED)
         kills = Kills()
         recovered: set[int] = set()  # versions that must record a recovered handoff
@@ -483,7 +501,7 @@ class TestRandomKills:
 KEEP = 4
 
 
-def pruned_on_disk(db_path: Path) -> int:
+def pruned_on_disk(db_path: Path | str) -> int:
     """Check a file pruned as it goes: whole turns, K to 1.5 K exact versions; its version."""
     assert integrity(db_path) == "ok"
     with Store(db_path, readonly=True) as store:
@@ -504,8 +522,10 @@ def pruned_on_disk(db_path: Path) -> int:
 class TestRandomKillsWhilePruning:
     """Kills of a conversation pruned as it goes (keep_versions=4) leave whole, exact versions."""
 
-    def test_every_kill_leaves_whole_kept_versions(self, db_path: Path, tmp_path: Path) -> None:
+    @pytest.mark.sqlite_only("keep_versions is not on PostgreSQL yet")
+    def test_every_kill_leaves_whole_kept_versions(self, store_url: str, tmp_path: Path) -> None:
         """After every kill the kept versions are contiguous, exact, and at most 1.5 K."""
+        db_path = store_url
         rng = random.Random(SEED + 1)
         kills = Kills()
         Store(db_path).close()

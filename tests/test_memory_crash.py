@@ -1,10 +1,10 @@
 """SIGKILL amid turns that write memory: every committed version intact, nothing partial.
 
-``tests/memory_child.py`` runs turns of one StateTools agent whose every turn puts,
-deletes and adds context notes (see ``writes`` there). The tests kill it inside a
-turn whose writes are staged, and at random moments of a 30-turn run. After each
-kill, through connections of their own: integrity_check is ok; the versions run
-1 to v; EVERY version's memory and notes are exactly what its turns wrote; no
+``tests/memory_child.py`` runs turns of one StateTools agent, on SQLite or PostgreSQL,
+whose every turn puts, deletes and adds context notes (see ``writes`` there). The tests
+kill it inside a turn whose writes are staged, and at random moments of a 30-turn run.
+After each kill, through connections of their own: integrity_check is ok; the versions
+run 1 to v; EVERY version's memory and notes are exactly what its turns wrote; no
 memory row of a later version exists. The next child goes on from v.
 """
 
@@ -26,7 +26,7 @@ MAX_KILLS = 10
 SEED = 20261123
 
 
-def check_on_disk(db_path: Path) -> int:
+def check_on_disk(db_path: Path | str) -> int:
     """Check every committed version's memory; return the committed version."""
     assert integrity(db_path) == "ok"
     with Store(db_path, readonly=True) as store:
@@ -50,10 +50,15 @@ def check_on_disk(db_path: Path) -> int:
 class TestKilledMemoryTurns:
     """Kills of a process whose turns write memory."""
 
-    @pytest.mark.parametrize("durability", ["normal", "full"])
-    def test_kill_with_staged_writes(self, tmp_path: Path, durability: str) -> None:
+    @pytest.mark.parametrize("durability", ["normal", "full", "postgres"])
+    def test_kill_with_staged_writes(
+        self, tmp_path: Path, durability: str, request: pytest.FixtureRequest
+    ) -> None:
         """A kill after a turn staged writes keeps memory at its last commit; the run goes on."""
-        db_path = tmp_path / "state.db"
+        db_path: Path | str = tmp_path / "state.db"
+        if durability == "postgres":
+            db_path = request.getfixturevalue("postgres_url")
+            durability = "normal"
         child = Child(db_path, tmp_path / "logs", durability=durability, script=CHILD)
         try:
             child.load()
@@ -76,8 +81,9 @@ class TestKilledMemoryTurns:
             resumed.close()
         assert check_on_disk(db_path) == 6
 
-    def test_random_kills(self, db_path: Path, tmp_path: Path) -> None:
+    def test_random_kills(self, store_url: str, tmp_path: Path) -> None:
         """After every kill at a random moment, every committed version's memory is whole."""
+        db_path = store_url
         rng = random.Random(SEED)
         kills = Kills(pace=[0.2])
         Store(db_path).close()
