@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import socket
@@ -289,20 +290,11 @@ class PostgresDatabase:
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
     ) -> None:
         # The text of the originals, for RecallTools: text blocks, plain content and
-        # tool-call arguments, as the SQLite backend indexes them.
-        conn.execute(
+        # tool-call arguments, as the SQLite backend indexes them. Read here rather
+        # than with jsonb, which cannot hold the NUL or lone surrogate a message may.
+        rows = conn.execute(
             """
-            INSERT INTO compacted_text (agent_id, position, version, text, words)
-            SELECT agent_id, position, removed_in, t.text, to_tsvector('english', t.text)
-              FROM messages,
-                   LATERAL (SELECT concat_ws(
-                       ' ',
-                       CASE jsonb_typeof(body::jsonb -> 'content')
-                       WHEN 'array' THEN (
-                           SELECT string_agg(block ->> 'text', ' ')
-                             FROM jsonb_array_elements(body::jsonb -> 'content') AS block)
-                       ELSE body::jsonb ->> 'content' END,
-                       body::jsonb -> 'tool_calls') AS text) AS t
+            SELECT position, body FROM messages
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
                AND position BETWEEN ?3 AND ?4
             """,
@@ -313,6 +305,11 @@ class PostgresDatabase:
                 compaction.last_position,
                 conversation,
             ),
+        ).fetchall()
+        conn.executemany(
+            "INSERT INTO compacted_text (agent_id, position, version, text, words)"
+            " VALUES (?1, ?2, ?3, ?4, to_tsvector('english', ?4))",
+            [(agent_id, position, version, _searchable(body)) for position, body in rows],
         )
 
     def search_compacted(
@@ -429,6 +426,23 @@ def _params(bindings: Any, numbered: bool) -> Any:
     if numbered:
         return {str(i): value for i, value in enumerate(bindings, 1)}
     return tuple(bindings)
+
+
+def _searchable(body: str) -> str:
+    """A message's words for full-text search, as text PostgreSQL can hold."""
+    message = json.loads(body)
+    content = message.get("content")
+    if isinstance(content, list):
+        content = " ".join(
+            block["text"]
+            for block in content
+            if isinstance(block, dict) and isinstance(block.get("text"), str)
+        )
+    parts = [content if isinstance(content, str) else ""]
+    if message.get("tool_calls") is not None:
+        parts.append(json.dumps(message["tool_calls"], ensure_ascii=False))
+    text = " ".join(part for part in parts if part).replace("\0", " ")
+    return text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate becomes "?"
 
 
 @functools.cache

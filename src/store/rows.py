@@ -48,6 +48,13 @@ def storable(text: str) -> bool:
     return True
 
 
+def legible(text: str) -> str:
+    """``text`` as both databases store plain text: a NUL or a lone surrogate as its escape."""
+    if text.isascii() and "\0" not in text:
+        return text
+    return text.replace("\0", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def state_at(conn: Conn, agent_id: str, version: int) -> str | None:
     # Kept versions that did not change the state inherit the one carried over
     # from the pruned versions before them (retention.py).

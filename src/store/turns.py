@@ -19,7 +19,7 @@ from .ids import DEFAULT_CONVERSATION
 from .journal import STEP_UPSERT, step_number
 from .parts import TurnWrite
 from .records import Compaction, Handoff, LoadedAgent, TurnStart
-from .rows import current_version, decode_positioned, dumps, state_at, utc
+from .rows import current_version, decode_positioned, dumps, legible, state_at, utc
 
 _HOST = socket.gethostname()
 
@@ -247,7 +247,7 @@ class TurnProtocol(StoreBase):
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?
                  WHERE agent_id = ? AND conversation = ? AND status = 'running'
                 """,
-                (error, now, agent_id, conversation),
+                (legible(error), now, agent_id, conversation),
             )
             if step is not None:
                 conn.execute(

@@ -219,6 +219,22 @@ class TestLossless:
             answer = bot.ask("what was the secret?")
         assert "remember the codeword zebra" in answer
 
+    def test_text_holding_a_nul_is_kept_compacted_and_found(self, store_url: str) -> None:
+        """A NUL in a message (PostgreSQL's text cannot hold one) survives the commit,
+        compaction and recall on both backends."""
+        model = Model()
+        with running(
+            model.llm, *stack(store_url, CompactionHandler(max_messages=8, keep_recent=2))
+        ):
+            bot = Rememberer(agent_id="bot")
+            bot.ask("remember the code\x00word zebra")
+            ask_many(bot, 3)
+        with Store(store_url, readonly=True) as store:
+            everything = texts(store.history("bot", include_compacted=True))
+            found = texts(store.search_compacted("bot", "zebra"))
+        assert any("remember the code\x00word zebra" in text for text in everything)
+        assert any("code\x00word zebra" in text for text in found), found
+
 
 class TestValidCuts:
     def test_cut_never_splits_a_tool_exchange(self) -> None:

@@ -191,6 +191,14 @@ class TestFailedTurn:
         assert handoff.arguments == {"question": "two"}
         assert handoff.error == "RuntimeError: provider down"
 
+    def test_failure_whose_message_is_not_plain_text_is_recorded(self, store_url: str) -> None:
+        """An error message holding a NUL or a lone surrogate is recorded, legibly."""
+        with persisted(store_url, FakeLLM([RuntimeError("bad\x00byte \ud800")])):
+            with pytest.raises(RuntimeError):
+                Assistant(agent_id="bot").ask("one")
+        [handoff] = Store(store_url).handoffs()
+        assert (handoff.status, handoff.error) == ("failed", "RuntimeError: bad\\x00byte \\ud800")
+
     def test_next_turn_is_told_once_and_clears_it(self, store_url: str) -> None:
         """The turn after a failure sees a note in its system prompt; the one after, not."""
         llm = FakeLLM([RuntimeError("provider down"), "recovered", "normal"])
