@@ -1,13 +1,14 @@
-"""Promise 3, with real processes killed by SIGKILL and a real SQLite file: a resumed
-workflow never repeats a model call for a step that committed, and ends with the same
-result as an uninterrupted run.
+"""Promise 3, with real processes killed by SIGKILL, on a real SQLite file and on a
+PostgreSQL database: a resumed workflow never repeats a model call for a step that
+committed, and ends with the same result as an uninterrupted run.
 
 tests/workflow_child.py imports everything once and forks one real child process per
 run of a 16-step workflow: a planner, two workers in parallel threads, a reviewer
 with a dataclass result and a pydantic summary. Every model call is logged with its
 step (template and arguments) and fsync'd before it is answered, so calls cut off by
 a kill are counted too. The parent kills runs at random moments, reads the journal
-and checks the file after every kill, and compares the end with an uninterrupted run.
+and checks the database after every kill, and compares the end with an uninterrupted
+run. Every test runs on both backends (the module's ``backend`` fixture).
 """
 
 import json
@@ -31,8 +32,8 @@ import apsw
 import pytest
 
 from effectful_durable import Store
-from tests.helpers import integrity, persisted_rows
-from tests.workflow_child import DIVERGED, PARTS, STEPS, WORKERS
+from tests.helpers import integrity, is_postgres, persisted_rows
+from tests.workflow_child import DIVERGED, PARTS, STEPS, WORKERS, database
 
 ROOT = Path(__file__).parents[1]
 KILLS = 24  # at least 20, spread over the whole workflow
@@ -143,23 +144,33 @@ def called(directory: Path, pid: int) -> bool:
     return any(c["pid"] == pid for c in events(directory))
 
 
-def journal(db: Path | None) -> list[Any]:
+def has_tables(db: Path | str) -> bool:
+    """Whether a run has made the database's tables yet."""
+    if is_postgres(db):
+        sql = "SELECT to_regclass('effectful_durable') IS NOT NULL"
+    else:
+        sql = "SELECT count(*) FROM sqlite_schema WHERE name = 'workflow_steps'"
+    return bool(persisted_rows(db, sql)[0][0])
+
+
+def journal(db: Path | str | None) -> list[Any]:
     """The journal's steps, through a read-only Store ([] before the first step)."""
-    sql = "SELECT count(*) FROM sqlite_schema WHERE name = 'workflow_steps'"
-    if db is None or not persisted_rows(db, sql)[0][0]:
+    if db is None or not has_tables(db):
         return []
     with Store(db, readonly=True) as store:
         return store.steps("wf") if store.workflows() else []
 
 
-def readable(directory: Path) -> Path | None:
-    """The database file to read after a kill, or None if the run made none yet.
+def readable(directory: Path) -> Path | str | None:
+    """The database to read after a kill, or None if the run made none yet.
 
     A run killed while it switched its new file to WAL leaves a hot rollback journal,
     which a read-only connection cannot roll back (apsw.ReadOnlyError). Read a copy,
     recovered by a read-write connection, so the file stays as the next run finds it.
     """
-    db = directory / "wf.db"
+    db = database(directory)
+    if isinstance(db, str):
+        return db if has_tables(db) else None
     if not db.exists():
         return None
     if not (directory / "wf.db-journal").exists():
@@ -177,16 +188,21 @@ def readable(directory: Path) -> Path | None:
 
 def done_count(directory: Path) -> int:
     """Steps done so far, read while a child may be writing (a timing hint only)."""
+    db = database(directory)
+    sql = "SELECT count(*) FROM workflow_steps WHERE status = 'done'"
     try:
-        sql = "SELECT count(*) FROM workflow_steps WHERE status = 'done'"
-        return int(persisted_rows(directory / "wf.db", sql)[0][0])
-    except apsw.Error:  # no file or no schema yet
+        return int(persisted_rows(db, sql)[0][0]) if has_tables(db) else 0
+    except apsw.Error:  # no file yet
         return 0
 
 
-def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, through an independent read-only connection."""
-    tables = persisted_rows(db, "SELECT name FROM sqlite_schema WHERE type = 'table'")
+def dump(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, through an independent connection."""
+    if is_postgres(db):
+        sql = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+    else:
+        sql = "SELECT name FROM sqlite_schema WHERE type = 'table'"
+    tables = persisted_rows(db, sql)
     return {
         name: sorted(persisted_rows(db, f'SELECT * FROM "{name}"'), key=repr) for (name,) in tables
     }
@@ -243,7 +259,8 @@ def examine_kill(directory: Path, pid: int) -> Kill:
     assert {s.status for s in steps} <= {"done", "running"}
     calls = events(directory)
     done = {step_id(s.template, s.arguments) for s in steps if s.status == "done"}
-    record = Kill(pid, len(calls), done, hot_journal=db is not None and db.parent != directory)
+    hot_journal = isinstance(db, Path) and db.parent != directory
+    record = Kill(pid, len(calls), done, hot_journal)
     record.lost = [c["id"] for c in calls if c["pid"] == pid and c["id"] not in done]
     answered = {a["id"] for a in events(directory, "answer") if a["pid"] == pid}
     if any(lost not in answered for lost in record.lost):
@@ -272,7 +289,7 @@ def assert_resumed_like(directory: Path, reference: dict[str, Any], kills: list[
     assert len(calls) <= len(reference["calls"]) + THREADS * len(kills)
     assert Counter(ids) == Counter(reference["ids"]) + Counter(i for k in kills for i in k.lost)
 
-    db = directory / "wf.db"
+    db = database(directory)
     assert integrity(db) == "ok"
     with Store(db, readonly=True) as store:
         steps = store.steps("wf")
@@ -292,12 +309,31 @@ def assert_resumed_like(directory: Path, reference: dict[str, Any], kills: list[
             assert shown == reference["histories"][agent_id]
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> Callable[[Path], Path]:
+    """Makes a run directory whose database is a new SQLite file, or a new PostgreSQL
+    database (named in its ``db.url``) on the tests' server."""
+
+    def new_run_directory(directory: Path) -> Path:
+        directory.mkdir()
+        if request.param == "postgres":
+            url = request.getfixturevalue("postgres_server").new_database()
+            (directory / "db.url").write_text(url)
+        return directory
+
+    return new_run_directory
+
+
 @pytest.fixture(scope="module")
-def reference(server: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def reference(
+    server: ForkServer,
+    backend: Callable[[Path], Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
     """An uninterrupted run on a fresh database: its output, calls, journal and agents."""
-    directory = tmp_path_factory.mktemp("reference")
+    directory = backend(tmp_path_factory.mktemp("reference") / "run")
     assert server.run(directory) == "exit 0"
-    with Store(directory / "wf.db", readonly=True) as store:
+    with Store(database(directory), readonly=True) as store:
         steps = store.steps("wf")
         versions = {a.agent_id: a.version for a in store.agents()}
         histories = {
@@ -317,11 +353,15 @@ def reference(server: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> d
     }
 
 
-def copy_of(reference: dict[str, Any], directory: Path) -> Path:
-    """A finished workflow's directory, copied after its run ended (no WAL in use)."""
+def copy_of(reference: dict[str, Any], directory: Path, request: pytest.FixtureRequest) -> Path:
+    """A finished workflow's directory and database, copied after its run ended."""
     shutil.copytree(reference["directory"], directory)
     (directory / "calls.log").unlink()
     (directory / "out.json").unlink()
+    db = database(directory)
+    if isinstance(db, str):
+        clone = request.getfixturevalue("postgres_server").clone_database(db)
+        (directory / "db.url").write_text(clone)
     return directory
 
 
@@ -337,28 +377,35 @@ class TestUninterrupted:
         }
 
     def test_finished_workflow_replays_without_calls_or_writes(
-        self, server: ForkServer, reference: dict[str, Any], tmp_path: Path
+        self,
+        server: ForkServer,
+        reference: dict[str, Any],
+        tmp_path: Path,
+        request: pytest.FixtureRequest,
     ) -> None:
         """Running a finished workflow again makes zero model calls, changes no row and
         gives the same output."""
-        directory = copy_of(reference, tmp_path / "again")
-        before = dump(directory / "wf.db")
+        directory = copy_of(reference, tmp_path / "again", request)
+        before = dump(database(directory))
         assert server.run(directory) == "exit 0"
         assert events(directory) == []
         assert (directory / "out.json").read_text() == reference["output"]
-        assert dump(directory / "wf.db") == before
+        assert dump(database(directory)) == before
 
 
 @pytest.mark.slow
 class TestKilledWorkflow:
     def test_random_kills_resume_to_the_same_result(
-        self, server: ForkServer, reference: dict[str, Any], tmp_path: Path
+        self,
+        server: ForkServer,
+        reference: dict[str, Any],
+        backend: Callable[[Path], Path],
+        tmp_path: Path,
     ) -> None:
         """Killed 24 times at random moments and re-run each time, the workflow ends
         with the reference output, and no committed step is ever called again."""
         rng = random.Random(SEED)
-        directory = tmp_path / "killed"
-        directory.mkdir()
+        directory = backend(tmp_path / "killed")
         kills: list[Kill] = []
         for _ in range(MAX_RUNS):
             pid = server.start(directory)
@@ -396,12 +443,15 @@ class TestKilledWorkflow:
         )
 
     def test_parallel_workers_killed_mid_call_both_resume(
-        self, server: ForkServer, reference: dict[str, Any], tmp_path: Path
+        self,
+        server: ForkServer,
+        reference: dict[str, Any],
+        backend: Callable[[Path], Path],
+        tmp_path: Path,
     ) -> None:
         """Killed while both parallel workers wait on the model, each worker redoes
         exactly its unfinished step, and the workflow ends as if never killed."""
-        directory = tmp_path / "parallel"
-        directory.mkdir()
+        directory = backend(tmp_path / "parallel")
         kills: list[Kill] = []
         for _ in range(PARTS):
 
@@ -438,20 +488,25 @@ class TestKilledWorkflow:
 class TestDivergence:
     @pytest.mark.parametrize("variant", sorted(DIVERGED))
     def test_changed_step_is_refused_and_writes_nothing(
-        self, server: ForkServer, reference: dict[str, Any], tmp_path: Path, variant: str
+        self,
+        server: ForkServer,
+        reference: dict[str, Any],
+        tmp_path: Path,
+        request: pytest.FixtureRequest,
+        variant: str,
     ) -> None:
         """A program that asks a recorded step with other arguments stops with
         WorkflowDivergedError before any model call, leaving every row as it was."""
-        directory = copy_of(reference, tmp_path / variant)
-        before = dump(directory / "wf.db")
+        directory = copy_of(reference, tmp_path / variant, request)
+        before = dump(database(directory))
         outcome = server.run(directory, variant)
         assert outcome.startswith("exit 3"), outcome
         error = (directory / "error.txt").read_text()
         assert error.startswith("WorkflowDivergedError")
         assert DIVERGED[variant] in error
         assert events(directory) == []
-        assert dump(directory / "wf.db") == before
-        assert integrity(directory / "wf.db") == "ok"
+        assert dump(database(directory)) == before
+        assert integrity(database(directory)) == "ok"
         # The refused run broke nothing: the real program still replays to the end.
         assert server.run(directory) == "exit 0"
         assert (directory / "out.json").read_text() == reference["output"]

@@ -10,7 +10,8 @@ never opens a database, so every child starts clean. Protocol, one line each way
     -> pid N                      (the forked child running the workflow once)
     -> exit CODE | signal SIGNUM  (0 done, 3 diverged, 1 other error)
 
-A run works in DIR: ``wf.db`` the database, ``out.json`` the final output,
+A run works in DIR: ``wf.db`` the database (or the PostgreSQL database whose URL
+``db.url`` holds, when that file exists), ``out.json`` the final output,
 ``calls.log`` one JSON line per model call (``"event": "call"``, written and
 fsync'd before the model answers, so calls cut off by a kill are counted) and one
 per answer handed back (``"event": "answer"``), and ``error.txt`` the error of a
@@ -144,11 +145,17 @@ def model(calls: Path, delay: float, tracker: StepTracker) -> FakeLLM:
     return FakeLLM(respond=respond)
 
 
+def database(directory: Path) -> Path | str:
+    """The database of the runs in ``directory``: the URL in ``db.url``, or ``wf.db``."""
+    url = directory / "db.url"
+    return url.read_text() if url.exists() else directory / "wf.db"
+
+
 def workflow(directory: Path, variant: str, delay: float) -> dict[str, object]:
     """Plan, work in two parallel threads, review, summarise; return every result."""
     tracker = StepTracker()
     llm = model(directory / "calls.log", delay, tracker)
-    persistence = PersistenceHandler(directory / "wf.db", workflow="wf")
+    persistence = PersistenceHandler(database(directory), workflow="wf")
     try:
         with running(llm, tracker, persistence):
             questions = [f"plan part {n}" for n in range(PARTS)]
