@@ -219,7 +219,6 @@ class TestVersions:
             store.rollback("bot", 3)
             assert store.state("bot", conversation="alice")["ticket"] == "T-3"
 
-    @pytest.mark.sqlite_only("Store.prune is not on PostgreSQL yet")
     def test_prune_keeps_every_retained_version_exact(self, db: Path) -> None:
         with Store(db) as store:
             before = {v: store.state("bot", v, conversation="alice") for v in (2, 3)}

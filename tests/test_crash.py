@@ -522,7 +522,6 @@ def pruned_on_disk(db_path: Path | str) -> int:
 class TestRandomKillsWhilePruning:
     """Kills of a conversation pruned as it goes (keep_versions=4) leave whole, exact versions."""
 
-    @pytest.mark.sqlite_only("keep_versions is not on PostgreSQL yet")
     def test_every_kill_leaves_whole_kept_versions(self, store_url: str, tmp_path: Path) -> None:
         """After every kill the kept versions are contiguous, exact, and at most 1.5 K."""
         db_path = store_url

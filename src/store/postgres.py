@@ -55,7 +55,6 @@ from .memory import MemoryPart
 from .migrations import APPLICATION_ID, SCHEMA_VERSION
 from .parts import TurnWrite, VersionedPart
 from .records import Compaction
-from .retention import PruneAsYouGo
 from .workspace import WorkspaceTurn
 
 _HOST = socket.gethostname()
@@ -71,15 +70,12 @@ PARTS: tuple[VersionedPart, ...] = (
 _UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = (
     (AlarmWrite, "alarms (AlarmTools, agent.schedule)"),
     (WorkspaceTurn, "the SQL workspace (SQLTools)"),
-    (PruneAsYouGo, "pruning as you go (keep_versions)"),
 )
 _UNSUPPORTED_PREFIXES = (
     "alarms",
     "the SQL workspace",
-    "Store.prune",
     "Store.vacuum",
     "Store.backup",
-    "pruning as you go",
 )
 
 _POLL_SECONDS = 0.005

@@ -183,16 +183,20 @@ def finished_journals(conn: Conn, agent_id: str | None, cutoff: float | None) ->
     """
     rows = conn.execute(
         """
+        WITH rule (agent_id, cutoff) AS (
+            SELECT CAST(?1 AS text), CAST(?2 AS double precision))
         SELECT w.workflow FROM workflow_steps AS w
+          CROSS JOIN rule
           LEFT JOIN agents AS a ON a.agent_id = w.agent_id
           LEFT JOIN retention AS r ON r.agent_id = w.agent_id
-         GROUP BY w.workflow
-        HAVING max(w.status != 'done') = 0
-           AND min(w.agent_id IS NULL OR a.agent_id IS NULL
-                   OR w.version < coalesce(r.kept_from, 1)) = 1
-           AND (?2 IS NULL OR max(coalesce(w.finished_at, w.started_at)) < ?2)
-           AND (?2 IS NOT NULL OR max(w.agent_id IS NOT NULL) = 1)
-           AND (?1 IS NULL OR max(w.agent_id = ?1) = 1)
+         GROUP BY w.workflow, rule.agent_id, rule.cutoff
+        HAVING count(*) FILTER (WHERE w.status <> 'done') = 0
+           AND count(*) FILTER (WHERE w.agent_id IS NOT NULL AND a.agent_id IS NOT NULL
+                                  AND w.version >= coalesce(r.kept_from, 1)) = 0
+           AND (rule.cutoff IS NULL
+                OR max(coalesce(w.finished_at, w.started_at)) < rule.cutoff)
+           AND (rule.cutoff IS NOT NULL OR count(w.agent_id) > 0)
+           AND (rule.agent_id IS NULL OR count(*) FILTER (WHERE w.agent_id = rule.agent_id) > 0)
          ORDER BY w.workflow
         """,
         (agent_id, cutoff),

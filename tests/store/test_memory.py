@@ -145,7 +145,6 @@ class TestVersionedPart:
         commit(store, "b", x=5)
         assert store.memory("a") == {"x": 2, "y": 3}  # the original is untouched
 
-    @pytest.mark.sqlite_only("Store.prune is not on PostgreSQL yet")
     def test_prune_keeps_later_versions_exact(self, store: Store, store_url: str) -> None:
         """prune(keep_from) drops rows only earlier versions held; later ones stay exact."""
         commit(store, "a", x=1, y=1)  # v1
@@ -153,8 +152,7 @@ class TestVersionedPart:
         commit(store, "a", y=None, z=3)  # v3
         commit(store, "a", x=4)  # v4
         expected = {v: store.memory("a", v) for v in range(3, 5)}
-        conn = store._connection()
-        with conn:
+        with store._db.writing() as conn:
             MemoryPart().prune(conn, "a", 3)
         assert ("x", 1, 2, "1") not in rows(store_url)
         assert ("y", 1, 3, "1") not in rows(store_url)

@@ -23,7 +23,7 @@ from effectful_durable.store import sqlite as store_module
 from effectful_durable.store.connection import WAL_SIZE_LIMIT
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import Assistant, integrity, persisted, persisted_rows, running
+from tests.helpers import Assistant, integrity, is_postgres, persisted, persisted_rows, running
 
 
 def echo(call: FakeCall) -> str:
@@ -44,9 +44,9 @@ def snapshot(store: Store, agent_id: str, versions: range) -> dict[int, Any]:
     }
 
 
-def run_turns(db_path: Path, count: int, *, agent_id: str = "bot", **options: Any) -> None:
+def run_turns(store_url: str, count: int, *, agent_id: str = "bot", **options: Any) -> None:
     """``count`` turns of an Assistant; its ``turns`` field changes every third turn."""
-    with persisted(db_path, FakeLLM(respond=echo), **options) as persistence:
+    with persisted(store_url, FakeLLM(respond=echo), **options) as persistence:
         bot = Assistant(agent_id=agent_id)
         persistence.load(bot)
         for n in range(count):
@@ -58,20 +58,20 @@ def run_turns(db_path: Path, count: int, *, agent_id: str = "bot", **options: An
 class TestPrune:
     """Store.prune deletes what only old versions need and keeps the rest exact."""
 
-    def test_kept_versions_read_back_exactly(self, db_path: Path) -> None:
+    def test_kept_versions_read_back_exactly(self, store_url: str) -> None:
         """After prune(keep_versions=5) the last five versions read back exactly as before."""
-        run_turns(db_path, 20)
-        with Store(db_path) as store:
+        run_turns(store_url, 20)
+        with Store(store_url) as store:
             before = snapshot(store, "bot", range(16, 21))
             result = store.prune("bot", keep_versions=5)
             assert result.agents == ("bot",) and result.versions == 15
             assert snapshot(store, "bot", range(16, 21)) == before
             assert [v.version for v in store.versions("bot")] == list(range(16, 21))
 
-    def test_pruned_version_is_a_clear_error(self, db_path: Path) -> None:
+    def test_pruned_version_is_a_clear_error(self, store_url: str) -> None:
         """Reading, rolling back to or forking a pruned version says it was pruned."""
-        run_turns(db_path, 6)
-        with Store(db_path) as store:
+        run_turns(store_url, 6)
+        with Store(store_url) as store:
             store.prune(keep_versions=2)
             for read in (store.history, store.state, store.rollback):
                 with pytest.raises(NotFoundError, match="version 3 of agent 'bot' was pruned"):
@@ -79,10 +79,10 @@ class TestPrune:
             with pytest.raises(NotFoundError, match="keeps versions 5 to 6"):
                 store.fork("bot", 1, "copy")
 
-    def test_rollback_and_fork_from_the_oldest_kept_version(self, db_path: Path) -> None:
+    def test_rollback_and_fork_from_the_oldest_kept_version(self, store_url: str) -> None:
         """Rollback to and fork from the oldest kept version reproduce it exactly."""
-        run_turns(db_path, 12)
-        with Store(db_path) as store:
+        run_turns(store_url, 12)
+        with Store(store_url) as store:
             history, state = store.history("bot", 9), store.state("bot", 9)
             store.prune("bot", keep_versions=4)
             new = store.rollback("bot", 9)
@@ -91,40 +91,42 @@ class TestPrune:
             assert (copy.source_id, copy.source_version) == ("bot", 9)
             assert (store.history("copy"), store.state("copy")) == (history, state)
 
-    def test_state_of_pruned_versions_is_carried(self, db_path: Path) -> None:
+    def test_state_of_pruned_versions_is_carried(self, store_url: str) -> None:
         """Kept versions that did not change the state still read the one set before them."""
-        run_turns(db_path, 3)  # state changes at version 1 only
-        run_turns(db_path, 8, agent_id="other")
-        with Store(db_path) as store:
+        run_turns(store_url, 3)  # state changes at version 1 only
+        run_turns(store_url, 8, agent_id="other")
+        with Store(store_url) as store:
             store.rollback("bot", 3)  # version 4, state copied
             expected = store.state("bot", 3)
             store.prune("bot", keep_versions=1)
             assert store.state("bot") == expected
-            assert persisted_rows(db_path, "SELECT count(*) FROM versions WHERE agent_id = 'bot'")
-            [(carried,)] = persisted_rows(db_path, "SELECT state FROM retention")
+            assert persisted_rows(
+                store_url, "SELECT count(*) FROM versions WHERE agent_id = 'bot'"
+            )
+            [(carried,)] = persisted_rows(store_url, "SELECT state FROM retention")
             assert carried is not None
 
-    def test_rows_removed_by_rollback_are_pruned_and_kept_ones_stay(self, db_path: Path) -> None:
+    def test_rows_removed_by_rollback_are_pruned_and_kept_ones_stay(self, store_url: str) -> None:
         """Rows that only pruned versions showed are deleted; rolled-back-to rows survive."""
-        run_turns(db_path, 6)
-        with Store(db_path) as store:
+        run_turns(store_url, 6)
+        with Store(store_url) as store:
             store.rollback("bot", 2)  # version 7 drops the rows of versions 3-6
             store.rollback("bot", 6)  # version 8 brings copies of them back
             before = snapshot(store, "bot", range(7, 9))
-            rows_before = persisted_rows(db_path, "SELECT count(*) FROM messages")[0][0]
+            rows_before = persisted_rows(store_url, "SELECT count(*) FROM messages")[0][0]
             result = store.prune("bot", keep_versions=2)
             assert result.messages > 0
-            assert persisted_rows(db_path, "SELECT count(*) FROM messages")[0][0] < rows_before
+            assert persisted_rows(store_url, "SELECT count(*) FROM messages")[0][0] < rows_before
             assert snapshot(store, "bot", range(7, 9)) == before
             assert store.rollback("bot", 7) == 9 and store.history("bot") == before[7][0]
 
-    def test_older_than_and_both_rules(self, db_path: Path) -> None:
+    def test_older_than_and_both_rules(self, store_url: str) -> None:
         """older_than prunes versions committed before it; with keep_versions, both must agree."""
-        run_turns(db_path, 4)
+        run_turns(store_url, 4)
         moment = datetime.datetime.now(datetime.UTC)
         time.sleep(0.01)
-        run_turns(db_path, 4)
-        with Store(db_path) as store:
+        run_turns(store_url, 4)
+        with Store(store_url) as store:
             store.prune(older_than=moment, keep_versions=6)  # keep_versions keeps 3..8
             assert store.versions("bot")[0].version == 3
             store.prune(older_than=moment)
@@ -132,19 +134,19 @@ class TestPrune:
             store.prune(older_than=datetime.timedelta(days=1))  # nothing that old
             assert store.versions("bot")[0].version == 5
 
-    def test_latest_version_is_always_kept(self, db_path: Path) -> None:
+    def test_latest_version_is_always_kept(self, store_url: str) -> None:
         """Even a cutoff in the future keeps the latest version."""
-        run_turns(db_path, 3)
-        with Store(db_path) as store:
+        run_turns(store_url, 3)
+        with Store(store_url) as store:
             history = store.history("bot")
             store.prune(older_than=datetime.datetime.now(datetime.UTC) + datetime.timedelta(1))
             assert [v.version for v in store.versions("bot")] == [3]
             assert store.history("bot") == history
 
-    def test_bad_rules_are_refused(self, db_path: Path) -> None:
+    def test_bad_rules_are_refused(self, store_url: str) -> None:
         """No rule, keep_versions < 1 and a naive datetime are ValueErrors; nothing changes."""
-        run_turns(db_path, 2)
-        with Store(db_path) as store:
+        run_turns(store_url, 2)
+        with Store(store_url) as store:
             with pytest.raises(ValueError, match="needs a rule"):
                 store.prune()
             with pytest.raises(ValueError, match="keep_versions"):
@@ -155,11 +157,11 @@ class TestPrune:
                 store.prune("nobody", keep_versions=1)
             assert len(store.versions("bot")) == 2
 
-    def test_running_agent_is_refused_or_skipped(self, db_path: Path) -> None:
+    def test_running_agent_is_refused_or_skipped(self, store_url: str) -> None:
         """prune(agent) of an agent in a turn raises; prune() of all skips it and says so."""
-        run_turns(db_path, 3)
-        run_turns(db_path, 3, agent_id="idle")
-        with Store(db_path) as store:
+        run_turns(store_url, 3)
+        run_turns(store_url, 3, agent_id="idle")
+        with Store(store_url) as store:
             held, release = threading.Event(), threading.Event()
 
             def hold() -> None:
@@ -181,7 +183,7 @@ class TestPrune:
             assert len(store.versions("bot")) == 3
 
     def test_every_part_is_told_the_retention_point(
-        self, db_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, store_url: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Each VersionedPart's prune runs in the same transaction with the retention point."""
         calls: list[tuple[str, int, bool]] = []
@@ -190,9 +192,14 @@ class TestPrune:
             def prune(self, conn: apsw.Connection, agent_id: str, keep_from: int) -> None:
                 calls.append((agent_id, keep_from, conn.in_transaction))
 
-        monkeypatch.setattr(store_module, "PARTS", (Recorder(),))
-        run_turns(db_path, 7)
-        with Store(db_path) as store:
+        if is_postgres(store_url):
+            from effectful_durable.store import postgres as postgres_module
+
+            monkeypatch.setattr(postgres_module, "PARTS", (Recorder(),))
+        else:
+            monkeypatch.setattr(store_module, "PARTS", (Recorder(),))
+        run_turns(store_url, 7)
+        with Store(store_url) as store:
             store.prune(keep_versions=3)
         assert calls == [("bot", 5, True)]
 
@@ -200,35 +207,36 @@ class TestPrune:
 class TestCompactionOriginals:
     """Compaction originals stay readable and searchable unless drop_compacted."""
 
-    def build(self, db_path: Path) -> None:
+    def build(self, store_url: str) -> None:
         llm = FakeLLM(respond=echo)
         compaction = CompactionHandler(max_messages=8, keep_recent=3, summarizer=lambda t: "S")
-        with running(llm, compaction, PersistenceHandler(db_path)):
+        with running(llm, compaction, PersistenceHandler(store_url)):
             bot = Assistant(agent_id="bot")
             bot.ask("remember the codeword zebra " + "y" * 500)
             for n in range(15):
                 bot.ask(f"question {n} " + "x" * 500)
 
-    def test_originals_kept_by_default(self, db_path: Path) -> None:
+    def test_originals_kept_by_default(self, store_url: str) -> None:
         """Without drop_compacted, every kept version's full view and recall are unchanged."""
-        self.build(db_path)
-        with Store(db_path) as store:
+        self.build(store_url)
+        with Store(store_url) as store:
             latest = store.versions("bot")[-1].version
             before = snapshot(store, "bot", range(latest - 2, latest + 1))
             store.prune("bot", keep_versions=3)
             assert snapshot(store, "bot", range(latest - 2, latest + 1)) == before
             assert store.search_compacted("bot", "zebra")
 
-    def test_pruned_database_is_a_fraction_of_its_size(self, db_path: Path) -> None:
+    @pytest.mark.sqlite_only("it measures the database file and vacuums it")
+    def test_pruned_database_is_a_fraction_of_its_size(self, store_url: str) -> None:
         """prune(drop_compacted) and vacuum leave a fraction of the file; kept versions exact."""
         for n in range(6):
             llm = FakeLLM(respond=echo)
             compaction = CompactionHandler(max_messages=8, keep_recent=3, summarizer=lambda t: "S")
-            with running(llm, compaction, PersistenceHandler(db_path)):
+            with running(llm, compaction, PersistenceHandler(store_url)):
                 bot = Assistant(agent_id=f"bot-{n}")
                 for q in range(30):
                     bot.ask(f"question {q} " + "x" * 1000)
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             kept = {
                 a.agent_id: {
                     v: (store.history(a.agent_id, v), store.state(a.agent_id, v))
@@ -236,10 +244,10 @@ class TestCompactionOriginals:
                 }
                 for a in store.agents()
             }
-            size = os.path.getsize(db_path)
+            size = os.path.getsize(store_url)
             store.prune(keep_versions=3, drop_compacted=True)
             assert store.vacuum() > 0
-            after = os.path.getsize(db_path)
+            after = os.path.getsize(store_url)
             assert after < size / 3, (size, after)
             for i, versions in kept.items():
                 for v, expected in versions.items():
@@ -249,19 +257,19 @@ class TestCompactionOriginals:
             assert store.search_compacted("bot-0", "question 0") == []
             assert store.search_compacted("bot-0", "question 27")
             assert persisted_rows(
-                db_path,
+                store_url,
                 """SELECT count(*) FROM compacted_text AS t JOIN retention AS r
                     ON r.agent_id = t.agent_id AND t.version <= r.kept_from""",
             ) == [(0,)]
-        assert integrity(db_path) == "ok"
+        assert integrity(store_url) == "ok"
 
 
 class TestPruneAsYouGo:
     """PersistenceHandler(keep_versions=K) prunes in the commits of turns."""
 
-    def test_versions_stay_bounded_and_exact(self, db_path: Path) -> None:
+    def test_versions_stay_bounded_and_exact(self, store_url: str) -> None:
         """Over 40 turns, an agent holds K to 1.5 K versions and they all read back."""
-        with persisted(db_path, FakeLLM(respond=echo), keep_versions=6) as persistence:
+        with persisted(store_url, FakeLLM(respond=echo), keep_versions=6) as persistence:
             bot = Assistant(agent_id="bot")
             counts = []
             for n in range(40):
@@ -270,42 +278,42 @@ class TestPruneAsYouGo:
                 counts.append(len(persistence.store.versions("bot")))
             expected = persistence.store.history("bot")
         assert max(counts) <= 6 + 3 - 1 and min(counts[10:]) >= 6
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             first = store.versions("bot")[0].version
             assert store.state("bot", first)["turns"] == first - 1
             assert store.history("bot") == expected
             store.rollback("bot", first)
-        run_turns(db_path, 1, keep_versions=6)  # a new handler continues from the rollback
+        run_turns(store_url, 1, keep_versions=6)  # a new handler continues from the rollback
 
-    def test_bad_keep_versions_is_refused(self, db_path: Path) -> None:
+    def test_bad_keep_versions_is_refused(self, store_url: str) -> None:
         """keep_versions must be a positive integer."""
         for bad in (0, -1, 2.5, True):
             with pytest.raises(ValueError, match="keep_versions"):
-                PersistenceHandler(db_path, keep_versions=bad)
+                PersistenceHandler(store_url, keep_versions=bad)
 
 
 class TestJournals:
     """Finished workflows' journals go once every version they committed is pruned."""
 
-    def test_finished_journal_goes_with_its_versions(self, db_path: Path) -> None:
+    def test_finished_journal_goes_with_its_versions(self, store_url: str) -> None:
         """A done journal stays while a step's version is kept and goes once all are pruned."""
-        run_turns(db_path, 3, workflow="wf")
-        with Store(db_path) as store:
+        run_turns(store_url, 3, workflow="wf")
+        with Store(store_url) as store:
             assert store.prune(keep_versions=1).workflows == ()
             assert [w.workflow for w in store.workflows()] == ["wf"]
-        run_turns(db_path, 2)
-        with Store(db_path) as store:
+        run_turns(store_url, 2)
+        with Store(store_url) as store:
             assert store.prune(keep_versions=1).workflows == ("wf",)
             assert store.workflows() == []
 
-    def test_unfinished_journal_stays(self, db_path: Path) -> None:
+    def test_unfinished_journal_stays(self, store_url: str) -> None:
         """A journal with a failed step is never pruned."""
-        run_turns(db_path, 2, workflow="wf")
-        with Store(db_path) as store:
+        run_turns(store_url, 2, workflow="wf")
+        with Store(store_url) as store:
             store.begin_turn("bot", template="ask", arguments={}, step=("wf", "bot#9"))
             store.fail_turn("bot", "boom", step=("wf", "bot#9"))
-        run_turns(db_path, 3)
-        with Store(db_path) as store:
+        run_turns(store_url, 3)
+        with Store(store_url) as store:
             assert store.prune(keep_versions=1).workflows == ()
             assert [w.workflow for w in store.workflows()] == ["wf"]
 
@@ -430,15 +438,15 @@ class TestBackup:
         assert target.read_bytes() == b"precious"
 
 
-def test_prune_agent_is_a_noop_at_the_same_point(db_path: Path) -> None:
+def test_prune_agent_is_a_noop_at_the_same_point(store_url: str) -> None:
     """Pruning again at the same retention point deletes nothing."""
-    run_turns(db_path, 5)
-    with Store(db_path) as store:
+    run_turns(store_url, 5)
+    with Store(store_url) as store:
         store.prune(keep_versions=2)
         again = store.prune(keep_versions=2)
         assert (again.versions, again.messages, again.agents) == (0, 0, ())
-        conn = store._connection()
-        assert retention.kept_from(conn, "bot") == 4
+        with store._db.reading() as conn:
+            assert retention.kept_from(conn, "bot") == 4
 
 
 class TestReports:
