@@ -1,8 +1,8 @@
 """The ``effectful-durable`` command: inspect and repair a database from the shell.
 
 It imports only the store and the errors, never effectful's LLM layer or litellm, so
-it starts in a fraction of a second. Reads open the file read-only; nothing ever
-creates a database.
+it starts in a fraction of a second. DB is an SQLite file or a ``postgresql://`` URL.
+Reads open it read-only; only ``copy`` creates a database, its target.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 
 from .errors import DurableError
 from .store import Store
+from .store.backend import is_postgres_url, redacted
+from .store.copy import copy_store
 from .store.history import message_text
 from .store.workspace import jsonable
 
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "run":
         return _run(args)
+    if args.command == "copy":
+        return _copy(args)
     if args.command == "prune" and args.keep is None and args.older_than is None:
         return _fail("prune needs a rule: pass --keep N, --older-than AGE or both", code=2)
     if args.command == "prune" and not args.yes:
@@ -80,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(problem)
     run: _Run = args.run
     try:
+        if is_postgres_url(args.db) and args.command not in _READ_ONLY:
+            Store(args.db, readonly=True).close()  # refuses an empty database: none is made
         with Store(args.db, readonly=args.command in _READ_ONLY) as store:
             return run(store, args)
     except DurableError as error:
-        return _fail(_cli_words(str(error), args.db))
+        return _fail(_cli_words(str(error), redacted(args.db)))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unusable(path: str) -> str | None:
     """Why ``path`` cannot be opened without creating or changing it, or None."""
+    if is_postgres_url(path):
+        return None  # the Store says what is wrong with a server or its database
     if not os.path.exists(path):
         return f"no database at {path}: the file does not exist (nothing was created)"
     if os.path.isdir(path):
@@ -419,7 +427,8 @@ def _prune(store: Store, args: argparse.Namespace) -> int:
         print(f"{workflow}: journal deleted (the workflow finished and its versions are gone)")
     for agent_id in result.skipped:
         print(f"{agent_id}: skipped, a turn of it is running")
-    print(f"run `{PROG} vacuum {args.db}` to give the space back to the file system")
+    if not is_postgres_url(args.db):
+        print(f"run `{PROG} vacuum {args.db}` to give the space back to the file system")
     return 0
 
 
@@ -518,6 +527,40 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def _copy(args: argparse.Namespace) -> int:
+    source, target = args.source, args.target
+    shown = redacted(target)
+    problem = _unusable(source)
+    if problem:
+        return _fail(problem)
+    if not is_postgres_url(source) and not is_postgres_url(target):
+        if os.path.exists(target) and os.path.samefile(source, target):
+            return _fail(f"{source} and {target} are the same file; copy to a new database")
+    made = not is_postgres_url(target) and not os.path.exists(target)
+    try:
+        with Store(source, readonly=True) as src, Store(target) as dst:
+            result = copy_store(src, dst)
+    except DurableError as error:
+        if made:
+            _remove_database_file(target)
+        return _fail(_cli_words(str(error), redacted(source)))
+    except KeyboardInterrupt:
+        if made:
+            _remove_database_file(target)
+        return 130
+    rows = sum(result.rows.values())
+    print(f"{redacted(source)}: copied to {shown}: {rows:,} rows")
+    _print_rows([[table, f"{count:,}"] for table, count in result.rows.items()])
+    return 0
+
+
+def _remove_database_file(path: str) -> None:
+    """Remove the database file a failed copy created (it holds only our empty schema)."""
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-lock"):
+        if os.path.exists(name):
+            os.remove(name)
+
+
 # -- arguments --------------------------------------------------------------------
 
 
@@ -531,7 +574,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def command(name: str, run: _Run, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
-        sub.add_argument("db", metavar="DB", help="the database file")
+        sub.add_argument("db", metavar="DB", help="the database file, or a postgresql:// URL")
         if name in _READS:
             sub.add_argument("--json", action="store_true", help="print JSON")
         sub.set_defaults(run=run)
@@ -646,6 +689,14 @@ def _parser() -> argparse.ArgumentParser:
     command("vacuum", _vacuum, "give the space of deleted rows back to the file system")
     sub = command("backup", _backup, "copy the live database, consistently, to a new file")
     sub.add_argument("target", metavar="TARGET", help="the new file (never overwritten)")
+    sub = commands.add_parser(
+        "copy",
+        help="copy every agent, version, journal, memory and alarm to a new database",
+        description="Copy a whole database (SQLite file or postgresql:// URL) to a new, "
+        "empty one, of either kind, in one transaction; the source is only read.",
+    )
+    sub.add_argument("source", metavar="SRC", help="the database to copy")
+    sub.add_argument("target", metavar="DST", help="a new file, or an empty PostgreSQL database")
     return parser
 
 

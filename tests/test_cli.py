@@ -12,8 +12,16 @@ import pytest
 
 from effectful_durable import CompactionHandler, PersistenceHandler, Store
 from effectful_durable.cli import main
+from effectful_durable.store.copy import copy_store
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, Keeper, persisted, run_cli_in_fresh_python, running
+from tests.helpers import (
+    Assistant,
+    Keeper,
+    persisted,
+    persisted_rows,
+    run_cli_in_fresh_python,
+    running,
+)
 
 READS = [
     ["agents"],
@@ -563,6 +571,55 @@ class TestErrors:
             "backup",
         ):
             assert command in out
+
+
+class TestOnPostgres:
+    """The same commands on a PostgreSQL copy of the template database."""
+
+    @pytest.fixture
+    def pg(self, template_db: Path, postgres_url: str) -> str:
+        with Store(template_db, readonly=True) as source, Store(postgres_url) as target:
+            copy_store(source, target)
+        return postgres_url
+
+    @pytest.mark.parametrize("argv", READS, ids=" ".join)
+    def test_every_read_prints_what_it_prints_for_the_file(
+        self, db: str, pg: str, argv: list[str], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Each read prints the same on both backends (check: the facts each one has)."""
+        if argv == ["check"] or argv[0] in ("alarms", "status"):
+            code, out, err = run(capsys, argv[0], pg, *argv[1:])
+            expected = 0 if argv == ["check"] else 1
+            assert (code, err.count("\n")) == (expected, expected), err
+            return
+        on_file = run(capsys, argv[0], db, *argv[1:])
+        on_server = run(capsys, argv[0], pg, *argv[1:])
+        assert on_server == on_file
+
+    def test_rollback_and_prune(self, pg: str, capsys: pytest.CaptureFixture[str]) -> None:
+        code, out, _ = run(capsys, "rollback", pg, "talker", "2")
+        assert code == 0 and "talker" in out
+        assert run(capsys, "prune", pg, "--keep", "1", "--yes")[0] == 0
+        with Store(pg, readonly=True) as store:
+            assert [v.version for v in store.versions("talker")] == [6]
+
+    def test_an_empty_database_is_refused_and_left_empty(
+        self, postgres_url: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """No command makes our tables in an empty database."""
+        for argv in (["agents"], ["rollback", "bot", "1"]):
+            code, _, err = run(capsys, argv[0], postgres_url, *argv[1:])
+            assert code == 1 and "holds no effectful-durable database" in err
+        assert persisted_rows(
+            postgres_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+        ) == [(0,)]
+
+    def test_a_password_is_never_printed(
+        self, pg: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        secret = pg.replace("postgres@", "postgres:hunter2@", 1)
+        code, _, err = run(capsys, "history", secret, "nobody")
+        assert code == 1 and "hunter2" not in err and ":***@" in err
 
 
 class TestImports:

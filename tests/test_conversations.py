@@ -471,7 +471,6 @@ class TestSchema1Migration:
         assert len(store.history("bot")) == 4
 
 
-@pytest.mark.sqlite_only("the command line opens SQLite files only, not yet postgresql:// URLs")
 class TestCommandLine:
     """The command line lists, reads and deletes conversations."""
 

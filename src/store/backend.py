@@ -16,6 +16,7 @@ never half done.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -108,7 +109,19 @@ class Database(Protocol):
     def check(self) -> dict[str, Any]:
         """An integrity check of the database ("ok" when sound) and quick facts about it."""
 
+    def columns(self, conn: Conn) -> dict[str, list[str]]:
+        """Each of the database's tables, with its columns in order."""
+
 
 def is_postgres_url(target: str) -> bool:
     """Whether ``target`` names a PostgreSQL database rather than an SQLite file."""
     return target.startswith(("postgresql://", "postgres://"))
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, to name it in messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -50,7 +50,7 @@ class WorkflowJournal(StoreBase):
                 f"{STEP_SELECT} WHERE workflow = ? ORDER BY number", (workflow,)
             ).fetchall()
         if not rows:
-            raise NotFoundError(no_workflow(workflow, self.path))
+            raise NotFoundError(no_workflow(workflow, self._db.location))
         return [step_info(row) for row in rows]
 
     def step(self, workflow: str, key: str) -> StepInfo | None:

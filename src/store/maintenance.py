@@ -13,6 +13,7 @@ from ..errors import DatabaseBusyError, DurableError, NotFoundError
 from . import conversation_fields, retention
 from . import conversations as _conversations
 from .base import StoreBase
+from .copy import copy_store
 from .ids import validate_agent_id, validate_conversation_id
 from .parts import TurnWrite
 from .reads import no_agent, no_conversation
@@ -113,7 +114,7 @@ class Maintenance(StoreBase):
             if current_version(conn, new_agent_id) is not None:
                 msg = (
                     f"cannot fork into {new_agent_id!r}: that agent already exists in "
-                    f"{self.path}. Choose another id, or delete it first."
+                    f"{self._db.location}. Choose another id, or delete it first."
                 )
                 raise DurableError(msg)
             now = time.time()
@@ -164,7 +165,7 @@ class Maintenance(StoreBase):
             found = current_version(conn, agent_id) is not None
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
-                raise NotFoundError(no_agent(agent_id, self.path))
+                raise NotFoundError(no_agent(agent_id, self._db.location))
             for part in self._db.parts:
                 part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
@@ -249,11 +250,13 @@ class Maintenance(StoreBase):
         return before - _file_bytes(self.path)
 
     def backup(self, path: str | os.PathLike[str]) -> None:
-        """Copy the database, as of one committed moment, to the new file ``path``.
+        """Copy the database, as of one committed moment, to the new SQLite file ``path``.
 
         Agents keep committing meanwhile (the copy reads one snapshot, which never
         blocks writers). The copy is compact, opens as a Store and passes
-        ``PRAGMA integrity_check``; it appears at ``path`` only once complete.
+        ``PRAGMA integrity_check``; it appears at ``path`` only once complete. On
+        PostgreSQL too the copy is an SQLite file, with every table of agent data
+        (as ``effectful-durable copy`` makes; use ``pg_dump`` for the server's own).
 
         Raises:
             DurableError: ``path`` exists (it is never overwritten) or its
@@ -261,8 +264,18 @@ class Maintenance(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("Store.backup")
-        retention.backup(self._connection(), self.path, os.fspath(path))
+        target = os.fspath(path)
+        if self._db.kind == "sqlite":
+            retention.backup(self._connection(), self.path, target)
+            return
+
+        from .store import Store  # the module that assembles Store imports this one
+
+        def write(partial: str) -> None:
+            with Store(partial) as copy:
+                copy_store(cast("Store", self), copy)
+
+        retention.publish(self._db.location, target, write)
 
     def pruning(self, keep_versions: int) -> TurnWrite:
         """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""

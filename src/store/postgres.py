@@ -28,7 +28,6 @@ import re
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from importlib import resources
@@ -50,7 +49,7 @@ from ..errors import (
 from . import conversation_fields
 from . import conversations as _conversations
 from .alarms import AlarmWrite
-from .backend import Conn
+from .backend import Conn, redacted
 from .memory import MemoryPart
 from .migrations import APPLICATION_ID, SCHEMA_VERSION
 from .parts import TurnWrite, VersionedPart
@@ -75,20 +74,10 @@ _UNSUPPORTED_PREFIXES = (
     "alarms",
     "the SQL workspace",
     "Store.vacuum",
-    "Store.backup",
 )
 
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.1
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password, to name it in messages."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 class PostgresDatabase:
@@ -327,6 +316,17 @@ class PostgresDatabase:
             (*words, agent_id, conversation, limit),
         ).fetchall()
         return [str(body) for (body,) in rows]
+
+    def columns(self, conn: Conn) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for table, column in conn.execute(
+            """
+            SELECT table_name, column_name FROM information_schema.columns
+             WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position
+            """
+        ):
+            found.setdefault(str(table), []).append(str(column))
+        return found
 
     def check(self) -> dict[str, Any]:
         """The schema version and row counts ("integrity" is "ok" when they read)."""

@@ -215,7 +215,7 @@ class StoreReads(StoreBase):
     def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int:
         current = current_version(conn, validate_agent_id(agent_id))
         if current is None:
-            raise NotFoundError(no_agent(agent_id, self.path))
+            raise NotFoundError(no_agent(agent_id, self._db.location))
         if version is None:
             return current
         if not 1 <= version <= current:

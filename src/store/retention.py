@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -247,9 +247,22 @@ def backup(conn: apsw.Connection, source: str, target: str) -> None:
     """Write a consistent copy of ``conn``'s database to the new file ``target``.
 
     ``VACUUM INTO`` reads one snapshot (a read transaction, which in WAL mode never
-    blocks writers) and writes a compact copy. It goes to a temporary name in the
-    target's directory first and is linked into place only once complete and
-    synced, so ``target`` is either absent or whole, and is never overwritten.
+    blocks writers) and writes a compact copy.
+    """
+
+    def write(partial: str) -> None:
+        conn.execute("VACUUM INTO ?", (partial,))
+        checksums.seal(partial)
+
+    publish(source, target, write)
+
+
+def publish(source: str, target: str, write: Callable[[str], None]) -> None:
+    """Have ``write`` make a database file, and put it at the new path ``target``.
+
+    It goes to a temporary name in the target's directory first and is linked into
+    place only once complete and synced, so ``target`` is either absent or whole,
+    and is never overwritten.
     """
     if os.path.lexists(target):
         msg = f"cannot back up {source} to {target}: that file exists. Choose a new path."
@@ -260,8 +273,7 @@ def backup(conn: apsw.Connection, source: str, target: str) -> None:
         raise DurableError(msg)
     partial = os.path.join(directory, f".{os.path.basename(target)}.partial-{uuid.uuid4().hex}")
     try:
-        conn.execute("VACUUM INTO ?", (partial,))
-        checksums.seal(partial)
+        write(partial)
         with open(partial, "rb") as written:
             os.fsync(written.fileno())
         try:
@@ -271,8 +283,9 @@ def backup(conn: apsw.Connection, source: str, target: str) -> None:
             raise DurableError(msg) from None
         _fsync_directory(directory)
     finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+        for leftover in (partial, f"{partial}-wal", f"{partial}-shm", f"{partial}-lock"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def _fsync_directory(directory: str) -> None:

@@ -286,6 +286,17 @@ class SQLiteDatabase:
         ).fetchall()
         return [str(body) for (body,) in rows]
 
+    def columns(self, conn: Conn) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for table, column in conn.execute(
+            """
+            SELECT t.name, c.name FROM sqlite_schema AS t, pragma_table_info(t.name) AS c
+             WHERE t.type = 'table' ORDER BY t.name, c.cid
+            """
+        ):
+            found.setdefault(str(table), []).append(str(column))
+        return found
+
     def check(self) -> dict[str, Any]:
         """``PRAGMA integrity_check`` ("ok" when sound) and quick facts about the file."""
         conn = self.connection()

@@ -3,6 +3,8 @@ refuse the parts it does not carry yet, and survive a server restart."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 from postgres_server import PostgresServer
@@ -11,14 +13,13 @@ from effectful_durable import (
     AgentInUseError,
     DurableError,
     NotOurDatabaseError,
-    PersistenceHandler,
     SchemaTooNewError,
     Store,
 )
 from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
 from effectful_durable.store.alarms import make_schedule
 from effectful_durable.testing import FakeLLM
-from tests.helpers import Assistant, in_new_process, persisted
+from tests.helpers import Assistant, commit_message, in_new_process, integrity, persisted
 
 
 def tables(url: str) -> list[str]:
@@ -64,23 +65,35 @@ class TestOpening:
 
 class TestNotYetOnPostgres:
     def test_parts_not_carried_are_refused_clearly(self, postgres_url: str) -> None:
-        """Alarms, the SQL workspace, prune, vacuum and backup raise NotSupportedError."""
+        """Alarms, the SQL workspace and vacuum raise NotSupportedError."""
         with Store(postgres_url) as store:
             for call in (
                 lambda: store.alarms(),
                 lambda: store.schedule_alarm("bot", "ping", make_schedule(0.0, delay=60)),
                 lambda: store.sql("bot", "SELECT 1"),
-                lambda: store.prune(keep_versions=1),
                 lambda: store.vacuum(),
-                lambda: store.backup("/tmp/never.db"),
             ):
                 with pytest.raises(NotSupportedError, match="not supported on PostgreSQL"):
                     call()
 
-    def test_keep_versions_is_refused_at_once(self, postgres_url: str) -> None:
-        """PersistenceHandler(keep_versions=...) on PostgreSQL fails when it is made."""
-        with pytest.raises(NotSupportedError, match="pruning as you go"):
-            PersistenceHandler(postgres_url, keep_versions=3)
+
+class TestBackup:
+    def test_backup_is_an_sqlite_file_of_every_agent(
+        self, postgres_url: str, tmp_path: Path
+    ) -> None:
+        """Store.backup on PostgreSQL writes a new SQLite file holding the same agents."""
+        with Store(postgres_url) as store:
+            commit_message(store, "bot", "hello")
+            commit_message(store, "bot", "again")
+            store.backup(tmp_path / "backup.db")
+            with pytest.raises(DurableError, match="that file exists"):
+                store.backup(tmp_path / "backup.db")
+            expected = store.history("bot")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.db"]
+        assert integrity(tmp_path / "backup.db") == "ok"
+        with Store(tmp_path / "backup.db", readonly=True) as copy:
+            assert copy.history("bot") == expected
+            assert [v.version for v in copy.versions("bot")] == [1, 2]
 
 
 class TestSingleWriter:
