@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from importlib import resources
 from typing import Any
 
 import psycopg
@@ -51,8 +50,9 @@ from . import conversations as _conversations
 from .alarms import AlarmWrite
 from .backend import Conn, redacted
 from .memory import MemoryPart
-from .migrations import APPLICATION_ID, SCHEMA_VERSION
+from .migrations import APPLICATION_ID
 from .parts import TurnWrite, VersionedPart
+from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .records import Compaction
 from .workspace import WorkspaceTurn
 
@@ -202,39 +202,64 @@ class PostgresDatabase:
         return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
     def _prepare(self) -> None:
-        """Refuse a database that is not ours or is newer; create our tables in an empty one."""
-        with self.writing() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (_key("schema", ""),))
-            schema = conn.execute("SELECT current_schema()").fetchone()[0]
-            if schema is None:
-                reason = "its search_path names no schema to hold our tables"
-                raise NotOurDatabaseError(self.location, reason)
-            marker = conn.execute("SELECT to_regclass('effectful_durable')").fetchone()[0]
-            if marker is None:
-                tables = conn.execute(
-                    "SELECT count(*) FROM pg_tables WHERE schemaname = ?", (schema,)
-                ).fetchone()[0]
-                if tables:
-                    reason = f"its schema {schema!r} holds {tables} tables of another program"
-                    raise NotOurDatabaseError(self.location, reason)
+        """Refuse a database that is not ours or is newer; create or migrate our tables.
+
+        Each migration step commits on its own, with the version it reaches, under a
+        lock that makes every other Store opening the database wait for it.
+        """
+        while True:
+            with self.writing() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (_key("schema", ""),))
+                version = self._schema_version(conn)
+                if version is None:
+                    conn.execute(schema_sql())
+                    conn.execute(
+                        "INSERT INTO effectful_durable VALUES (?, ?, ?)",
+                        (APPLICATION_ID, SCHEMA_VERSION, time.time()),
+                    )
+                    return
+                if version > SCHEMA_VERSION:
+                    raise SchemaTooNewError(self.location, found=version, supported=SCHEMA_VERSION)
+                if version == SCHEMA_VERSION:
+                    return
                 if self.readonly:
-                    msg = f"{self.location} is empty: it holds no effectful-durable database yet"
+                    msg = (
+                        f"{self.location} has schema {version}; open it read-write once "
+                        f"(Store(url)) to migrate it to schema {SCHEMA_VERSION}"
+                    )
                     raise DurableError(msg)
-                conn.execute(_schema_sql())
-                conn.execute(
-                    "INSERT INTO effectful_durable VALUES (?, ?, ?)",
-                    (APPLICATION_ID, SCHEMA_VERSION, time.time()),
-                )
-                return
-            row = conn.execute(
-                "SELECT application_id, schema_version FROM effectful_durable"
-            ).fetchone()
-            if row is None or row[0] != APPLICATION_ID:
-                reason = "its table effectful_durable does not name this library"
+                conn.execute(MIGRATIONS[version])
+                conn.execute("UPDATE effectful_durable SET schema_version = ?", (version + 1,))
+
+    def _schema_version(self, conn: PostgresConn) -> int | None:
+        """Our schema version in this database, or None if it is empty.
+
+        Raises:
+            NotOurDatabaseError: It holds another program's tables.
+        """
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        if schema is None:
+            reason = "its search_path names no schema to hold our tables"
+            raise NotOurDatabaseError(self.location, reason)
+        marker = conn.execute("SELECT to_regclass('effectful_durable')").fetchone()[0]
+        if marker is None:
+            tables = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = ?", (schema,)
+            ).fetchone()[0]
+            if tables:
+                reason = f"its schema {schema!r} holds {tables} tables of another program"
                 raise NotOurDatabaseError(self.location, reason)
-            if row[1] > SCHEMA_VERSION:
-                raise SchemaTooNewError(self.location, found=row[1], supported=SCHEMA_VERSION)
-            # Schema 3 is the first on PostgreSQL: nothing older to migrate yet.
+            if self.readonly:
+                msg = f"{self.location} is empty: it holds no effectful-durable database yet"
+                raise DurableError(msg)
+            return None
+        row = conn.execute(
+            "SELECT application_id, schema_version FROM effectful_durable"
+        ).fetchone()
+        if row is None or row[0] != APPLICATION_ID:
+            reason = "its table effectful_durable does not name this library"
+            raise NotOurDatabaseError(self.location, reason)
+        return int(row[1])
 
     # -- the agents' locks -------------------------------------------------------
 
@@ -439,11 +464,6 @@ def _searchable(body: str) -> str:
         parts.append(json.dumps(message["tool_calls"], ensure_ascii=False))
     text = " ".join(part for part in parts if part).replace("\0", " ")
     return text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate becomes "?"
-
-
-@functools.cache
-def _schema_sql() -> str:
-    return resources.files(__package__).joinpath("schema_postgres.sql").read_text("utf-8")
 
 
 def _key(scope: str, name: str) -> int:

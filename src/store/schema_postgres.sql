@@ -1,11 +1,12 @@
--- effectful-durable database schema on PostgreSQL, version 3.
+-- effectful-durable database schema on PostgreSQL, version 4.
 --
+-- A fresh database is created from this file; older ones are upgraded by
+-- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
 -- The same tables as schema.sql (read it for what each one means), in
 -- PostgreSQL's types: times are Unix seconds and positions double precision,
--- payloads JSON text. Ids and keys compare as bytes (COLLATE "C"), as SQLite
--- compares text, so that every listing has the same order on both backends.
--- The parts not yet carried on PostgreSQL (the SQL workspace, alarms) have no
--- tables here; the Store refuses them.
+-- payloads JSON text, changesets bytea. Ids and keys compare as bytes
+-- (COLLATE "C"), as SQLite compares text, so that every listing has the same
+-- order on both backends.
 
 -- Marks the database as ours and names its schema version (SQLite: PRAGMA
 -- application_id and user_version). One row.
@@ -159,3 +160,53 @@ CREATE TABLE memory (
 
 CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
     WHERE removed_in IS NULL;
+
+-- == SQL workspace and alarms (schema 4) ==
+
+CREATE TABLE workspace_log (
+    agent_id  text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version   bigint NOT NULL,
+    seq       bigint NOT NULL,
+    ddl       text,
+    changeset bytea,
+    CHECK ((ddl IS NULL) <> (changeset IS NULL)),
+    PRIMARY KEY (agent_id, version, seq)
+);
+
+CREATE TABLE alarms (
+    alarm_id    text COLLATE "C" NOT NULL,
+    created_in  bigint NOT NULL,
+    agent_id    text COLLATE "C" NOT NULL,
+    action      text NOT NULL,
+    fire_at     double precision NOT NULL,
+    due_at      double precision NOT NULL,
+    every       double precision CHECK (every > 0),
+    cron        text,
+    timezone    text,
+    status      text NOT NULL CHECK (status IN ('pending', 'dead', 'done', 'cancelled')),
+    ended_in    bigint CHECK (ended_in >= created_in),
+    attempts    bigint NOT NULL DEFAULT 0,
+    deliveries  bigint NOT NULL DEFAULT 0,
+    last_error  text,
+    lease_owner text COLLATE "C",
+    lease_token text,
+    created_at  double precision NOT NULL,
+    updated_at  double precision NOT NULL,
+    PRIMARY KEY (alarm_id, created_in),
+    CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
+);
+
+CREATE INDEX alarms_due ON alarms (due_at) WHERE status = 'pending';
+CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
+CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
+CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
+
+CREATE TABLE runner_status (
+    runner_id   text COLLATE "C" PRIMARY KEY,
+    host        text NOT NULL,
+    pid         bigint NOT NULL,
+    state       text NOT NULL CHECK (state IN ('running', 'stopped')),
+    started_at  double precision NOT NULL,
+    reported_at double precision NOT NULL,
+    report      text NOT NULL
+);

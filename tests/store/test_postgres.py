@@ -18,6 +18,8 @@ from effectful_durable import (
 )
 from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
 from effectful_durable.store.alarms import make_schedule
+from effectful_durable.store.migrations import APPLICATION_ID
+from effectful_durable.store.postgres_schema import SCHEMA_VERSION
 from effectful_durable.testing import FakeLLM
 from tests.helpers import Assistant, commit_message, in_new_process, integrity, persisted
 
@@ -32,9 +34,9 @@ def tables(url: str) -> list[str]:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 3)."""
+        """Opening an empty database creates the schema and marks it ours (version 4)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == 3
+            assert store.check()["schema"] == SCHEMA_VERSION == 4
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
@@ -61,6 +63,59 @@ class TestOpening:
         with pytest.raises(DatabaseUnavailableError) as raised:
             Store(url, busy_timeout=0.5)
         assert "secret" not in str(raised.value) and "***" in str(raised.value)
+
+
+def catalog(url: str) -> dict[str, list[tuple[object, ...]]]:
+    """The database's tables, columns, constraints and indexes, in a comparable form."""
+    queries = {
+        "columns": """
+            SELECT table_name, column_name, data_type, is_nullable, column_default,
+                   collation_name
+              FROM information_schema.columns WHERE table_schema = 'public'
+             ORDER BY 1, 2""",
+        "constraints": """
+            SELECT cl.relname, pg_get_constraintdef(co.oid) FROM pg_constraint AS co
+              JOIN pg_class AS cl ON cl.oid = co.conrelid
+              JOIN pg_namespace AS n ON n.oid = cl.relnamespace
+             WHERE n.nspname = 'public' ORDER BY 1, 2""",
+        "indexes": """
+            SELECT tablename, indexname, indexdef FROM pg_indexes
+             WHERE schemaname = 'public' ORDER BY 1, 2""",
+    }
+    with psycopg.connect(url) as conn:
+        return {name: conn.execute(sql).fetchall() for name, sql in queries.items()}
+
+
+class TestMigrations:
+    def schema3(self, url: str) -> None:
+        """Make ``url`` a database as the first PostgreSQL release (schema 3) left it."""
+        ddl = (Path(__file__).parent.parent / "fixtures" / "schema3_postgres.sql").read_text()
+        with psycopg.connect(url) as conn:
+            conn.execute(ddl)
+            conn.execute("INSERT INTO effectful_durable VALUES (%s, 3, 0)", (APPLICATION_ID,))
+            conn.execute("INSERT INTO agents VALUES ('bot', 1, 0, 0)")
+
+    def test_migrated_equals_fresh(self, postgres_server: PostgresServer) -> None:
+        """A schema-3 database migrated forward has exactly the tables of a fresh one."""
+        fresh, old = postgres_server.new_database(), postgres_server.new_database()
+        try:
+            Store(fresh).close()
+            self.schema3(old)
+            with Store(old) as store:
+                assert store.check()["schema"] == SCHEMA_VERSION
+                assert [a.agent_id for a in store.agents()] == ["bot"]  # rows kept
+            assert catalog(old) == catalog(fresh)
+        finally:
+            postgres_server.drop_database(fresh)
+            postgres_server.drop_database(old)
+
+    def test_a_read_only_store_does_not_migrate(self, postgres_url: str) -> None:
+        """readonly=True refuses an older schema, saying to open it read-write once."""
+        self.schema3(postgres_url)
+        with pytest.raises(DurableError, match="open it read-write once"):
+            Store(postgres_url, readonly=True)
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute("SELECT schema_version FROM effectful_durable").fetchone() == (3,)
 
 
 class TestNotYetOnPostgres:

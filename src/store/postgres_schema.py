@@ -1,0 +1,80 @@
+"""PostgreSQL's schema versions: the DDL of a fresh database, and forward migrations.
+
+The ``effectful_durable`` table marks a database as ours and names its schema
+version (SQLite's ``PRAGMA application_id`` and ``user_version``). A fresh
+database is created from ``schema_postgres.sql``; ``MIGRATIONS[n]`` upgrades one
+at version ``n`` to ``n + 1``, and ``tests/store/test_postgres.py`` proves that
+both paths end in the same schema. PostgreSQL's versions count on from 3, the
+SQLite schema the backend first carried; never edit a released migration.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+#: The first schema version a PostgreSQL database had.
+FIRST_VERSION = 3
+
+# Schema 4 carries the SQL workspace's log and alarms (see schema.sql).
+_V4 = """
+CREATE TABLE workspace_log (
+    agent_id  text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    version   bigint NOT NULL,
+    seq       bigint NOT NULL,
+    ddl       text,
+    changeset bytea,
+    CHECK ((ddl IS NULL) <> (changeset IS NULL)),
+    PRIMARY KEY (agent_id, version, seq)
+);
+
+CREATE TABLE alarms (
+    alarm_id    text COLLATE "C" NOT NULL,
+    created_in  bigint NOT NULL,
+    agent_id    text COLLATE "C" NOT NULL,
+    action      text NOT NULL,
+    fire_at     double precision NOT NULL,
+    due_at      double precision NOT NULL,
+    every       double precision CHECK (every > 0),
+    cron        text,
+    timezone    text,
+    status      text NOT NULL CHECK (status IN ('pending', 'dead', 'done', 'cancelled')),
+    ended_in    bigint CHECK (ended_in >= created_in),
+    attempts    bigint NOT NULL DEFAULT 0,
+    deliveries  bigint NOT NULL DEFAULT 0,
+    last_error  text,
+    lease_owner text COLLATE "C",
+    lease_token text,
+    created_at  double precision NOT NULL,
+    updated_at  double precision NOT NULL,
+    PRIMARY KEY (alarm_id, created_in),
+    CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
+);
+
+CREATE INDEX alarms_due ON alarms (due_at) WHERE status = 'pending';
+CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
+CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
+CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
+
+CREATE TABLE runner_status (
+    runner_id   text COLLATE "C" PRIMARY KEY,
+    host        text NOT NULL,
+    pid         bigint NOT NULL,
+    state       text NOT NULL CHECK (state IN ('running', 'stopped')),
+    started_at  double precision NOT NULL,
+    reported_at double precision NOT NULL,
+    report      text NOT NULL
+);
+"""
+
+#: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
+MIGRATIONS: dict[int, str] = {3: _V4}
+
+#: The schema version this library writes on PostgreSQL.
+SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)
+
+
+@functools.cache
+def schema_sql() -> str:
+    """The DDL of the current schema, as shipped in ``schema_postgres.sql``."""
+    return resources.files(__package__).joinpath("schema_postgres.sql").read_text("utf-8")
