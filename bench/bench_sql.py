@@ -44,7 +44,8 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools
-from effectful_durable.store.workspace import SQLResult, WorkspaceTurn, workspace_path
+from effectful_durable.store.workspace import SQLResult, WorkspaceTurn
+from effectful_durable.store.workspace_cache import workspace_path
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 
