@@ -8,6 +8,9 @@ answers on stdout, one line each:
     between      ->  between <version>   the turn's main commit is done and its
                                           workspace commit has not started; it
                                           then sleeps until killed
+    stamped      ->  stamped <version>   as between, but the workspace file's stamps
+                                          for the new version are written (on a
+                                          stamped cache: PostgreSQL's)
     block        ->  in-turn <turn>      the turn's SQL writes are made, and its next
                                           model call sleeps until killed
 
@@ -31,7 +34,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools, Store
-from effectful_durable.store import workspace
+from effectful_durable.store import workspace, workspace_cache
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 AGENT_ID = "ledger"
@@ -121,6 +124,35 @@ def main() -> None:
                         finish(self, committed=committed)
 
                     workspace.WorkspaceTurn.finish = stall  # type: ignore[method-assign]
+                    bot.ask(f"turn {version(persistence.store) + 1}")
+                elif command == "stamped":
+                    finishing = workspace.WorkspaceTurn.finish
+                    stamp = workspace_cache.WorkspaceCache.stamp
+
+                    def flagged(
+                        self: workspace.WorkspaceTurn,
+                        *,
+                        committed: bool,
+                        finish: Any = finishing,
+                    ) -> None:
+                        self._cache.finishing = self.version  # type: ignore[attr-defined]
+                        finish(self, committed=committed)
+
+                    def stall(
+                        self: workspace_cache.WorkspaceCache,
+                        path: str,
+                        stamps: Any,
+                        stamp: Any = stamp,
+                    ) -> None:
+                        stamp(self, path, stamps)
+                        finishing = getattr(self, "finishing", None)
+                        if finishing is not None:
+                            say("stamped", finishing)
+                            time.sleep(120)
+                            os._exit(3)
+
+                    workspace.WorkspaceTurn.finish = flagged  # type: ignore[method-assign]
+                    workspace_cache.WorkspaceCache.stamp = stall  # type: ignore[method-assign]
                     bot.ask(f"turn {version(persistence.store) + 1}")
                 elif command == "block":
                     model.blocking = True

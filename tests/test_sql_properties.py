@@ -1,14 +1,23 @@
 """Hypothesis: random SQL turns, schema changes, failed turns, rollbacks and forks of an
 agent's workspace, checked at every step against an in-memory model of every version."""
 
+import gc
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from effectful_durable import Store
 from effectful_durable.testing import FakeLLM, ToolCall
@@ -71,20 +80,27 @@ def _apply(tables: Tables, table: str, writes: list[tuple[str, int, Any]]) -> Ta
     return {**tables, table: sorted(rows.values())}
 
 
+#: Makes a new, empty database: its path or URL, and what removes it.
+type NewDatabase = Callable[[], tuple[str, Callable[[], None]]]
+
+
 class WorkspaceMachine(RuleBasedStateMachine):
     """The workspace of agent 'a' (and its forks) against a model of every version."""
 
+    def __init__(self, new_database: NewDatabase) -> None:
+        super().__init__()
+        self.new_database = new_database
+
     @initialize()
     def start(self) -> None:
-        self.dir = tempfile.TemporaryDirectory()
-        self.db = Path(self.dir.name) / "state.db"
+        self.db, self.remove = self.new_database()
         self.bot = Keeper(agent_id="a")
         sql_turn(self.db, self.bot)  # version 1: the declared, empty notes table
         self.model: dict[int, Tables] = {1: {"notes": []}}
         self.forks: dict[str, Tables] = {}
 
     def teardown(self) -> None:
-        self.dir.cleanup()
+        self.remove()
 
     @property
     def current(self) -> Tables:
@@ -143,10 +159,27 @@ class WorkspaceMachine(RuleBasedStateMachine):
                 assert read_all(store, agent_id) == tables
 
 
-WorkspaceMachine.TestCase.settings = settings(
-    max_examples=8, stateful_step_count=10, deadline=None
-)
-TestWorkspaceVersions = WorkspaceMachine.TestCase
-TestWorkspaceVersions.__doc__ = (
-    "Every version of the tables reads back after any sequence of changes."
-)
+class TestWorkspaceVersions:
+    """Hypothesis drives the machine above on an SQLite file and a PostgreSQL database."""
+
+    @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+    def test_every_version_reads_back(self, backend: str, request: pytest.FixtureRequest) -> None:
+        """Every version of the tables reads back after any sequence of changes."""
+
+        def new_database() -> tuple[str, Callable[[], None]]:
+            if backend == "sqlite":
+                directory = tempfile.TemporaryDirectory()
+                return str(Path(directory.name) / "state.db"), directory.cleanup
+            server = request.getfixturevalue("postgres_server")
+            url = server.new_database()
+
+            def drop() -> None:
+                gc.collect()  # Stores the failing example left open let go of their pools
+                server.drop_database(url)
+
+            return url, drop
+
+        run_state_machine_as_test(
+            lambda: WorkspaceMachine(new_database),
+            settings=settings(max_examples=8, stateful_step_count=10, deadline=None),
+        )
