@@ -120,12 +120,11 @@ class TestMigrations:
 
 class TestNotYetOnPostgres:
     def test_parts_not_carried_are_refused_clearly(self, postgres_url: str) -> None:
-        """Alarms, the SQL workspace and vacuum raise NotSupportedError."""
+        """Alarms and vacuum raise NotSupportedError (the SQL workspace is carried)."""
         with Store(postgres_url) as store:
             for call in (
                 lambda: store.alarms(),
                 lambda: store.schedule_alarm("bot", "ping", make_schedule(0.0, delay=60)),
-                lambda: store.sql("bot", "SELECT 1"),
                 lambda: store.vacuum(),
             ):
                 with pytest.raises(NotSupportedError, match="not supported on PostgreSQL"):
