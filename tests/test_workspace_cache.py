@@ -24,6 +24,7 @@ from postgres_server import PostgresServer
 
 from effectful_durable import SQLWorkspaceError, Store
 from effectful_durable.store.copy import copy_store
+from effectful_durable.store.workspace_cache import WorkspaceCache
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import persisted
 from tests.sql_helpers import Tracker, sql_turn, workspace_file
@@ -164,6 +165,38 @@ class TestChangesElsewhere:
         assert machines.km("a", "t", 3) == [1.0, 2.0, 7.0]
 
 
+class TestStamps:
+    """A file's stamps vouch only for what they were written for, or for nothing."""
+
+    def test_records_read_back_and_damaged_ones_vouch_for_nothing(self, tmp_path: Path) -> None:
+        """Two records read back; a cut or a flipped byte drops the record it hits."""
+        cache = WorkspaceCache(str(tmp_path), stamped=True)
+        path = cache.path("t")
+        cache.stamp(path, {3: 1700000000.25, 4: 1700000001.5, 0: None})
+        assert cache.stamps(path) == {3: 1700000000.25, 4: 1700000001.5}
+        data = Path(path + "-stamps").read_bytes()
+        Path(path + "-stamps").write_bytes(data[:30])  # the second record cut
+        assert cache.stamps(path) == {3: 1700000000.25}
+        flipped = bytearray(data)
+        flipped[5] ^= 0x01  # in the first record's version
+        Path(path + "-stamps").write_bytes(bytes(flipped))
+        assert cache.stamps(path) == {4: 1700000001.5}
+        cache.stamp(path, {})
+        assert cache.stamps(path) == {}
+
+    def test_a_damaged_stamps_file_makes_the_file_rebuilt(self, machines: Machines) -> None:
+        """With its stamps garbled, a file that was edited behind our back is not served."""
+        machines.turn("a", "t", insert(1.0))
+        machines.turn("a", "t", insert(2.0))
+        path = machines.file("a", "t")
+        conn = apsw.Connection(path)
+        conn.execute("UPDATE runs SET km = 99")  # user_version stays 2
+        conn.close()
+        Path(path + "-stamps").write_bytes(b"\xff" * 40)
+        assert machines.km("a", "t") == [1.0, 2.0]
+        assert machines.held("a", "t") == (2, [1.0, 2.0])
+
+
 class TestDatabases:
     """Each database has a directory of its own in a machine's cache."""
 
@@ -217,6 +250,28 @@ class TestWhereFilesLive:
         assert path.parent.parent == root
         assert path.parent.name.startswith(postgres_url.rsplit("/", 1)[1] + "-")
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+    def test_a_role_that_may_not_read_the_servers_identifier(
+        self, postgres_url: str, tmp_path: Path
+    ) -> None:
+        """Without pg_control_system(), the directory is named after the server's address."""
+        role = f"plain_{os.getpid()}"
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+            conn.execute(f"CREATE ROLE {role} LOGIN")
+            conn.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+        url = postgres_url.replace("postgres@", f"{role}@", 1)
+        try:
+            sql_turn(url, Tracker(agent_id="t"), insert(1.0))
+            with Store(url, readonly=True) as store:
+                assert store.sql("t", "SELECT km FROM runs").rows == [(1.0,)]
+            with Store(url, readonly=True) as mine, Store(postgres_url, readonly=True) as su:
+                assert mine._db.workspaces.directory != su._db.workspaces.directory
+        finally:
+            gc.collect()
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                conn.execute(f"DROP OWNED BY {role}")
+                conn.execute(f"DROP ROLE {role}")
 
     def test_a_directory_that_cannot_be_made_fails_the_turn_clearly(
         self, postgres_url: str, tmp_path: Path

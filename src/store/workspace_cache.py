@@ -32,7 +32,9 @@ import contextlib
 import hashlib
 import logging
 import os
+import struct
 import threading
+import zlib
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -50,7 +52,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("effectful_durable.store")
 
 WORKSPACE_APPLICATION_ID = 0x45465753  # "EFWS": PRAGMA application_id of workspace files
-_STAMPS = "-stamps"  # beside a stamped file: "<version> <commit time as float.hex()>" lines
+# Beside a stamped file: two records (version, commit time, CRC-32 of the two), the
+# file's version before its last commit and after it. A record whose CRC fails (torn
+# by a power cut, read half-written, or never written) vouches for nothing.
+_STAMPS = "-stamps"
+_RECORD = struct.Struct("<qdI")
+_STAMPS_SIZE = 2 * _RECORD.size
 
 
 def user_cache_root() -> str:
@@ -141,17 +148,15 @@ class WorkspaceCache:
         if not self.stamped:
             return {}
         try:
-            with open(path + _STAMPS, encoding="ascii") as file:
-                lines = file.read().splitlines()
-        except (FileNotFoundError, UnicodeDecodeError):
+            with open(path + _STAMPS, "rb") as file:
+                data = file.read(_STAMPS_SIZE)
+        except FileNotFoundError:
             return {}
         found: dict[int, float] = {}
-        for line in lines:
-            try:
-                version, stamp = line.split()
-                found[int(version)] = float.fromhex(stamp)
-            except ValueError:
-                return {}  # a damaged stamps file vouches for nothing
+        for offset in range(0, len(data) - _RECORD.size + 1, _RECORD.size):
+            version, stamp, check = _RECORD.unpack_from(data, offset)
+            if zlib.crc32(data[offset : offset + 16]) == check:  # torn or unwritten: not
+                found[version] = stamp
         return found
 
     def trusts(self, stamps: Mapping[int, float], held: int, found: Truth) -> bool:
@@ -166,18 +171,28 @@ class WorkspaceCache:
         return found.held_stamp is not None and stamps.get(held) == found.held_stamp
 
     def stamp(self, path: str, stamps: Mapping[int, float | None]) -> None:
-        """Replace the stamps of ``path`` (in the file's write transaction, before its commit)."""
+        """Replace the stamps of ``path`` (in the file's write transaction, before its commit).
+
+        One write of fixed-size records over the old ones, never a new file:
+        replacing a file by a rename costs a flush on ext4 (milliseconds a turn).
+        """
         if not self.stamped:
             return
-        lines = "".join(f"{v} {s.hex()}\n" for v, s in sorted(stamps.items()) if s is not None)
-        if not lines:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path + _STAMPS)
-            return
-        partial = path + _STAMPS + ".partial"  # one writer at a time: the file's lock holder
-        with open(partial, "w", encoding="ascii") as file:
-            file.write(lines)
-        os.replace(partial, path + _STAMPS)
+        records = b"".join(
+            _record(version, stamp)
+            for version, stamp in sorted(stamps.items())
+            if stamp is not None
+        )
+        fd = os.open(path + _STAMPS, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, records[-_STAMPS_SIZE:].ljust(_STAMPS_SIZE, b"\0"), 0)
+        finally:
+            os.close(fd)
+
+
+def _record(version: int, stamp: float) -> bytes:
+    body = struct.pack("<qd", version, stamp)
+    return body + zlib.crc32(body).to_bytes(4, "little")
 
 
 def workspace_path(db_path: str, agent_id: str) -> str:
