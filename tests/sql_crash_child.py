@@ -34,7 +34,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools, Store
-from effectful_durable.store import workspace, workspace_cache
+from effectful_durable.store import workspace
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 AGENT_ID = "ledger"
@@ -57,6 +57,13 @@ class Ledger(PersistentAgent, SQLTools):
 
 def say(*words: object) -> None:
     os.write(sys.stdout.fileno(), (" ".join(map(str, words)) + "\n").encode())
+
+
+def hang(*words: object) -> None:
+    """Say ``words``, then wait to be killed (exit 3 if nobody does)."""
+    say(*words)
+    time.sleep(120)
+    os._exit(3)
 
 
 class Model:
@@ -84,9 +91,7 @@ class Model:
                 ),
             ]
         if self.blocking:
-            say("in-turn", turn)
-            time.sleep(120)
-            os._exit(3)
+            hang("in-turn", turn)
         return f"answer {turn}"
 
 
@@ -108,7 +113,7 @@ def main() -> None:
                         bot.ask(f"turn {version(persistence.store) + 1}")
                         say("committed", version(persistence.store))
                     say("done", version(persistence.store))
-                elif command == "between":
+                elif command in ("between", "stamped"):
                     finish = workspace.WorkspaceTurn.finish
 
                     def stall(
@@ -116,43 +121,21 @@ def main() -> None:
                         *,
                         committed: bool,
                         finish: Any = finish,
+                        where: str = command,
                     ) -> None:
-                        if committed:
-                            say("between", self.version)
-                            time.sleep(120)
-                            os._exit(3)
+                        if committed and where == "between":
+                            hang("between", self.version)
+                        if committed:  # hang once the new version's stamps are written
+                            stamp, version = self._cache.stamp, self.version
+
+                            def stamped(path: str, stamps: Any) -> None:
+                                stamp(path, stamps)
+                                hang("stamped", version)
+
+                            self._cache.stamp = stamped  # type: ignore[method-assign]
                         finish(self, committed=committed)
 
                     workspace.WorkspaceTurn.finish = stall  # type: ignore[method-assign]
-                    bot.ask(f"turn {version(persistence.store) + 1}")
-                elif command == "stamped":
-                    finishing = workspace.WorkspaceTurn.finish
-                    stamp = workspace_cache.WorkspaceCache.stamp
-
-                    def flagged(
-                        self: workspace.WorkspaceTurn,
-                        *,
-                        committed: bool,
-                        finish: Any = finishing,
-                    ) -> None:
-                        self._cache.finishing = self.version  # type: ignore[attr-defined]
-                        finish(self, committed=committed)
-
-                    def stall(
-                        self: workspace_cache.WorkspaceCache,
-                        path: str,
-                        stamps: Any,
-                        stamp: Any = stamp,
-                    ) -> None:
-                        stamp(self, path, stamps)
-                        finishing = getattr(self, "finishing", None)
-                        if finishing is not None:
-                            say("stamped", finishing)
-                            time.sleep(120)
-                            os._exit(3)
-
-                    workspace.WorkspaceTurn.finish = flagged  # type: ignore[method-assign]
-                    workspace_cache.WorkspaceCache.stamp = stall  # type: ignore[method-assign]
                     bot.ask(f"turn {version(persistence.store) + 1}")
                 elif command == "block":
                     model.blocking = True

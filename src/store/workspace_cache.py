@@ -218,12 +218,7 @@ _UNUSABLE: tuple[type[Exception], ...] = (*CORRUPTION, _NotWorkspace)
 
 
 def open_workspace(
-    cache: WorkspaceCache,
-    path: str,
-    limits: SQLLimits,
-    *,
-    busy_timeout: float = 5.0,
-    readonly: bool = False,
+    cache: WorkspaceCache, path: str, limits: SQLLimits, *, busy_timeout: float = 5.0
 ) -> apsw.Connection:
     """Open (creating if missing) an agent's workspace file, hardened for agent SQL.
 
@@ -232,36 +227,24 @@ def open_workspace(
     opened it catches it up from the log.
 
     Raises:
-        SQLWorkspaceError: With ``readonly``, the file is damaged or not a
-            workspace file; or the cache's directory cannot be made.
+        SQLWorkspaceError: The cache's directory cannot be made.
     """
-    if not readonly:
-        cache.make_directory()
+    cache.make_directory()
     try:
-        return _open_workspace(path, limits, busy_timeout=busy_timeout, readonly=readonly)
+        return _open_workspace(path, limits, busy_timeout=busy_timeout)
     except _UNUSABLE as e:
-        if readonly:
-            msg = f"{path} is damaged or not an effectful-durable SQL workspace file ({e})"
-            raise SQLWorkspaceError(msg) from e
         set_aside(path, str(e))
-    return _open_workspace(path, limits, busy_timeout=busy_timeout, readonly=readonly)
+    return _open_workspace(path, limits, busy_timeout=busy_timeout)
 
 
-def _open_workspace(
-    path: str, limits: SQLLimits, *, busy_timeout: float, readonly: bool
-) -> apsw.Connection:
-    flags = (
-        apsw.SQLITE_OPEN_READONLY
-        if readonly
-        else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
-    )
+def _open_workspace(path: str, limits: SQLLimits, *, busy_timeout: float) -> apsw.Connection:
     problem = header_problem(path, WORKSPACE_APPLICATION_ID)
     if problem is not None:
         raise _NotWorkspace(problem)
-    conn = apsw.Connection(path, flags=flags)
+    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE)
     try:
         conn.set_busy_timeout(int(busy_timeout * 1000))
-        if not readonly and conn.readonly("main"):
+        if conn.readonly("main"):
             msg = "SQLite opened it read-only (its header, or its permissions)"
             raise _NotWorkspace(msg)
         application_id = conn.pragma("application_id")
@@ -270,15 +253,14 @@ def _open_workspace(
         except apsw.SQLError as e:  # "unsupported file format": a damaged header
             raise _NotWorkspace(str(e)) from e
         if application_id != WORKSPACE_APPLICATION_ID:
-            if application_id != 0 or not empty or readonly:
+            if application_id != 0 or not empty:
                 msg = f"its application_id is {application_id:#x}"
                 raise _NotWorkspace(msg)
             conn.pragma("application_id", WORKSPACE_APPLICATION_ID)
-        if not readonly:
-            conn.pragma("journal_mode", "wal")
-            conn.pragma("synchronous", "NORMAL")  # the log in the main database is the truth
-            page_size = int(conn.pragma("page_size"))
-            conn.pragma("max_page_count", max(1, limits.max_workspace_bytes // page_size))
+        conn.pragma("journal_mode", "wal")
+        conn.pragma("synchronous", "NORMAL")  # the log in the main database is the truth
+        page_size = int(conn.pragma("page_size"))
+        conn.pragma("max_page_count", max(1, limits.max_workspace_bytes // page_size))
         harden(conn, limits)
     except BaseException:
         conn.close()
@@ -287,7 +269,7 @@ def _open_workspace(
 
 
 def set_aside(path: str, reason: str) -> str:
-    """Rename a damaged workspace file (and its -wal, -shm, stamps) to ``<path>.damaged-<time>``.
+    """Move a damaged workspace file (-wal, -shm, stamps too) to ``<path>.damaged-<UTC time>``.
 
     Nothing is deleted; a warning names the new name. The file is only a view of
     the log in the main database, so the next use rebuilds it from there.
