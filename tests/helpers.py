@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,109 @@ def integrity(db_path: Path | str) -> str:
             persisted_rows(db_path, f"SELECT count(*) FROM {table}")
         return "ok"
     return str(persisted_rows(db_path, "PRAGMA integrity_check")[0][0])
+
+
+def rows_written_from_now(store: Store) -> Callable[[], int]:
+    """A counter of the rows the store writes from now on: call it to read the count.
+
+    SQLite: rows inserted, updated or deleted through this thread's connection
+    (``total_changes``). PostgreSQL: row versions of our tables that transactions
+    begun from now on wrote and that still live (``xmin``); a deleted row leaves no
+    version to count.
+    """
+    if not is_postgres(store.path):
+        conn = store._connection()
+        before = conn.total_changes()
+        return lambda: conn.total_changes() - before
+    [(first,)] = persisted_rows(store.path, "SELECT pg_snapshot_xmax(pg_current_snapshot())")
+    tables = [name for (name,) in persisted_rows(store.path, OUR_POSTGRES_TABLES)]
+    query = " + ".join(
+        f"(SELECT count(*) FROM {table} WHERE xmin::text::bigint >= ?1)" for table in tables
+    )
+    # A fresh cluster's transaction ids are far from wrapping around: xmin < 2**32.
+    return lambda: int(persisted_rows(store.path, f"SELECT {query}", int(first))[0][0])
+
+
+OUR_POSTGRES_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+
+
+@contextlib.contextmanager
+def statements_run(store: Store) -> Iterator[list[tuple[str, Any]]]:
+    """Record each statement (with its parameters) the store runs in this thread meanwhile."""
+    statements: list[tuple[str, Any]] = []
+    if not is_postgres(store.path):
+
+        def tracer(cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+            statements.append((sql, bindings))
+            return True
+
+        conn = store._connection()
+        conn.exec_trace = tracer
+        try:
+            yield statements
+        finally:
+            conn.exec_trace = None
+        return
+    from effectful_durable.store.postgres import PostgresConn
+
+    execute = PostgresConn.execute
+
+    def recording(self: PostgresConn, sql: str, bindings: Any = None, /) -> Any:
+        statements.append((sql, bindings))
+        return execute(self, sql, bindings)
+
+    PostgresConn.execute = recording  # type: ignore[method-assign]
+    try:
+        yield statements
+    finally:
+        PostgresConn.execute = execute  # type: ignore[method-assign]
+
+
+def indexes_and_scans(store: Store, sql: str, bindings: Any) -> tuple[set[str], set[str]]:
+    """The indexes the database's plan for ``sql`` reads, and the tables it reads whole."""
+    with store._reading() as conn:
+        if not is_postgres(store.path):
+            details = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings)]
+            return (
+                {m for d in details for m in re.findall(r"USING (?:COVERING )?INDEX (\w+)", d)},
+                {d.split()[1] for d in details if d.startswith("SCAN ")},
+            )
+        [[plan]] = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", bindings).fetchone()
+    indexes, scans = set(), set()
+    nodes = [plan["Plan"]]
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        if "Index Name" in node:
+            indexes.add(node["Index Name"])
+        if node["Node Type"] == "Seq Scan":
+            scans.add(node["Relation Name"])
+    return indexes, scans
+
+
+def pad_messages(db: Path | str, agent_id: str, count: int) -> None:
+    """Add ``count`` archived messages in other conversations of ``agent_id``, straight into
+    the table, and ANALYZE it: a table large enough for PostgreSQL's planner to weigh."""
+    sql = """
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+        INSERT INTO messages
+              (agent_id, conversation, position, added_in, removed_in, message_id, role, body)
+        SELECT ?, 'padding-' || (i % 100), i * 1.0, 1, 2, 'm' || i, 'user', '{}' FROM n
+    """
+    if is_postgres(db):
+        import psycopg
+
+        with psycopg.connect(str(db)) as pg:
+            pg.execute(sql.replace("%", "%%").replace("?", "%s").encode(), (count, agent_id))
+            pg.execute("ANALYZE messages")
+        return
+    conn = writable_connection(db)
+    try:
+        with conn:
+            conn.execute(sql, (count, agent_id))
+            conn.execute("ANALYZE messages")
+    finally:
+        conn.close()
 
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:
