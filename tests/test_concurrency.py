@@ -1,9 +1,13 @@
-"""Promise 4: one agent is never silently forked; different agents run concurrently."""
+"""Promise 4: one agent is never silently forked; different agents run concurrently.
+
+On SQLite and PostgreSQL alike, from threads of one process and from processes.
+"""
 
 import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,7 @@ import pytest
 
 from effectful_durable import AgentInUseError, PersistenceHandler, Store
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, integrity, running
+from tests.helpers import Assistant, integrity, running, texts
 
 ROOT = Path(__file__).parents[1]
 
@@ -41,9 +45,11 @@ def run_threads(count: int, target: Any) -> list[BaseException]:
 
 
 class TestManyThreads:
-    def test_eight_threads_on_eight_agents_lose_nothing(self, db_path: Path) -> None:
+    def test_eight_threads_on_eight_agents_lose_nothing(
+        self, store_url: str, handler_for: Any
+    ) -> None:
         """64 turns from 8 threads over 8 shared agents all commit, with no lost update."""
-        persistence = PersistenceHandler(db_path, wait=60)
+        persistence = handler_for(store_url, wait=60)
         llm = FakeLLM(respond=remember_then_answer)
 
         def work(thread: int) -> None:
@@ -53,17 +59,19 @@ class TestManyThreads:
                     agent.ask(f"from t{thread} step {step}")
 
         assert run_threads(8, work) == []
-        store = Store(db_path)
-        for n in range(8):
-            versions = store.versions(f"agent-{n}")
-            assert [v.version for v in versions] == list(range(1, 9))
-            notes = store.state(f"agent-{n}")["notes"]
-            assert len(notes) == 8 and len(set(notes)) == 8
-            users = [m for m in store.history(f"agent-{n}") if m["role"] == "user"]
-            assert len(users) == 8
-        assert integrity(db_path) == "ok"
+        with Store(store_url) as store:
+            for n in range(8):
+                versions = store.versions(f"agent-{n}")
+                assert [v.version for v in versions] == list(range(1, 9))
+                notes = store.state(f"agent-{n}")["notes"]
+                assert len(notes) == 8 and len(set(notes)) == 8
+                users = [m for m in store.history(f"agent-{n}") if m["role"] == "user"]
+                assert len(users) == 8
+        assert integrity(store_url) == "ok"
 
-    def test_same_agent_from_two_threads_is_refused(self, db_path: Path) -> None:
+    def test_same_agent_from_two_threads_is_refused(
+        self, store_url: str, handler_for: Any
+    ) -> None:
         """While one thread runs an agent's turn, another thread gets AgentInUseError."""
         inside, release = threading.Event(), threading.Event()
 
@@ -72,7 +80,7 @@ class TestManyThreads:
             release.wait(30)
             return "slow answer"
 
-        persistence = PersistenceHandler(db_path)
+        persistence = handler_for(store_url)
         first = threading.Thread(
             target=lambda: _ask(persistence, FakeLLM(respond=slow), "shared"), name="first"
         )
@@ -83,9 +91,10 @@ class TestManyThreads:
         release.set()
         first.join(30)
         assert info.value.agent_id == "shared" and "'first'" in str(info.value)
-        assert [v.template for v in Store(db_path).versions("shared")] == ["ask"]
+        with Store(store_url) as store:
+            assert [v.template for v in store.versions("shared")] == ["ask"]
 
-    def test_waiting_turn_runs_after_the_holder(self, db_path: Path) -> None:
+    def test_waiting_turn_runs_after_the_holder(self, store_url: str, handler_for: Any) -> None:
         """With wait=, the second turn waits for the first and then commits on top of it."""
         inside, release = threading.Event(), threading.Event()
 
@@ -94,7 +103,7 @@ class TestManyThreads:
             release.wait(30)
             return "first answer"
 
-        persistence = PersistenceHandler(db_path, wait=30)
+        persistence = handler_for(store_url, wait=30)
         first = threading.Thread(target=lambda: _ask(persistence, FakeLLM(respond=slow), "shared"))
         first.start()
         assert inside.wait(30)
@@ -102,8 +111,23 @@ class TestManyThreads:
         with running(FakeLLM(["second answer"]), persistence):
             Assistant(agent_id="shared").ask("second")
         first.join(30)
-        history = [m.get("content") for m in Store(db_path).history("shared")]
+        with Store(store_url) as store:
+            history = [m.get("content") for m in store.history("shared")]
         assert history[-3] == "first answer" and history[-1] == "second answer"
+
+
+@pytest.fixture
+def handler_for() -> Iterator[Any]:
+    """Make PersistenceHandlers that are closed when the test ends."""
+    made: list[PersistenceHandler] = []
+
+    def make(db: str, **options: Any) -> PersistenceHandler:
+        made.append(PersistenceHandler(db, **options))
+        return made[-1]
+
+    yield make
+    for persistence in made:
+        persistence.close()
 
 
 def _ask(persistence: PersistenceHandler, llm: FakeLLM, agent_id: str) -> None:
@@ -118,44 +142,73 @@ CHILD = textwrap.dedent(
     from effectful_durable.testing import FakeLLM
     from tests.helpers import Assistant, persisted
 
+    db, agent_id, more = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
     def block(call):
         print("in-turn", flush=True)
         sys.stdin.readline()
         return "child answer"
 
-    with persisted(sys.argv[1], FakeLLM(respond=block)):
-        Assistant(agent_id="shared").ask("from the child")
+    with persisted(db, FakeLLM(respond=block)):
+        Assistant(agent_id=agent_id).ask("from the child")
+    with persisted(db, FakeLLM(respond=lambda call: f"re: {call.last_user_text}")):
+        agent = Assistant(agent_id=agent_id)
+        for turn in range(more):
+            agent.ask(f"turn {turn}")
     print("committed", flush=True)
     """
 )
 
 
+def start_child(db: str, agent_id: str, more_turns: int = 0) -> subprocess.Popen[str]:
+    """A process that runs a turn of ``agent_id``, prints "in-turn" inside it and waits for
+    a line on stdin, then runs ``more_turns`` turns and prints "committed"."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, db, agent_id, str(more_turns)],
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+
+
 @pytest.mark.slow
-class TestTwoProcesses:
-    def test_second_process_is_refused_and_other_agents_run(self, db_path: Path) -> None:
-        """A process running agent X blocks X elsewhere but not agent Y."""
-        child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(db_path)],
-            cwd=ROOT,
-            text=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
+class TestProcesses:
+    def test_agents_run_at_once_in_processes_and_each_in_one(self, store_url: str) -> None:
+        """Three processes are inside turns of three agents at once, while another process
+        is refused each of those agents and runs a fourth one."""
+        children = [start_child(store_url, agent_id, more_turns=3) for agent_id in WORKERS]
+        persistence = PersistenceHandler(store_url)
         try:
-            assert child.stdout is not None and child.stdin is not None
-            assert child.stdout.readline().strip() == "in-turn"
-            with running(FakeLLM(["parallel"]), PersistenceHandler(db_path)):
-                with pytest.raises(AgentInUseError) as info:
-                    Assistant(agent_id="shared").ask("from the parent")
+            for child in children:  # all three are in a turn before any may finish it
+                assert child.stdout is not None
+                assert child.stdout.readline().strip() == "in-turn"
+            with running(FakeLLM(["parallel"]), persistence):
+                for agent_id, child in zip(WORKERS, children, strict=True):
+                    with pytest.raises(AgentInUseError) as info:
+                        Assistant(agent_id=agent_id).ask("from the parent")
+                    assert f"process {child.pid}" in str(info.value)
                 Assistant(agent_id="other").ask("meanwhile")
-            assert f"process {child.pid}" in str(info.value)
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            assert child.stdout.readline().strip() == "committed"
-            assert child.wait(30) == 0
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write("go\n")
+                child.stdin.flush()
+            for child in children:
+                assert child.stdout is not None
+                assert child.stdout.readline().strip() == "committed"
+                assert child.wait(30) == 0
         finally:
-            child.kill()
-        store = Store(db_path)
-        assert [a.agent_id for a in store.agents()] == ["other", "shared"]
-        assert store.history("shared")[-1]["content"] == "child answer"
-        assert store.handoffs() == []
+            for child in children:
+                child.kill()
+            persistence.close()
+        with Store(store_url) as store:
+            assert [a.agent_id for a in store.agents()] == ["other", *WORKERS]
+            for agent_id in WORKERS:
+                assert [v.version for v in store.versions(agent_id)] == [1, 2, 3, 4]
+                users = [text for text in texts(store.history(agent_id)) if text[:5] == "user:"]
+                assert users[0].endswith("from the child") and len(users) == 4
+            assert store.handoffs() == []
+        assert integrity(store_url) == "ok"
+
+
+WORKERS = ["worker-0", "worker-1", "worker-2"]
