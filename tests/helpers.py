@@ -164,20 +164,40 @@ def persisted_rows(db_path: Path | str, sql: str, *params: Any) -> list[tuple[An
     if is_postgres(db_path):
         import psycopg
 
-        query = sql.replace("%", "%%")
-        if re.search(r"\?\d", query):  # ?N: the Nth parameter, however often it appears
-            query = re.sub(r"\?(\d+)", r"%(\1)s", query)
-            bound: Any = {str(i): value for i, value in enumerate(params, 1)}
-        else:
-            query, bound = query.replace("?", "%s"), params
         with psycopg.connect(str(db_path)) as pg:
-            return [tuple(row) for row in pg.execute(query.encode(), bound).fetchall()]
+            return [tuple(row) for row in pg.execute(*_for_psycopg(sql, params)).fetchall()]
     conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
     conn.set_busy_timeout(5000)  # a writer may be recovering the WAL of a killed process
     try:
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
+
+
+def edit_rows(db: Path | str, sql: str, *params: Any) -> None:
+    """Change the database by hand: one statement, written as for ``persisted_rows``, in a
+    transaction of an independent connection (on SQLite one that keeps the page checksums)."""
+    if is_postgres(db):
+        import psycopg
+
+        with psycopg.connect(str(db)) as pg:
+            pg.execute(*_for_psycopg(sql, params))
+        return
+    conn = writable_connection(db)
+    try:
+        with conn:
+            conn.execute(sql, params)
+    finally:
+        conn.close()
+
+
+def _for_psycopg(sql: str, params: tuple[Any, ...]) -> tuple[bytes, Any]:
+    """SQLite's ``?`` or ``?N`` parameters as psycopg's."""
+    query = sql.replace("%", "%%")
+    if re.search(r"\?\d", query):  # ?N: the Nth parameter, however often it appears
+        query = re.sub(r"\?(\d+)", r"%(\1)s", query)
+        return query.encode(), {str(i): value for i, value in enumerate(params, 1)}
+    return query.replace("?", "%s").encode(), params
 
 
 def integrity(db_path: Path | str) -> str:
@@ -273,26 +293,18 @@ def indexes_and_scans(store: Store, sql: str, bindings: Any) -> tuple[set[str], 
 def pad_messages(db: Path | str, agent_id: str, count: int) -> None:
     """Add ``count`` archived messages in other conversations of ``agent_id``, straight into
     the table, and ANALYZE it: a table large enough for PostgreSQL's planner to weigh."""
-    sql = """
+    edit_rows(
+        db,
+        """
         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
         INSERT INTO messages
               (agent_id, conversation, position, added_in, removed_in, message_id, role, body)
         SELECT ?, 'padding-' || (i % 100), i * 1.0, 1, 2, 'm' || i, 'user', '{}' FROM n
-    """
-    if is_postgres(db):
-        import psycopg
-
-        with psycopg.connect(str(db)) as pg:
-            pg.execute(sql.replace("%", "%%").replace("?", "%s").encode(), (count, agent_id))
-            pg.execute("ANALYZE messages")
-        return
-    conn = writable_connection(db)
-    try:
-        with conn:
-            conn.execute(sql, (count, agent_id))
-            conn.execute("ANALYZE messages")
-    finally:
-        conn.close()
+        """,
+        count,
+        agent_id,
+    )
+    edit_rows(db, "ANALYZE messages")
 
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:

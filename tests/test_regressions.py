@@ -2,6 +2,10 @@
 
 Each test failed before its fix. They use only what the public API offered
 before it, so that they can be run against the code without the fixes.
+
+Bad input and the model's tool input run on SQLite and PostgreSQL. Damaged files
+are about SQLite's file format (headers, pages, the WAL, workspace files beside
+the database) and stay on SQLite, but for a stored value that no longer decodes.
 """
 
 import dataclasses
@@ -33,7 +37,7 @@ from effectful_durable.cli import main
 from effectful_durable.handlers.effectful_hooks import bound_agent
 from effectful_durable.store.workspace_cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
-from tests.helpers import persisted
+from tests.helpers import edit_rows, persisted, persisted_rows
 from tests.sql_helpers import Tracker, sql_turn
 
 PAGE = 4096
@@ -74,12 +78,18 @@ def nested(depth: int) -> Any:
     return value
 
 
-def flat_db(path: Path) -> Path:
-    """A database with agent 'h' at version 2, everything in the main file."""
-    with persisted(path, FakeLLM(["one", "two"])):
+def two_turns(db: Path | str) -> Path | str:
+    """A database (file or PostgreSQL URL) with agent 'h' at version 2."""
+    with persisted(db, FakeLLM(["one", "two"])):
         agent = Holder(agent_id="h")
         agent.ask("first")
         agent.ask("second")
+    return db
+
+
+def flat_db(path: Path) -> Path:
+    """A database file with agent 'h' at version 2, everything in the main file."""
+    two_turns(path)
     with Store(path) as store:
         store.vacuum()
     return path
@@ -132,14 +142,22 @@ class TestDamagedFiles:
             Store(db_path).close()
         assert db_path.read_bytes() == damaged
 
-    @pytest.mark.parametrize("body", ["CAST(x'ff' AS TEXT)", "'{'"], ids=["utf8", "json"])
-    def test_damaged_value_is_a_durable_error(self, db_path: Path, body: str) -> None:
+    @pytest.mark.parametrize(
+        "body",
+        [
+            pytest.param(
+                "CAST(x'ff' AS TEXT)",
+                marks=pytest.mark.sqlite_only("PostgreSQL's text holds only valid UTF-8"),
+            ),
+            "'{'",
+        ],
+        ids=["utf8", "json"],
+    )
+    def test_damaged_value_is_a_durable_error(self, store_url: str, body: str) -> None:
         """A stored message that no longer decodes is a DurableError, not a driver error."""
-        flat_db(db_path)
-        conn = apsw.Connection(str(db_path))
-        conn.execute(f"UPDATE messages SET body = {body} WHERE role = 'user'")
-        conn.close()
-        with Store(db_path) as store, pytest.raises(DurableError, match="damaged"):
+        two_turns(store_url)
+        edit_rows(store_url, f"UPDATE messages SET body = {body} WHERE role = 'user'")
+        with Store(store_url) as store, pytest.raises(DurableError, match="damaged"):
             store.history("h")
 
     def test_damaged_page_found_while_reading(self, db_path: Path) -> None:
@@ -194,38 +212,38 @@ class TestDamagedFiles:
 
 class TestBadInput:
     def test_cli_argument_that_is_not_utf8(
-        self, db_path: Path, capsys: pytest.CaptureFixture[str]
+        self, store_url: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """An agent id from a non-UTF-8 argument (a lone surrogate) gets one error line."""
-        flat_db(db_path)
-        code, err = cli(["history", str(db_path), "\udcff"], capsys)
+        two_turns(store_url)
+        code, err = cli(["history", str(store_url), "\udcff"], capsys)
         assert code == 1 and err.startswith("effectful-durable: error: ")
 
-    def test_store_read_of_an_invalid_id(self, db_path: Path) -> None:
+    def test_store_read_of_an_invalid_id(self, store_url: str) -> None:
         """Store reads of an id holding a lone surrogate raise InvalidAgentIdError."""
-        with Store(flat_db(db_path)) as store, pytest.raises(InvalidAgentIdError):
+        with Store(two_turns(store_url)) as store, pytest.raises(InvalidAgentIdError):
             store.history("a\ud800")
 
-    def test_state_field_of_bytes_that_are_not_utf8(self, db_path: Path) -> None:
+    def test_state_field_of_bytes_that_are_not_utf8(self, store_url: str) -> None:
         """A bytes field that pydantic cannot store as JSON is a StateSerializationError."""
         agent = Holder(agent_id="h")
         agent.value = b"\xff"
-        with persisted(db_path, FakeLLM(["ok"])), pytest.raises(StateSerializationError):
+        with persisted(store_url, FakeLLM(["ok"])), pytest.raises(StateSerializationError):
             agent.ask("hi")
 
-    def test_lone_surrogates_commit_and_read_back(self, db_path: Path) -> None:
+    def test_lone_surrogates_commit_and_read_back(self, store_url: str) -> None:
         """A lone surrogate in an argument, a field and a message is stored and read back."""
         agent = Holder(agent_id="h")
         agent.value = "field \ud800"
-        with persisted(db_path, FakeLLM(["answer \udfff"])):
+        with persisted(store_url, FakeLLM(["answer \udfff"])):
             agent.ask("question \udcff")
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             assert store.state("h")["value"] == "field \ud800"
             assert store.history("h")[-1]["content"] == "answer \udfff"
 
-    def test_message_without_an_id_is_refused(self, db_path: Path) -> None:
+    def test_message_without_an_id_is_refused(self, store_url: str) -> None:
         """A message with no id cannot be loaded back: refused at commit, nothing written."""
-        persistence = PersistenceHandler(db_path)
+        persistence = PersistenceHandler(store_url)
         try:
             with (
                 handler(Scribe([{"role": "user", "content": "hi"}])),
@@ -235,31 +253,31 @@ class TestBadInput:
                 Holder(agent_id="h").ask("hi")
         finally:
             persistence.close()
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             assert store.agents() == []
 
     def test_message_content_of_odd_shapes_prints(
-        self, db_path: Path, capsys: pytest.CaptureFixture[str]
+        self, store_url: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """history prints a message whose content blocks are not dicts."""
-        persistence = PersistenceHandler(db_path)
+        persistence = PersistenceHandler(store_url)
         try:
             odd = {"id": "m", "role": "user", "content": [None, 3, ["x"]]}
             with handler(Scribe([odd])), handler(persistence):
                 Holder(agent_id="h").ask("hi")
         finally:
             persistence.close()
-        code, err = cli(["history", str(db_path), "h"], capsys)
+        code, err = cli(["history", str(store_url), "h"], capsys)
         assert code == 0, err
 
-    def test_message_nested_deeper_than_sqlite_json_compacts(self, db_path: Path) -> None:
+    def test_message_nested_deeper_than_sqlite_json_compacts(self, store_url: str) -> None:
         """A message nested 1,005 deep compacts like any other (SQLite's JSON stops at 1,000)."""
         deep = {"type": "data", "v": nested(1005)}
         turns = [
             [{"id": f"u{n}", "role": "user", "content": [{"type": "text", "text": "t"}, deep]}]
             for n in range(5)
         ]
-        persistence = PersistenceHandler(db_path)
+        persistence = PersistenceHandler(store_url)
         compaction = CompactionHandler(max_messages=4, keep_recent=1)
         try:
             with handler(Scribe(*turns)), handler(compaction), handler(persistence):
@@ -268,7 +286,7 @@ class TestBadInput:
                     agent.ask("hi")
         finally:
             persistence.close()
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             assert "compaction" in [v.kind for v in store.versions("h")]
 
 
@@ -285,10 +303,10 @@ class TestToolInput:
     @pytest.mark.parametrize(
         "query", ["SELECT 1\x00", "SELECT '\ud800'"], ids=["nul", "lone-surrogate"]
     )
-    def test_sql_statement_that_is_not_text(self, db_path: Path, query: str) -> None:
+    def test_sql_statement_that_is_not_text(self, store_url: str, query: str) -> None:
         """A statement holding a NUL or a lone surrogate is an error the model reads."""
         [result] = sql_turn(
-            db_path, Tracker(agent_id="t"), ToolCall("sql_query", {"query": query})
+            store_url, Tracker(agent_id="t"), ToolCall("sql_query", {"query": query})
         )
         assert result.startswith("error: the statement is not valid text")
 
@@ -301,17 +319,18 @@ class TestToolInput:
         ],
         ids=["list_state_keys", "cancel_alarm", "schedule_alarm"],
     )
-    def test_lone_surrogate_in_a_tool_argument(self, db_path: Path, call: ToolCall) -> None:
+    def test_lone_surrogate_in_a_tool_argument(self, store_url: str, call: ToolCall) -> None:
         """A lone surrogate in a memory or alarm tool's argument is an error the model reads."""
         llm = FakeLLM([call, "done"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Holder(agent_id="h").ask("go")
         [result] = tool_results(llm)
         assert result.startswith("error: ")
-        with Store(db_path) as store:
-            assert store.alarms("h") == [] and store.memory("h") == {}
+        assert persisted_rows(
+            store_url, "SELECT (SELECT count(*) FROM alarms) + (SELECT count(*) FROM memory)"
+        ) == [(0,)]
 
-    def test_search_of_a_query_holding_a_nul(self, db_path: Path) -> None:
+    def test_search_of_a_query_holding_a_nul(self, store_url: str) -> None:
         """search_compacted (recall) with a NUL in the query finds nothing, without an error."""
-        with Store(flat_db(db_path)) as store:
+        with Store(two_turns(store_url)) as store:
             assert store.search_compacted("h", "one\x00") == []
