@@ -1,4 +1,8 @@
-"""Fail-safe loading: unreadable files are moved aside, never deleted; invalid fields default."""
+"""Fail-safe loading: unreadable files are moved aside, never deleted; invalid fields default.
+
+Quarantine is for SQLite files (a PostgreSQL database is refused, never moved) and
+its tests stay on SQLite; the invalid fields' run on both backends.
+"""
 
 import dataclasses
 import datetime
@@ -21,7 +25,7 @@ from effectful_durable import (
 )
 from effectful_durable.store.migrations import APPLICATION_ID
 from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import persisted
+from tests.helpers import OUR_POSTGRES_TABLES, persisted, persisted_rows
 
 
 def echo(call: FakeCall) -> str:
@@ -115,6 +119,14 @@ class TestQuarantine:
         with pytest.raises(ValueError, match="on_invalid_state"):
             PersistenceHandler(db_path, on_invalid_state="ignore")  # type: ignore[arg-type]
 
+    def test_postgres_database_is_never_quarantined(self, postgres_url: str) -> None:
+        """Quarantine on a PostgreSQL URL is a ValueError, and the database stays empty."""
+        with pytest.raises(ValueError, match="for SQLite files"):
+            Store(postgres_url, on_unreadable="quarantine")
+        with pytest.raises(ValueError, match="for SQLite files"):
+            PersistenceHandler(postgres_url, on_unreadable="quarantine")
+        assert persisted_rows(postgres_url, OUR_POSTGRES_TABLES) == []
+
 
 @dataclasses.dataclass
 class Bot(PersistentAgent):
@@ -145,30 +157,30 @@ class BotV2(PersistentAgent):
 class TestInvalidState:
     """A stored field that no longer validates raises, or takes its default if asked."""
 
-    def written_by_v1(self, db_path: Path) -> None:
-        with persisted(db_path, FakeLLM(respond=echo)):
+    def written_by_v1(self, store_url: str) -> None:
+        with persisted(store_url, FakeLLM(respond=echo)):
             bot = Bot(agent_id="bot")
             bot.count = 7
             bot.ask("hi")
 
-    def test_default_is_a_clear_error(self, db_path: Path) -> None:
+    def test_default_is_a_clear_error(self, store_url: str) -> None:
         """By default, loading the changed class raises StateSerializationError for the field."""
-        self.written_by_v1(db_path)
-        with persisted(db_path, FakeLLM(respond=echo)) as persistence:
+        self.written_by_v1(store_url)
+        with persisted(store_url, FakeLLM(respond=echo)) as persistence:
             with pytest.raises(StateSerializationError, match=r"due"):
                 persistence.load(BotV2(agent_id="bot"))
 
     def test_invalid_field_takes_its_default_and_the_old_value_stays(
-        self, db_path: Path, caplog: pytest.LogCaptureFixture
+        self, store_url: str, caplog: pytest.LogCaptureFixture
     ) -> None:
         """With on_invalid_state="default" the field defaults; history keeps the old value."""
         caplog.set_level(logging.WARNING, logger="effectful_durable.state")
-        self.written_by_v1(db_path)
-        with persisted(db_path, FakeLLM(respond=echo), on_invalid_state="default"):
+        self.written_by_v1(store_url)
+        with persisted(store_url, FakeLLM(respond=echo), on_invalid_state="default"):
             bot = BotV2(agent_id="bot")
             bot.ask("again")
             assert (bot.due, bot.count) == (datetime.date(2030, 1, 1), 7)
         assert "BotV2(agent_id='bot').due" in caplog.text and "default" in caplog.text
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             assert store.state("bot", 1)["due"] == "tomorrow"
             assert store.state("bot")["due"] == "2030-01-01"
