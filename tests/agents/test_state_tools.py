@@ -140,6 +140,27 @@ class TestTools:
         with Store(store_url, readonly=True) as store:
             assert [store.memory("bot", v) for v in (1, 2)] == [{"k": 1}, {"k": 2}]
 
+    def test_tools_reach_only_their_agents_memory(self, store_url: str) -> None:
+        """An agent's tools neither read nor change another agent's keys and notes, even
+        where its id matches the other's as a LIKE pattern would."""
+        owner = [put("plan", '"secret"'), ToolCall("add_to_context", {"item": "mine"})]
+        run_turns(store_url, Keeper(agent_id="alice"), [owner, "done"])
+        before = memory_rows(store_url)
+        snoop = [
+            ToolCall("get_state", {"key": "plan"}),
+            ToolCall("list_state_keys", {"prefix": ""}),
+            ToolCall("delete_state_key", {"key": "plan"}),
+            ToolCall("clear_old_context", {"older_than_seconds": 0}),
+        ]
+        llm = run_turns(store_url, Keeper(agent_id="alic_"), [snoop, "done"])
+        got, listed, deleted, cleared = results(llm)
+        assert "holds no key 'plan'" in got and "nothing was deleted" in deleted
+        assert "plan" not in listed and cleared.startswith("removed 0 notes")
+        assert memory_rows(store_url) == before
+        with Store(store_url, readonly=True) as store:
+            assert store.memory("alice") == {"plan": "secret"}
+            assert store.memory("alic_") == {}
+
     def test_list_is_capped(self, store_url: str) -> None:
         """list_state_keys returns at most listed_keys keys and says more exist."""
         bot = Small(agent_id="bot")
