@@ -26,6 +26,7 @@ from effectful_durable import (
     CompactionHandler,
     DurableError,
     InvalidAgentIdError,
+    InvalidConversationIdError,
     NotOurDatabaseError,
     PersistenceHandler,
     PersistentAgent,
@@ -223,6 +224,23 @@ class TestBadInput:
         """Store reads of an id holding a lone surrogate raise InvalidAgentIdError."""
         with Store(two_turns(store_url)) as store, pytest.raises(InvalidAgentIdError):
             store.history("a\ud800")
+
+    @pytest.mark.parametrize(
+        ("agent_id", "conversation", "error"),
+        [
+            ("h\x00", "default", InvalidAgentIdError),
+            ("h\ud800", "default", InvalidAgentIdError),
+            ("h", "side\x00", InvalidConversationIdError),
+        ],
+        ids=["nul-agent", "surrogate-agent", "nul-conversation"],
+    )
+    def test_search_with_an_invalid_id(
+        self, store_url: str, agent_id: str, conversation: str, error: type[Exception]
+    ) -> None:
+        """search_compacted of an invalid agent or conversation id raises its id's error
+        (a driver error on PostgreSQL, whose text cannot hold a NUL, before the fix)."""
+        with Store(two_turns(store_url)) as store, pytest.raises(error):
+            store.search_compacted(agent_id, "one", conversation=conversation)
 
     def test_state_field_of_bytes_that_are_not_utf8(self, store_url: str) -> None:
         """A bytes field that pydantic cannot store as JSON is a StateSerializationError."""

@@ -115,9 +115,15 @@ class StoreReads(StoreBase):
         SQLite's FTS5 full-text index (PostgreSQL's full-text search on
         PostgreSQL). Other conversations are never searched.
 
+        Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+            InvalidConversationIdError: ``conversation`` is not a valid conversation id.
+
         .. versionchanged:: 0.2.0
            ``conversation``.
         """
+        validate_agent_id(agent_id)  # PostgreSQL's text cannot even hold some invalid ids
+        validate_conversation_id(conversation)
         words = query.replace("\0", " ").split()
         if not words or not storable(" ".join(words)):  # a lone surrogate is in no stored text
             return []
