@@ -5,6 +5,12 @@ and conversation ids; state values of many types; the model's arguments to the
 memory, SQL and alarm tools; messages of odd shapes in a history. Examples per
 test are few, to keep the suite fast; ``EFFECTFUL_DURABLE_FUZZ=<n>`` runs ``n``
 per test instead.
+
+All but the command line run on SQLite and on PostgreSQL, each example on a fresh
+copy of a small database (a cloned database on PostgreSQL, with a fifth of the
+examples). The command line's fuzzing is about files (missing, a directory, empty,
+random bytes, a file's bytes unchanged) and stays on SQLite; test_cli.py runs the
+commands on PostgreSQL.
 """
 
 import contextlib
@@ -18,16 +24,15 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import apsw
 import pydantic
 import pytest
 from effectful.handlers.llm import Template
 from effectful.ops.semantics import handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from effectful_durable import (
@@ -43,7 +48,10 @@ from effectful_durable import (
 from effectful_durable.handlers.effectful_hooks import bound_agent
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.damage_helpers import Worker, cli
-from tests.helpers import persisted
+from tests.helpers import is_postgres, persisted, persisted_rows
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
 
 EXAMPLES = int(os.environ.get("EFFECTFUL_DURABLE_FUZZ", "0"))
 
@@ -68,25 +76,69 @@ ANY_TEXT = st.one_of(
 KEY = st.one_of(ANY_TEXT, st.integers(), st.none(), st.just(["k"]))
 
 
-@pytest.fixture(scope="module")
-def base_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small database: w1 with memory, a SQL row, an alarm and two conversations."""
-    path = tmp_path_factory.mktemp("fuzz") / "base.db"
-    script = [
+def build_base(db: Path | str) -> None:
+    """w1 with memory, a SQL row, an alarm (SQLite only, for now) and two conversations."""
+    calls = [
         ToolCall("put_state", {"key": "city", "value": '"Paris"'}),
         ToolCall("sql_insert", {"table": "items", "values": {"name": "apples", "qty": 3}}),
         ToolCall("schedule_alarm", {"delay_seconds": 60.0, "action": "check apples"}),
-        "done",
-        "done in side",
     ]
-    with persisted(path, FakeLLM(script)):
+    if is_postgres(db):  # alarms are not carried on PostgreSQL yet
+        calls.pop()
+    script = [*calls, "done", "done in side"]
+    with persisted(db, FakeLLM(script)):
         w1 = Worker(agent_id="w1")
         w1.ask("start")
         with w1.conversation("side"):
             w1.ask("side")
+
+
+@pytest.fixture(scope="module")
+def base_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small database file (``build_base``), everything in the main file."""
+    path = tmp_path_factory.mktemp("fuzz") / "base.db"
+    build_base(path)
     with Store(path) as store:
         store.vacuum()  # everything in the main file: its bytes are the database
     return path
+
+
+@dataclasses.dataclass
+class Base:
+    """The small database of ``build_base`` on one backend, to take fresh copies of."""
+
+    db: Path | str
+    server: "PostgresServer | None" = None
+
+    def fuzz(self, examples: int) -> Any:
+        """``fuzz``, with a fifth of the examples on PostgreSQL (a copy costs ~0.3 s there)."""
+        return fuzz(examples if self.server is None else examples // 5)
+
+    @contextlib.contextmanager
+    def copy(self) -> Iterator[Path | str]:
+        """A fresh copy: of the file, in a new working directory; or a cloned database."""
+        if self.server is None:
+            with copy_of(Path(self.db)) as path:
+                yield path
+            return
+        url = self.server.clone_database(str(self.db))
+        try:
+            yield url
+        finally:
+            self.server.drop_database(url)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def base(request: pytest.FixtureRequest, base_db: Path) -> Iterator[Base]:
+    """The base database on SQLite, then on PostgreSQL."""
+    if request.param == "sqlite":
+        yield Base(base_db)
+        return
+    server = request.getfixturevalue("postgres_server")
+    url = server.new_database()
+    build_base(url)
+    yield Base(url, server)
+    server.drop_database(url)
 
 
 @contextlib.contextmanager
@@ -107,18 +159,14 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "-"
 
 
-def logical(db: Path) -> list[Any]:
+def logical(db: Path | str) -> list[Any]:
     """Every row of the database but the handoffs and versions (what a turn itself writes)."""
-    conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        out: list[Any] = []
-        for table in ("memory", "workspace_log", "alarms"):
-            out += [
-                (table, *row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3")
-            ]
-        return out
-    finally:
-        conn.close()
+    out: list[Any] = []
+    for table in ("memory", "workspace_log", "alarms"):
+        out += [
+            (table, *row) for row in persisted_rows(db, f"SELECT * FROM {table} ORDER BY 1, 2, 3")
+        ]
+    return out
 
 
 # -- the command line ------------------------------------------------------------
@@ -227,62 +275,72 @@ class Holder(PersistentAgent):
 class TestIds:
     """Agent and conversation ids: valid ones work end to end, the others are refused clearly."""
 
-    @fuzz(40)
-    @given(agent_id=st.one_of(ANY_TEXT, st.text(max_size=250), st.integers(), st.none()))
-    def test_agent_ids(self, base_db: Path, agent_id: Any) -> None:
+    def test_agent_ids(self, base: Base) -> None:
         """An id is refused with InvalidAgentIdError, or its turn commits and reads back."""
-        with copy_of(base_db) as path:
-            try:
-                agent = Holder(agent_id=agent_id)
-                with persisted(path, FakeLLM(["ok"])):
-                    agent.ask("hi")
-            except InvalidAgentIdError as e:
-                assert "agent id" in str(e) or "agent_id" in str(e)
-                with Store(path) as store:
-                    assert [a.agent_id for a in store.agents()] == ["w1"]
-                return
-            with Store(path) as store:
-                assert [m["role"] for m in store.history(agent_id)][-1] == "assistant"
-                assert store.versions(agent_id)[-1].version == 1
-            code, _, err = cli(["history", str(path), "--", agent_id])  # "-x" is no option
-            assert code == 0, err
 
-    @fuzz(60)
-    @given(agent_id=ANY_TEXT, conversation=ANY_TEXT)
-    def test_store_reads_with_any_id(
-        self, base_db: Path, agent_id: str, conversation: str
-    ) -> None:
+        @base.fuzz(40)
+        @given(agent_id=st.one_of(ANY_TEXT, st.text(max_size=250), st.integers(), st.none()))
+        def check(agent_id: Any) -> None:
+            with base.copy() as path:
+                try:
+                    agent = Holder(agent_id=agent_id)
+                    with persisted(path, FakeLLM(["ok"])):
+                        agent.ask("hi")
+                except InvalidAgentIdError as e:
+                    assert "agent id" in str(e) or "agent_id" in str(e)
+                    with Store(path) as store:
+                        assert [a.agent_id for a in store.agents()] == ["w1"]
+                    return
+                with Store(path) as store:
+                    assert [m["role"] for m in store.history(agent_id)][-1] == "assistant"
+                    assert store.versions(agent_id)[-1].version == 1
+                code, _, err = cli(["history", str(path), "--", agent_id])  # "-x" is no option
+                assert code == 0, err
+
+        check()
+
+    def test_store_reads_with_any_id(self, base: Base) -> None:
         """Store reads of any id answer, or raise a DurableError; never a driver error."""
-        with copy_of(base_db) as path, Store(path) as store:
-            for read in (
-                lambda: store.history(agent_id, conversation=conversation),
-                lambda: store.state(agent_id, conversation=conversation),
-                lambda: store.memory(agent_id),
-                lambda: store.versions(agent_id),
-                lambda: store.conversations(agent_id),
-                lambda: store.alarms(agent_id),
-                lambda: store.search_compacted(agent_id, conversation),
-                lambda: store.sql(agent_id, "SELECT 1"),
-            ):
-                with contextlib.suppress(DurableError):
-                    read()
 
-    @fuzz(40)
-    @given(conversation=st.one_of(ANY_TEXT, st.integers(), st.none()))
-    def test_conversation_ids(self, base_db: Path, conversation: Any) -> None:
+        @base.fuzz(60)
+        @given(agent_id=ANY_TEXT, conversation=ANY_TEXT)
+        def check(agent_id: str, conversation: str) -> None:
+            with base.copy() as path, Store(path) as store:
+                for read in (
+                    lambda: store.history(agent_id, conversation=conversation),
+                    lambda: store.state(agent_id, conversation=conversation),
+                    lambda: store.memory(agent_id),
+                    lambda: store.versions(agent_id),
+                    lambda: store.conversations(agent_id),
+                    lambda: store.alarms(agent_id),
+                    lambda: store.search_compacted(agent_id, conversation),
+                    lambda: store.sql(agent_id, "SELECT 1"),
+                ):
+                    with contextlib.suppress(DurableError):
+                        read()
+
+        check()
+
+    def test_conversation_ids(self, base: Base) -> None:
         """A conversation id is refused with InvalidConversationIdError, or its turn commits."""
-        with copy_of(base_db) as path:
-            agent = Holder(agent_id="h")
-            try:
-                with persisted(path, FakeLLM(["ok"])), agent.conversation(conversation):
-                    agent.ask("hi")
-            except InvalidConversationIdError:
+
+        @base.fuzz(40)
+        @given(conversation=st.one_of(ANY_TEXT, st.integers(), st.none()))
+        def check(conversation: Any) -> None:
+            with base.copy() as path:
+                agent = Holder(agent_id="h")
+                try:
+                    with persisted(path, FakeLLM(["ok"])), agent.conversation(conversation):
+                        agent.ask("hi")
+                except InvalidConversationIdError:
+                    with Store(path) as store:
+                        assert [a.agent_id for a in store.agents()] == ["w1"]
+                    return
                 with Store(path) as store:
-                    assert [a.agent_id for a in store.agents()] == ["w1"]
-                return
-            with Store(path) as store:
-                assert conversation in [c.conversation for c in store.conversations("h")]
-                assert len(store.history("h", conversation=conversation)) == 3
+                    assert conversation in [c.conversation for c in store.conversations("h")]
+                    assert len(store.history("h", conversation=conversation)) == 3
+
+        check()
 
 
 def unserialisable() -> st.SearchStrategy[Any]:
@@ -327,31 +385,36 @@ VALUES = st.one_of(
 class TestStateValues:
     """Field values of many types: read back as committed, or StateSerializationError, no write."""
 
-    @fuzz(60)
-    @given(value=VALUES, tag=ANY_TEXT)
-    def test_state_values(self, base_db: Path, value: Any, tag: str) -> None:
-        with copy_of(base_db) as path:
-            agent = Holder(agent_id="h")
-            agent.value, agent.tags = value, [tag]
-            try:
-                with persisted(path, FakeLLM(["ok"])):
-                    agent.ask("hi")
-            except StateSerializationError as e:
-                assert "Nothing was written" in str(e)
+    def test_state_values(self, base: Base) -> None:
+        """A field value reads back as committed, or is refused with no write."""
+
+        @base.fuzz(60)
+        @given(value=VALUES, tag=ANY_TEXT)
+        def check(value: Any, tag: str) -> None:
+            with base.copy() as path:
+                agent = Holder(agent_id="h")
+                agent.value, agent.tags = value, [tag]
+                try:
+                    with persisted(path, FakeLLM(["ok"])):
+                        agent.ask("hi")
+                except StateSerializationError as e:
+                    assert "Nothing was written" in str(e)
+                    with Store(path) as store:
+                        assert "h" not in [a.agent_id for a in store.agents()]
+                    return
                 with Store(path) as store:
-                    assert "h" not in [a.agent_id for a in store.agents()]
-                return
-            with Store(path) as store:
-                stored = store.state("h")
-            assert stored["tags"] == [tag]
-            again = Holder(agent_id="h")
-            handler_ = PersistenceHandler(path)
-            try:
-                handler_.load(again)
-            finally:
-                handler_.close()
-            assert again.tags == [tag]
-            assert json.dumps(again.value) == json.dumps(stored["value"])
+                    stored = store.state("h")
+                assert stored["tags"] == [tag]
+                again = Holder(agent_id="h")
+                handler_ = PersistenceHandler(path)
+                try:
+                    handler_.load(again)
+                finally:
+                    handler_.close()
+                assert again.tags == [tag]
+                assert json.dumps(again.value) == json.dumps(stored["value"])
+
+        check()
 
 
 # -- the model's tool arguments --------------------------------------------------
@@ -467,31 +530,38 @@ class ToolCaller(ObjectInterpretation):  # type: ignore[misc]
 class TestToolArguments:
     """The model's arguments to memory, SQL and alarm tools: done, or an error text, no write."""
 
-    @fuzz(150)
-    @given(call=TOOL_CALLS)
-    def test_tool_call(self, base_db: Path, call: tuple[str, dict[str, Any]]) -> None:
-        name, arguments = call
-        with copy_of(base_db) as path:
-            before = logical(path)
-            caller = ToolCaller(name, arguments)
-            persistence = PersistenceHandler(path)
-            try:
-                with handler(caller), handler(persistence):
-                    Worker(agent_id="w1").ask("go")
-            finally:
-                persistence.close()
-            result = caller.result
-            if not caller.decoded:
-                assert logical(path) == before
-                return
-            assert isinstance(result, str | list), result
-            if isinstance(result, str) and result.startswith("error:"):
-                assert logical(path) == before, result
-            with Store(path) as store:
-                assert store.check()["integrity"] == "ok"
-                store.sql("w1", "SELECT * FROM items")
-                store.memory("w1")
-                store.alarms("w1")
+    def test_tool_call(self, base: Base) -> None:
+        """A tool call is done, or an error text the model reads with nothing written."""
+
+        @base.fuzz(150)
+        @given(call=TOOL_CALLS)
+        def check(call: tuple[str, dict[str, Any]]) -> None:
+            name, arguments = call
+            assume(not (is_postgres(base.db) and "alarm" in name))  # not on PostgreSQL yet
+            with base.copy() as path:
+                before = logical(path)
+                caller = ToolCaller(name, arguments)
+                persistence = PersistenceHandler(path)
+                try:
+                    with handler(caller), handler(persistence):
+                        Worker(agent_id="w1").ask("go")
+                finally:
+                    persistence.close()
+                result = caller.result
+                if not caller.decoded:
+                    assert logical(path) == before
+                    return
+                assert isinstance(result, str | list), result
+                if isinstance(result, str) and result.startswith("error:"):
+                    assert logical(path) == before, result
+                with Store(path) as store:
+                    assert store.check()["integrity"] == "ok"
+                    store.sql("w1", "SELECT * FROM items")
+                    store.memory("w1")
+                    if not is_postgres(path):  # alarms: as above
+                        store.alarms("w1")
+
+        check()
 
 
 # -- messages of odd shapes ------------------------------------------------------
@@ -565,38 +635,43 @@ def same_json(a: Any, b: Any) -> bool:
 class TestOddMessages:
     """Messages of odd shapes: committed and read back exactly, or refused without a write."""
 
-    @fuzz(60)
-    @given(added=messages())
-    def test_odd_messages(self, base_db: Path, added: list[tuple[Any, Any]]) -> None:
-        with copy_of(base_db) as path:
-            persistence = PersistenceHandler(path)
-            agent = Holder(agent_id="h")
-            try:
-                with handler(Scribe(added)), handler(persistence):
-                    agent.ask("hi")
-            except StateSerializationError as e:
-                assert "Nothing was written" in str(e)
-                with Store(path) as store:
-                    assert "h" not in [a.agent_id for a in store.agents()]
-                return
-            finally:
-                persistence.close()
-            with Store(path) as store:
-                history = store.history("h")
-            assert len(history) == len(added)
-            for stored, (_, message) in zip(history, added, strict=True):
-                assert same_json(stored, message)
-            again = Holder(agent_id="h")
-            loader = PersistenceHandler(path)
-            try:
-                loader.load(again)
-            finally:
-                loader.close()
-            assert list(again.__history__) == [key for key, _ in added]
-            code, _, err = cli(["history", str(path), "h", "--all"])
-            assert code == 0, err
+    def test_odd_messages(self, base: Base) -> None:
+        """Messages of odd shapes read back exactly, or are refused with no write."""
 
-    def test_deep_message_is_compacted(self, base_db: Path) -> None:
+        @base.fuzz(60)
+        @given(added=messages())
+        def check(added: list[tuple[Any, Any]]) -> None:
+            with base.copy() as path:
+                persistence = PersistenceHandler(path)
+                agent = Holder(agent_id="h")
+                try:
+                    with handler(Scribe(added)), handler(persistence):
+                        agent.ask("hi")
+                except StateSerializationError as e:
+                    assert "Nothing was written" in str(e)
+                    with Store(path) as store:
+                        assert "h" not in [a.agent_id for a in store.agents()]
+                    return
+                finally:
+                    persistence.close()
+                with Store(path) as store:
+                    history = store.history("h")
+                assert len(history) == len(added)
+                for stored, (_, message) in zip(history, added, strict=True):
+                    assert same_json(stored, message)
+                again = Holder(agent_id="h")
+                loader = PersistenceHandler(path)
+                try:
+                    loader.load(again)
+                finally:
+                    loader.close()
+                assert list(again.__history__) == [key for key, _ in added]
+                code, _, err = cli(["history", str(path), "h", "--all"])
+                assert code == 0, err
+
+        check()
+
+    def test_deep_message_is_compacted(self, base: Base) -> None:
         """A message nested deeper than SQLite's JSON functions read (1,000) compacts like any.
 
         It stays in the history, unsearchable by recall; the compaction commits.
@@ -611,7 +686,7 @@ class TestOddMessages:
                 (f"a{n}", {"id": f"a{n}", "role": "assistant", "content": "ok"}),
             ]
 
-        with copy_of(base_db) as path:
+        with base.copy() as path:
             persistence = PersistenceHandler(path)
             compaction = CompactionHandler(max_messages=6, keep_recent=2)
             agent = Holder(agent_id="h")
