@@ -1,4 +1,6 @@
+import contextlib
 import gc
+import itertools
 import os
 
 # litellm downloads a price list on import unless told to use its bundled copy.
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from helpers import NewDatabases
     from postgres_server import PostgresServer
 
 
@@ -84,3 +87,31 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         pytest.skip(f"SQLite only: {marker.args[0]}")
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def new_databases(request: pytest.FixtureRequest, tmp_path: Path) -> "NewDatabases":
+    """Make empty databases, SQLite files and then PostgreSQL databases, for a test
+    that needs a fresh one per Hypothesis example."""
+    from helpers import NewDatabases
+
+    if request.param == "sqlite":
+        numbers = itertools.count(1)
+
+        @contextlib.contextmanager
+        def new_file() -> Iterator[str]:
+            yield str(tmp_path / f"state-{next(numbers)}.db")
+
+        return NewDatabases(new_file, postgres=False)
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+
+    @contextlib.contextmanager
+    def new_database() -> Iterator[str]:
+        url = server.new_database()
+        try:
+            yield url
+        finally:
+            gc.collect()  # Stores the example left open let go of their pools first
+            server.drop_database(url)
+
+    return NewDatabases(new_database, postgres=True)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,22 @@ def pad_messages(db: Path | str, agent_id: str, count: int) -> None:
         agent_id,
     )
     edit_rows(db, "ANALYZE messages")
+
+
+class NewDatabases:
+    """Makes new, empty databases of one backend: the ``new_databases`` fixture."""
+
+    def __init__(self, make: Callable[[], AbstractContextManager[str]], *, postgres: bool) -> None:
+        self._make, self.postgres = make, postgres
+
+    def __call__(self) -> AbstractContextManager[str]:
+        """A new database (a file path or a URL), dropped on PostgreSQL when the block ends."""
+        return self._make()
+
+    def examples(self, count: int) -> int:
+        """``count`` Hypothesis examples on SQLite, a fifth on PostgreSQL, where each one
+        costs several times as much (a database made and dropped, turns over a socket)."""
+        return max(count // 5, 2) if self.postgres else count
 
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:

@@ -1,16 +1,17 @@
 """Hypothesis: random memory writes, failed turns, rollbacks, forks and prunes vs a model dict.
 
 The machine drives real turns of StateTools agents (FakeLLM tool calls through
-PersistenceHandler on a real SQLite file) and keeps, per agent, the memory every
-committed version must hold. After every step it reads EVERY version of every
-agent back through ``Store.memory(agent, v)`` and compares.
+PersistenceHandler on a real SQLite file, then on a PostgreSQL database) and
+keeps, per agent, the memory every committed version must hold. After every step
+it reads EVERY version of every agent back through ``Store.memory(agent, v)`` and
+compares.
 """
 
 import collections
 import contextlib
 import json
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import hypothesis.strategies as st
@@ -23,11 +24,12 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from effectful_durable.store.memory import MemoryPart
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
-from tests.helpers import Keeper, integrity, persisted
+from tests.helpers import Keeper, NewDatabases, integrity, persisted
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 # Mostly small ints, so that keys often get back a value they held (an unchanged put
@@ -55,14 +57,13 @@ class MemoryMachine(RuleBasedStateMachine):
 
     names = Bundle("names")
 
-    def __init__(self) -> None:
+    def __init__(self, new_database: Callable[[], AbstractContextManager[str]]) -> None:
         super().__init__()
-        self.directory = tempfile.TemporaryDirectory()
-        self.db_path = Path(self.directory.name) / "state.db"
         self.replies: collections.deque[Reply] = collections.deque()
         self.stack = contextlib.ExitStack()
+        self.db = self.stack.enter_context(new_database())
         self.persistence = self.stack.enter_context(
-            persisted(self.db_path, FakeLLM(respond=self._respond))
+            persisted(self.db, FakeLLM(respond=self._respond))
         )
         self.store = self.persistence.store
         self.agents: dict[str, Keeper] = {}
@@ -75,7 +76,6 @@ class MemoryMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.stack.close()
-        self.directory.cleanup()
 
     @initialize(target=names)
     def first_agent(self) -> str:
@@ -151,8 +151,7 @@ class MemoryMachine(RuleBasedStateMachine):
             st.sampled_from(sorted(n for n, v in self.versions.items() if len(v) > 1))
         )
         keep_from = data.draw(st.integers(self.pruned.get(name, 1), len(self.versions[name])))
-        conn = self.store._connection()
-        with conn:
+        with self.store._writing() as conn:
             MemoryPart().prune(conn, name, keep_from)
         self.pruned[name] = keep_from
 
@@ -174,22 +173,27 @@ class MemoryMachine(RuleBasedStateMachine):
         assert not self.replies
 
 
-MemoryMachine.TestCase.settings = settings(
-    max_examples=20,
-    stateful_step_count=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-TestMemoryMachine = MemoryMachine.TestCase
+class TestMemoryMachine:
+    def test_every_version_reads_back(self, new_databases: NewDatabases) -> None:
+        """Random turns, failed turns, rollbacks, forks and prunes leave every version's
+        memory as the model says."""
+        run_state_machine_as_test(
+            lambda: MemoryMachine(new_databases),
+            settings=settings(
+                max_examples=new_databases.examples(20),
+                stateful_step_count=12,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
 
-
-def test_machine_database_is_sound(tmp_path: Path) -> None:
-    """One long run of the machine leaves a database that passes integrity_check."""
-    machine = MemoryMachine()
-    try:
-        machine.first_agent()
-        for n in range(12):
-            machine.turn("a0", [("put", "abcde"[n % 5], n), ("delete", "abcde"[n % 3], None)])
-        assert integrity(machine.db_path) == "ok"
-    finally:
-        machine.teardown()
+    def test_machine_database_is_sound(self, new_databases: NewDatabases) -> None:
+        """One long run of the machine leaves a database that passes integrity_check."""
+        machine = MemoryMachine(new_databases)
+        try:
+            machine.first_agent()
+            for n in range(12):
+                machine.turn("a0", [("put", "abcde"[n % 5], n), ("delete", "abcde"[n % 3], None)])
+            assert integrity(machine.db) == "ok"
+        finally:
+            machine.teardown()

@@ -2,20 +2,19 @@
 
 import random
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 from effectful.handlers.llm.completions import _get_history, completion
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effectful_durable import Store
 from effectful_durable.agents.history import History
 from effectful_durable.store.history import _without_cache_hints
 from effectful_durable.testing import FakeLLM
-from tests.helpers import Assistant, persisted
+from tests.helpers import Assistant, NewDatabases, persisted
 
 
 def msg(key: str, text: str = "", role: str = "user") -> dict[str, Any]:
@@ -128,23 +127,28 @@ def plain(messages: Any) -> list[Any]:
     return [_without_cache_hints(m) for m in messages]
 
 
-@settings(
-    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    seed=st.integers(0, 2**32),
-    plan=st.lists(
-        st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()), min_size=3, max_size=12
-    ),
-)
-def test_random_edits_anywhere_are_recorded_exactly(
-    tmp_path: Path, seed: int, plan: list[tuple[int, int, bool]]
-) -> None:
-    """Random edits anywhere in a long history, in turns and between them, reach the disk,
-    also on an agent object just loaded from the database."""
-    db = tmp_path / f"edits-{seed}.db"
-    db.unlink(missing_ok=True)
-    rng = random.Random(seed)
+class TestEditsReachTheDatabase:
+    def test_random_edits_anywhere_are_recorded_exactly(self, new_databases: NewDatabases) -> None:
+        """Random edits anywhere in a long history, in turns and between them, reach the
+        database, also on an agent object just loaded from it."""
+
+        @settings(max_examples=new_databases.examples(10), deadline=None)
+        @given(
+            seed=st.integers(0, 2**32),
+            plan=st.lists(
+                st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()),
+                min_size=3,
+                max_size=12,
+            ),
+        )
+        def check(seed: int, plan: list[tuple[int, int, bool]]) -> None:
+            with new_databases() as db:
+                edit_and_compare(db, random.Random(seed), plan)
+
+        check()
+
+
+def edit_and_compare(db: str, rng: random.Random, plan: list[tuple[int, int, bool]]) -> None:
     bot = Assistant(agent_id="edited")
     llm = FakeLLM(respond=lambda call: "ok")
     with persisted(db, llm) as persistence:
