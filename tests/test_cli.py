@@ -1,4 +1,9 @@
-"""The effectful-durable command: every subcommand, its output, its errors, and no litellm."""
+"""The effectful-durable command: every subcommand, its output, its errors, and no litellm.
+
+Reads, repairs and their errors run on PostgreSQL too (``each_db``, ``TestOnPostgres``);
+what is about files (missing, empty or foreign files, a file's bytes left as they
+were, vacuum, backup) stays on SQLite.
+"""
 
 import json
 import shutil
@@ -79,6 +84,17 @@ def db(template_db: Path, tmp_path: Path) -> str:
         if Path(f"{template_db}{suffix}").exists():
             shutil.copy(f"{template_db}{suffix}", f"{copy}{suffix}")
     return str(copy)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def each_db(request: pytest.FixtureRequest, db: str) -> str:
+    """A fresh copy of the template database: the file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return db
+    url: str = request.getfixturevalue("postgres_url")
+    with Store(db, readonly=True) as source, Store(url) as target:
+        copy_store(source, target)
+    return url
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -329,33 +345,33 @@ class TestMemoryCommand:
 
 
 class TestMaintenance:
-    def test_rollback(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_rollback(self, each_db: str, capsys: pytest.CaptureFixture[str]) -> None:
         """rollback commits a new version equal to the old one and says so."""
-        code, out, _ = run(capsys, "rollback", db, "bot", "1")
+        code, out, _ = run(capsys, "rollback", each_db, "bot", "1")
         assert code == 0 and out == "bot: version 3 committed, equal to version 1\n"
-        with Store(db, readonly=True) as store:
+        with Store(each_db, readonly=True) as store:
             assert len(store.history("bot")) == 3
             assert store.state("bot")["turns"] == 0
-        _, out, _ = run(capsys, "versions", db, "bot")
+        _, out, _ = run(capsys, "versions", each_db, "bot")
         assert table(out)[-1][:2] == ["3", "rollback"] and table(out)[-1][-1] == "to=1"
 
-    def test_fork(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_fork(self, each_db: str, capsys: pytest.CaptureFixture[str]) -> None:
         """fork copies an agent at a version, latest by default, into a new agent."""
-        code, out, _ = run(capsys, "fork", db, "bot", "twin")
+        code, out, _ = run(capsys, "fork", each_db, "bot", "twin")
         assert code == 0
         assert out == "twin: version 1 committed, a copy of bot version 2 (5 messages)\n"
-        _, out, _ = run(capsys, "fork", db, "bot", "early", "--version", "1")
+        _, out, _ = run(capsys, "fork", each_db, "bot", "early", "--version", "1")
         assert out == "early: version 1 committed, a copy of bot version 1 (3 messages)\n"
-        with Store(db, readonly=True) as store:
+        with Store(each_db, readonly=True) as store:
             assert store.history("twin") == store.history("bot")
-        _, out, _ = run(capsys, "versions", db, "early")
+        _, out, _ = run(capsys, "versions", each_db, "early")
         assert out.splitlines()[-1].endswith("from=bot version=1")
 
-    def test_delete(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_delete(self, each_db: str, capsys: pytest.CaptureFixture[str]) -> None:
         """delete --yes removes the agent."""
-        code, out, _ = run(capsys, "delete", db, "bot", "--yes")
+        code, out, _ = run(capsys, "delete", each_db, "bot", "--yes")
         assert code == 0 and out == "bot: deleted\n"
-        with Store(db, readonly=True) as store:
+        with Store(each_db, readonly=True) as store:
             assert [a.agent_id for a in store.agents()] == ["planner", "talker"]
 
     def test_delete_needs_yes(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -384,12 +400,12 @@ class TestMaintenance:
             assert store.workflows() == []
 
     def test_reset_workflow_from_a_later_step(
-        self, db: str, capsys: pytest.CaptureFixture[str]
+        self, each_db: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """reset-workflow --from-step past the last step touches no agent."""
-        code, out, _ = run(capsys, "reset-workflow", db, "wf", "--from-step", "2")
+        code, out, _ = run(capsys, "reset-workflow", each_db, "wf", "--from-step", "2")
         assert code == 0 and out == "wf: steps 2 and later forgotten\n"
-        with Store(db, readonly=True) as store:
+        with Store(each_db, readonly=True) as store:
             assert len(store.steps("wf")) == 1
 
 
@@ -431,10 +447,10 @@ class TestRetention:
         assert code == 1 and "exists" in err
 
     def test_fork_names_the_version_it_copied(
-        self, db: str, capsys: pytest.CaptureFixture[str]
+        self, each_db: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """fork without --version says which version it copied: the latest."""
-        code, out, _ = run(capsys, "fork", db, "bot", "twin")
+        code, out, _ = run(capsys, "fork", each_db, "bot", "twin")
         assert code == 0 and "a copy of bot version 2" in out
 
 
@@ -501,10 +517,10 @@ class TestErrors:
         assert err.startswith(f"effectful-durable: error: {message}")
         assert len(err.splitlines()) == 1
 
-    def test_agent_in_use(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_agent_in_use(self, each_db: str, capsys: pytest.CaptureFixture[str]) -> None:
         """A repair of an agent whose turn is running fails with AgentInUseError's message."""
-        with Store(db) as store, store.agent_lock("bot"):
-            code, _, err = run(capsys, "rollback", db, "bot", "1")
+        with Store(each_db) as store, store.agent_lock("bot"):
+            code, _, err = run(capsys, "rollback", each_db, "bot", "1")
         assert code == 1 and "agent 'bot' is in use" in err
         assert "run the command again once that turn has finished" in err
 
@@ -520,16 +536,17 @@ class TestErrors:
         ids=["agent", "workflow", "agent-id", "prune", "version"],
     )
     def test_errors_speak_the_command_line(
-        self, db: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+        self, each_db: str, capsys: pytest.CaptureFixture[str], argv: list[str]
     ) -> None:
         """Error messages name commands and options, never Python calls or keywords."""
-        _, _, err = run(capsys, argv[0], db, *argv[1:])
+        _, _, err = run(capsys, argv[0], each_db, *argv[1:])
         assert err.startswith("effectful-durable: error: ")
         for python in ("Store", "()", "wait=", "busy_timeout", "agent_id"):
             assert python not in err, err
         if "lists" in err:
             assert (
-                f"`effectful-durable {'workflows' if 'workflow' in err else 'agents'} {db}`" in err
+                f"`effectful-durable {'workflows' if 'workflow' in err else 'agents'} {each_db}`"
+                in err
             )
 
     def test_busy_and_in_use_messages_speak_the_command_line(self) -> None:
