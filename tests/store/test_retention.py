@@ -452,10 +452,10 @@ def test_prune_agent_is_a_noop_at_the_same_point(store_url: str) -> None:
 class TestReports:
     """fork and reset_workflow say what they did."""
 
-    def test_fork_of_latest_names_the_version(self, db_path: Path) -> None:
+    def test_fork_of_latest_names_the_version(self, store_url: str) -> None:
         """fork(agent, None, new) records which version it copied."""
-        run_turns(db_path, 3)
-        with Store(db_path) as store:
+        run_turns(store_url, 3)
+        with Store(store_url) as store:
             copy = store.fork("bot", None, "twin")
             assert (copy.agent_id, copy.version, copy.source_id, copy.source_version) == (
                 "twin",
@@ -464,11 +464,11 @@ class TestReports:
                 3,
             )
 
-    def test_reset_workflow_dry_run_and_pruned_target(self, db_path: Path) -> None:
+    def test_reset_workflow_dry_run_and_pruned_target(self, store_url: str) -> None:
         """A dry run changes nothing; a reset whose target version was pruned changes nothing."""
-        run_turns(db_path, 2)
-        run_turns(db_path, 3, workflow="wf")
-        with Store(db_path) as store:
+        run_turns(store_url, 2)
+        run_turns(store_url, 3, workflow="wf")
+        with Store(store_url) as store:
             plan = store.reset_workflow("wf", dry_run=True)
             assert (plan.rolled_back, plan.deleted, plan.steps) == (("bot",), (), 3)
             assert store.agents()[0].version == 5 and len(store.steps("wf")) == 3
