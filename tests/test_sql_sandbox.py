@@ -262,11 +262,11 @@ class TestEscapes:
 class TestRules:
     """What the sandbox allows, and what it refuses without the opt-in."""
 
-    def test_schema_changes_need_the_opt_in(self, db_path: Path) -> None:
+    def test_schema_changes_need_the_opt_in(self, store_url: str) -> None:
         """An agent without __sql_create_tables__ cannot create, alter or drop tables."""
         bot = Tracker(agent_id="t")
         results = sql_turn(
-            db_path,
+            store_url,
             bot,
             ToolCall("sql_execute", {"statement": "CREATE TABLE x (id INTEGER PRIMARY KEY)"}),
             ToolCall("sql_execute", {"statement": "ALTER TABLE runs ADD COLUMN y"}),
@@ -275,17 +275,17 @@ class TestRules:
         )
         assert all(r.startswith("error: ") for r in results)
         assert all("may not change its schema" in r for r in results), results
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             assert store.sql("t", "SELECT name FROM sqlite_schema ORDER BY name").rows == [
                 ("notes",),
                 ("runs",),
             ]
 
-    def test_opted_in_schema_changes(self, db_path: Path) -> None:
+    def test_opted_in_schema_changes(self, store_url: str) -> None:
         """With the opt-in the agent creates, indexes, alters and drops tables of its own."""
         bot = Builder(agent_id="b")
         results = sql_turn(
-            db_path,
+            store_url,
             bot,
             ToolCall("sql_execute", {"statement": "CREATE TABLE t (id INTEGER PRIMARY KEY, a)"}),
             ToolCall("sql_execute", {"statement": "CREATE INDEX t_a ON t (a)"}),
@@ -295,7 +295,7 @@ class TestRules:
             ToolCall("sql_execute", {"statement": "DROP TABLE u"}),
         )
         assert not any(r.startswith("error") for r in results), results
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             assert store.sql("b", "SELECT name FROM sqlite_schema ORDER BY name").rows == [
                 ("notes",),
                 ("notes_body",),
@@ -303,10 +303,10 @@ class TestRules:
                 ("t_a",),
             ]
 
-    def test_read_pragmas_and_schema_are_allowed(self, db_path: Path) -> None:
+    def test_read_pragmas_and_schema_are_allowed(self, store_url: str) -> None:
         """The listed read-only pragmas and the agent's own sqlite_schema can be read."""
         results = sql_turn(
-            db_path,
+            store_url,
             Tracker(agent_id="t"),
             ToolCall("sql_query", {"query": "PRAGMA table_info(runs)"}),
             ToolCall("sql_query", {"query": "SELECT name FROM pragma_table_list ORDER BY 1"}),
