@@ -2,7 +2,8 @@
 replays every step on a re-run, and resumes after Ctrl-C.
 
 Each demo run is a child process that pays seconds to import litellm, so the four runs
-happen once, two at a time, in a module-scoped fixture.
+happen once, two at a time, in a module-scoped fixture. On a PostgreSQL database two
+more runs (a first and a re-run) show the same journal and the same files.
 """
 
 import dataclasses
@@ -14,8 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
 
 DEMO = Path(__file__).parents[1] / "examples" / "multi_agent" / "workflow.py"
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
@@ -49,11 +54,12 @@ class Runs:
     resumed_files: dict[str, bytes]
 
 
-def start(folder: Path, *options: str) -> subprocess.Popen[str]:
-    """Start the demo, offline, with its database and project folder in ``folder``."""
-    db, project = folder / "demo.db", folder / "project"
+def start(folder: Path, *options: str, db: str = "") -> subprocess.Popen[str]:
+    """Start the demo, offline, with its project folder in ``folder`` and its database
+    there too, or at ``db``."""
+    db, project = db or str(folder / "demo.db"), folder / "project"
     return subprocess.Popen(
-        [sys.executable, str(DEMO), "--db", str(db), "--out", str(project), *options],
+        [sys.executable, str(DEMO), "--db", db, "--out", str(project), *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -127,6 +133,29 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     )
 
 
+@dataclasses.dataclass
+class PostgresRuns:
+    """Two demo runs on a PostgreSQL database: a first one, then again."""
+
+    first: Outcome
+    first_files: dict[str, bytes]
+    again: Outcome
+    again_files: dict[str, bytes]
+
+
+@pytest.fixture(scope="module")
+def postgres_runs(
+    tmp_path_factory: pytest.TempPathFactory, postgres_server: "PostgresServer"
+) -> PostgresRuns:
+    """A first run and a re-run of the demo with ``--db`` a PostgreSQL URL."""
+    folder, url = tmp_path_factory.mktemp("postgres"), postgres_server.new_database()
+    first = finish(start(folder, db=url))
+    first_files = snapshot(folder / "project")
+    again = finish(start(folder, db=url))
+    postgres_server.drop_database(url)
+    return PostgresRuns(first, first_files, again, snapshot(folder / "project"))
+
+
 class TestFirstRun:
     def test_exits_zero_having_run_every_step_live(self, runs: Runs) -> None:
         """A fresh run succeeds, runs every step live and exercises the review-fix loop."""
@@ -183,6 +212,25 @@ class TestCtrlC:
         assert steps["coder-1#1"] == "live"
         assert model_calls(runs.resumed.output) < model_calls(runs.first.output)
         assert runs.resumed_files == runs.first_files
+
+
+class TestOnPostgres:
+    def test_first_run_writes_what_it_writes_with_a_file(
+        self, runs: Runs, postgres_runs: PostgresRuns
+    ) -> None:
+        """On a PostgreSQL URL the first run runs the same steps live and writes the same
+        files as with a database file."""
+        assert postgres_runs.first.returncode == 0, postgres_runs.first.output
+        assert journal(postgres_runs.first.output) == journal(runs.first.output)
+        assert postgres_runs.first_files == runs.first_files
+
+    def test_rerun_replays_every_step(self, postgres_runs: PostgresRuns) -> None:
+        """A re-run on the same database replays every step without a model call."""
+        assert postgres_runs.again.returncode == 0, postgres_runs.again.output
+        assert model_calls(postgres_runs.again.output) == 0
+        steps = journal(postgres_runs.first.output).keys()
+        assert journal(postgres_runs.again.output) == dict.fromkeys(steps, "replayed")
+        assert postgres_runs.again_files == postgres_runs.first_files
 
 
 @pytest.fixture(scope="module")

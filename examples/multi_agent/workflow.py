@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -37,7 +38,14 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 from offline_model import scripted_model
 
-from effectful_durable import DurableError, PersistenceHandler, PersistentAgent, Store, ephemeral
+from effectful_durable import (
+    DurableError,
+    NotFoundError,
+    PersistenceHandler,
+    PersistentAgent,
+    Store,
+    ephemeral,
+)
 from effectful_durable.testing import FakeLLM
 
 WORKFLOW = "build-textkit"
@@ -357,7 +365,7 @@ def show_journal() -> None:
     journal.propagate = False
 
 
-def report(db: Path, project: Path, calls: ModelCalls) -> None:
+def report(db: str, project: Path, calls: ModelCalls) -> None:
     """Say where the results are, run textkit's own tests, and count the model calls."""
     with Store(db, readonly=True) as store:
         steps = store.steps(WORKFLOW)
@@ -368,11 +376,22 @@ def report(db: Path, project: Path, calls: ModelCalls) -> None:
     print(f"model calls: {calls.count}")
 
 
-def shown(path: Path) -> str:
-    """``path`` as short as it can be: relative to the current folder if inside it."""
+def shown(place: str | Path) -> str:
+    """A path as short as it can be (relative to the current folder if inside it), a
+    database URL without its password."""
+    if is_url(place):
+        url = urllib.parse.urlsplit(str(place))
+        if url.password is None:
+            return str(place)
+        return str(place).replace(f":{url.password}@", ":***@", 1)
     with contextlib.suppress(ValueError):
-        return str(path.resolve().relative_to(Path.cwd()))
-    return str(path)
+        return str(Path(place).resolve().relative_to(Path.cwd()))
+    return str(place)
+
+
+def is_url(place: str | Path) -> bool:
+    """Whether ``place`` is a PostgreSQL URL rather than a file."""
+    return str(place).startswith(("postgresql://", "postgres://"))
 
 
 def run_textkit_tests(project: Path) -> None:
@@ -415,7 +434,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--db", type=Path, default=OUT / "build-textkit.db", help="database")
+    parser.add_argument(
+        "--db",
+        default=str(OUT / "build-textkit.db"),
+        help="database: a file, or a postgresql:// URL",
+    )
     parser.add_argument(
         "--out", type=Path, default=OUT / "textkit-project", help="folder the coders write"
     )
@@ -429,12 +452,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def start_over(db: Path, project: Path) -> None:
-    """Delete the database (and its -wal, -shm, -lock files) and the project folder."""
+def start_over(db: str, project: Path) -> None:
+    """Delete the project folder, and the database file (with its -wal, -shm, -lock
+    files) or, in a PostgreSQL database, the workflow's journal and agents."""
     if project.is_dir() and any(project.iterdir()) and not (project / MARKER).exists():
         msg = f"--fresh: not deleting {project}: this program did not create it"
         raise SystemExit(msg)
     shutil.rmtree(project, ignore_errors=True)
+    if is_url(db):
+        with Store(db) as store, contextlib.suppress(NotFoundError):  # no journal yet
+            store.reset_workflow(WORKFLOW)  # deletes the agents its steps created
+        return
     for suffix in ("", "-wal", "-shm", "-lock"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
 
@@ -444,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.fresh:
         start_over(args.db, args.out)
-    args.db.parent.mkdir(parents=True, exist_ok=True)
+    if not is_url(args.db):
+        Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     if not args.out.is_dir() or not any(args.out.iterdir()):
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / MARKER).touch()
