@@ -58,6 +58,26 @@ class TestPromise6CostFollowsTheTurn:
         with Store(store_url) as store:
             assert store.versions("bot")[-1].added == 2
 
+    def test_turn_after_a_load_among_many_agents_writes_what_any_turn_writes(
+        self, store_url: str
+    ) -> None:
+        """The first turn of an agent loaded afresh, among 30 other agents, changes as many
+        rows as its turns before did."""
+        with persisted(store_url, FakeLLM(respond=echo)) as persistence:
+            bot = Assistant(agent_id="bot")
+            for turn in range(40):
+                written = rows_written_from_now(persistence.store)
+                bot.ask(f"question {turn}")
+            before = written()
+            for n in range(30):
+                Assistant(agent_id=f"other-{n}").ask("hello")
+        with persisted(store_url, FakeLLM(respond=echo)) as persistence:
+            bot = Assistant(agent_id="bot")
+            persistence.load(bot)
+            written = rows_written_from_now(persistence.store)
+            bot.ask("question 40")
+            assert written() == before
+
     def test_loading_reads_only_active_rows_through_the_index(self, store_url: str) -> None:
         """load_agent's message query is an index range read of one conversation, not a
         table scan, however many other conversations the agent has."""
