@@ -242,6 +242,13 @@ class TestBadInput:
         with Store(two_turns(store_url)) as store, pytest.raises(error):
             store.search_compacted(agent_id, "one", conversation=conversation)
 
+    def test_agent_lock_of_an_invalid_id(self, store_url: str) -> None:
+        """Store.agent_lock of an id holding a lone surrogate raises InvalidAgentIdError
+        (a UnicodeEncodeError on entering the block before the fix)."""
+        with Store(store_url) as store, pytest.raises(InvalidAgentIdError):
+            with store.agent_lock("a\ud800"):
+                pass
+
     def test_state_field_of_bytes_that_are_not_utf8(self, store_url: str) -> None:
         """A bytes field that pydantic cannot store as JSON is a StateSerializationError."""
         agent = Holder(agent_id="h")

@@ -21,6 +21,7 @@ from .agent_parts import PartMethods
 from .backend import Conn, Database, is_postgres_url
 from .connection import Durability
 from .damage import DamageWatch, watched
+from .ids import validate_agent_id
 from .journal import WorkflowJournal
 from .maintenance import Maintenance
 from .memory import MemoryRows
@@ -160,9 +161,12 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         """Hold the agent against every other thread and process.
 
         Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
             AgentInUseError: It stayed held for longer than ``wait`` seconds.
         """
-        return self._db.agent_lock(agent_id, wait=wait)
+        # Checked here, as the lock is taken only when the block is entered, past the
+        # translation of the lock's errors (a lone surrogate cannot name a lock file).
+        return self._db.agent_lock(validate_agent_id(agent_id), wait=wait)
 
     # -- internals -----------------------------------------------------------
 
