@@ -272,6 +272,24 @@ class Holder(PersistentAgent):
         raise NotHandled
 
 
+def refused_without_a_write(db: Path | str, error: StateSerializationError) -> None:
+    """The refusal says nothing was written, and agent 'h' is not in the database."""
+    assert "Nothing was written" in str(error)
+    with Store(db) as store:
+        assert "h" not in [a.agent_id for a in store.agents()]
+
+
+def loaded(db: Path | str) -> Holder:
+    """A new Holder 'h' loaded from the database, as a new process would."""
+    again = Holder(agent_id="h")
+    persistence = PersistenceHandler(db)
+    try:
+        persistence.load(again)
+    finally:
+        persistence.close()
+    return again
+
+
 class TestIds:
     """Agent and conversation ids: valid ones work end to end, the others are refused clearly."""
 
@@ -398,19 +416,12 @@ class TestStateValues:
                     with persisted(path, FakeLLM(["ok"])):
                         agent.ask("hi")
                 except StateSerializationError as e:
-                    assert "Nothing was written" in str(e)
-                    with Store(path) as store:
-                        assert "h" not in [a.agent_id for a in store.agents()]
+                    refused_without_a_write(path, e)
                     return
                 with Store(path) as store:
                     stored = store.state("h")
                 assert stored["tags"] == [tag]
-                again = Holder(agent_id="h")
-                handler_ = PersistenceHandler(path)
-                try:
-                    handler_.load(again)
-                finally:
-                    handler_.close()
+                again = loaded(path)
                 assert again.tags == [tag]
                 assert json.dumps(again.value) == json.dumps(stored["value"])
 
@@ -648,9 +659,7 @@ class TestOddMessages:
                     with handler(Scribe(added)), handler(persistence):
                         agent.ask("hi")
                 except StateSerializationError as e:
-                    assert "Nothing was written" in str(e)
-                    with Store(path) as store:
-                        assert "h" not in [a.agent_id for a in store.agents()]
+                    refused_without_a_write(path, e)
                     return
                 finally:
                     persistence.close()
@@ -659,12 +668,7 @@ class TestOddMessages:
                 assert len(history) == len(added)
                 for stored, (_, message) in zip(history, added, strict=True):
                     assert same_json(stored, message)
-                again = Holder(agent_id="h")
-                loader = PersistenceHandler(path)
-                try:
-                    loader.load(again)
-                finally:
-                    loader.close()
+                again = loaded(path)
                 assert list(again.__history__) == [key for key, _ in added]
                 code, _, err = cli(["history", str(path), "h", "--all"])
                 assert code == 0, err
