@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -213,6 +214,10 @@ def integrity(db_path: Path | str) -> str:
     return str(persisted_rows(db_path, "PRAGMA integrity_check")[0][0])
 
 
+#: The names of our tables in a PostgreSQL database (none before a Store opened it).
+OUR_POSTGRES_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+
+
 def rows_written_from_now(store: Store) -> Callable[[], int]:
     """A counter of the rows the store writes from now on: call it to read the count.
 
@@ -234,12 +239,13 @@ def rows_written_from_now(store: Store) -> Callable[[], int]:
     return lambda: int(persisted_rows(store.path, f"SELECT {query}", int(first))[0][0])
 
 
-OUR_POSTGRES_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-
-
 @contextlib.contextmanager
 def statements_run(store: Store) -> Iterator[list[tuple[str, Any]]]:
-    """Record each statement (with its parameters) the store runs in this thread meanwhile."""
+    """Record each statement (with its parameters) the store runs in this thread meanwhile.
+
+    On SQLite through the connection's trace hook; on PostgreSQL by wrapping the
+    backend's ``PostgresConn.execute``, which still runs every statement.
+    """
     statements: list[tuple[str, Any]] = []
     if not is_postgres(store.path):
 
@@ -258,8 +264,11 @@ def statements_run(store: Store) -> Iterator[list[tuple[str, Any]]]:
 
     execute = PostgresConn.execute
 
+    thread = threading.current_thread()
+
     def recording(self: PostgresConn, sql: str, bindings: Any = None, /) -> Any:
-        statements.append((sql, bindings))
+        if threading.current_thread() is thread:
+            statements.append((sql, bindings))
         return execute(self, sql, bindings)
 
     PostgresConn.execute = recording  # type: ignore[method-assign]
@@ -319,9 +328,15 @@ class NewDatabases:
         return self._make()
 
     def examples(self, count: int) -> int:
-        """``count`` Hypothesis examples on SQLite, a fifth on PostgreSQL, where each one
-        costs several times as much (a database made and dropped, turns over a socket)."""
-        return max(count // 5, 2) if self.postgres else count
+        """How many Hypothesis examples to run on this backend (``examples_on``)."""
+        return examples_on(self.postgres, count)
+
+
+def examples_on(postgres: bool, count: int) -> int:
+    """``count`` Hypothesis examples on SQLite, a fifth on PostgreSQL, where each one
+    costs several times as much (a database made or cloned and dropped, turns over a
+    socket)."""
+    return max(count // 5, 2) if postgres else count
 
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:

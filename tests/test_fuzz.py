@@ -48,7 +48,7 @@ from effectful_durable import (
 from effectful_durable.handlers.effectful_hooks import bound_agent
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.damage_helpers import Worker, cli
-from tests.helpers import is_postgres, persisted, persisted_rows
+from tests.helpers import examples_on, is_postgres, persisted, persisted_rows
 
 if TYPE_CHECKING:
     from postgres_server import PostgresServer
@@ -111,8 +111,8 @@ class Base:
     server: "PostgresServer | None" = None
 
     def fuzz(self, examples: int) -> Any:
-        """``fuzz``, with a fifth of the examples on PostgreSQL (a copy costs ~0.3 s there)."""
-        return fuzz(examples if self.server is None else examples // 5)
+        """``fuzz``, with fewer examples on PostgreSQL (``examples_on``)."""
+        return fuzz(examples_on(self.server is not None, examples))
 
     @contextlib.contextmanager
     def copy(self) -> Iterator[Path | str]:
