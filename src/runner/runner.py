@@ -24,7 +24,7 @@ from ..errors import AgentInUseError, AlarmLeaseLostError, DurableError, Storage
 from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
-from ..store.alarms import Claim, runner_id
+from ..store.alarm_queue import Claim, runner_id
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig
 

@@ -11,7 +11,8 @@ import apsw
 
 from ..errors import DatabaseBusyError
 from . import alarms as _alarms
-from .alarms import AlarmInfo, AlarmQueue, Schedule
+from .alarm_queue import AlarmQueue, statuses
+from .alarms import AlarmInfo, Schedule
 from .base import StoreBase
 from .ids import validate_agent_id
 from .memory import KEY, NOTE, MemoryNote, memory_at, note_of
@@ -154,7 +155,7 @@ class PartMethods(StoreBase):
         .. versionadded:: 0.2.0
         """
         self._db.require("alarms")
-        return _alarms.statuses(self._connection())
+        return statuses(self._connection())
 
     @property
     def alarm_queue(self) -> AlarmQueue:
