@@ -103,7 +103,6 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         with self._reading() as conn:
             return _alarms.latest(conn, agent_id, include_ended=include_ended)
 
@@ -119,7 +118,6 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         validate_agent_id(agent_id)
         alarm_id = _alarms.new_alarm_id()
         with self._writing() as conn:
@@ -133,7 +131,6 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         with self._writing() as conn:
             return _alarms.cancel(conn, alarm_id, agent_id)
 
@@ -145,7 +142,6 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         with self._writing() as conn:
             return _alarms.rearm(conn, alarm_id, time.time() if at is None else at)
 
@@ -154,11 +150,10 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
-        return statuses(self._connection())
+        with self._reading() as conn:
+            return statuses(conn)
 
     @property
     def alarm_queue(self) -> AlarmQueue:
         """The runner's protocol: claim, release and fail alarms, report status."""
-        self._db.require("alarms")
         return AlarmQueue(cast("Store", self))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .alarms import AlarmStatus, Schedule
-from .backend import Conn
+from .backend import Conn, Database
 from .damage import watched
 from .rows import utc
 
@@ -66,13 +66,16 @@ def next_due(conn: Conn) -> float | None:
     return None if due is None else float(due)
 
 
-def claim(conn: Conn, owner: str, now: float, lease: float) -> Claim | None:
+def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Claim | None:
     """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
 
     The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
-    makes the alarm claimable again through the same index.
+    makes the alarm claimable again through the same index. An alarm another
+    runner is claiming at this moment is skipped, never waited for
+    (``Database.select_for_claim``).
     """
-    row: tuple[Any, ...] | None = conn.execute(
+    row: tuple[Any, ...] | None = db.select_for_claim(
+        conn,
         """
         SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts
           FROM alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
@@ -149,7 +152,7 @@ def reclaim_dead_owners(conn: Conn, now: float) -> int:
         conn.execute(
             """
             UPDATE alarms SET lease_owner = NULL, lease_token = NULL,
-                   due_at = min(due_at, ?2), updated_at = ?3
+                   due_at = CASE WHEN due_at < ?2 THEN due_at ELSE ?2 END, updated_at = ?3
              WHERE lease_owner = ?1 AND status = 'pending'
             """,
             (owner, now, time.time()),
@@ -180,7 +183,15 @@ def record_status(
 ) -> None:
     """Store a runner's latest status report."""
     conn.execute(
-        "INSERT OR REPLACE INTO runner_status VALUES (?, ?, ?, ?, ?, ?, ?)",
+        """
+        INSERT INTO runner_status
+               (runner_id, host, pid, state, started_at, reported_at, report)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (runner_id) DO UPDATE SET
+               host = excluded.host, pid = excluded.pid, state = excluded.state,
+               started_at = excluded.started_at, reported_at = excluded.reported_at,
+               report = excluded.report
+        """,
         (
             runner,
             socket.gethostname(),
@@ -233,7 +244,7 @@ class AlarmQueue:
     def claim(self, owner: str, now: float, lease: float) -> Claim | None:
         """Lease the earliest claimable alarm to ``owner``, or return None."""
         with self._store._writing() as conn:
-            return claim(conn, owner, now, lease)
+            return claim(self._store._db, conn, owner, now, lease)
 
     def release(self, claim: Claim, due_at: float) -> bool:
         """Give a claim back, due again at ``due_at``, without counting an attempt."""

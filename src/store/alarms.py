@@ -456,13 +456,15 @@ def cancel(conn: Conn, alarm_id: str, agent_id: str | None) -> bool:
     found = open_alarm(conn, alarm_id)
     if found is None or (agent_id is not None and found.agent_id != agent_id):
         return False
+    # An alarm scheduled before the agent's first commit opened at version 0.
+    ended_in = max(found.created_in, current_version(conn, found.agent_id))
     conn.execute(
         """
-        UPDATE alarms SET status = 'cancelled', ended_in = max(created_in, ?2),
+        UPDATE alarms SET status = 'cancelled', ended_in = ?2,
                lease_owner = NULL, lease_token = NULL, updated_at = ?3
          WHERE alarm_id = ?1 AND ended_in IS NULL
         """,
-        (alarm_id, current_version(conn, found.agent_id), time.time()),
+        (alarm_id, ended_in, time.time()),
     )
     return True
 

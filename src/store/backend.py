@@ -6,9 +6,11 @@ for a file path, :class:`~effectful_durable.store.postgres.PostgresDatabase` for
 ``maintenance.py``, ``journal.py``, ``conversations.py``, ``memory.py``,
 ``parts.py``, ...) run their SQL on a :class:`Conn`, written in the subset both
 databases read: ``?`` or ``?N`` parameters (PostgreSQL's connection rewrites
-them), upserts spelled ``ON CONFLICT``, no SQLite-only functions. What differs
-(full-text search, locking a row, serialising writers, what the file or server
-can check) is a method of the Database, and its SQL lives in that backend's module.
+them), upserts spelled ``ON CONFLICT``, no SQLite-only functions (nor the
+scalar ``max(a, b)``). What differs (full-text search, locking a row, claiming
+a row that other claimers skip, serialising writers, waking the alarm runners,
+what the file or server can check) is a method of the Database, and its SQL
+lives in that backend's module.
 
 A part a backend does not carry yet is refused there (:meth:`Database.require`),
 never half done.
@@ -95,6 +97,13 @@ class Database(Protocol):
 
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         """Hold writers of ``(scope, key)`` (a workflow's step numbers) off until commit."""
+
+    def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
+        """Run the SELECT ``query`` for rows this write transaction claims.
+
+        Rows another transaction is claiming are skipped, never waited for, and
+        the rows returned stay held against other claimers until this one ends.
+        """
 
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str

@@ -47,8 +47,8 @@ from ..errors import (
 )
 from . import conversation_fields
 from . import conversations as _conversations
-from .alarms import AlarmWrite
-from .backend import Conn, redacted
+from .alarms import AlarmPart
+from .backend import Conn, Rows, redacted
 from .memory import MemoryPart
 from .migrations import APPLICATION_ID
 from .parts import TurnWrite, VersionedPart
@@ -58,20 +58,19 @@ from .workspace import WorkspaceTurn
 
 _HOST = socket.gethostname()
 
-# The parts carried on PostgreSQL so far (SQLite also has the SQL workspace and alarms).
+# The parts carried on PostgreSQL so far (SQLite also has the SQL workspace).
 PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
     conversation_fields.ConversationFields(),
     MemoryPart(),
+    AlarmPart(),
 )
 
 # What PostgreSQL does not carry yet, by the name Database.require is given.
 _UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = (
-    (AlarmWrite, "alarms (AlarmTools, agent.schedule)"),
     (WorkspaceTurn, "the SQL workspace (SQLTools)"),
 )
 _UNSUPPORTED_PREFIXES = (
-    "alarms",
     "the SQL workspace",
     "Store.vacuum",
 )
@@ -295,6 +294,12 @@ class PostgresDatabase:
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         # Read committed lets two writers read the same max(number): one waits here.
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
+
+    def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
+        # Runners on many machines claim at once: each skips the rows the others
+        # are claiming instead of queueing behind them (and, under read committed,
+        # claiming the same row again once they commit).
+        return conn.execute(f"{query} FOR UPDATE SKIP LOCKED", params)
 
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str

@@ -27,7 +27,7 @@ from ..errors import (
 from . import conversation_fields
 from . import conversations as _conversations
 from .alarms import AlarmPart
-from .backend import Conn
+from .backend import Conn, Rows
 from .connection import Durability, connect, quarantine, read_transaction, write_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
@@ -236,6 +236,10 @@ class SQLiteDatabase:
 
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         """Nothing to do: SQLite has one writer at a time."""
+
+    def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
+        # BEGIN IMMEDIATE already holds every other claimer off until commit.
+        return conn.execute(query, params)
 
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str

@@ -1,7 +1,7 @@
 """The alarms part of the store: schedules, cron, and how alarms follow versions."""
 
+import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import croniter
 import pytest
@@ -145,16 +145,16 @@ class TestCron:
 class TestTurnWrites:
     """Alarms staged in a turn commit in its transaction."""
 
-    def test_staged_alarm_commits_with_the_turn(self, db_path: Path) -> None:
+    def test_staged_alarm_commits_with_the_turn(self, store_url: str) -> None:
         """A scheduled alarm is on disk after the commit, created in that version."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             version = commit(store, "a", scheduled("check"))
-        rows = persisted_rows(db_path, "SELECT action, created_in, status FROM alarms")
+        rows = persisted_rows(store_url, "SELECT action, created_in, status FROM alarms")
         assert rows == [("check", version, "pending")]
 
-    def test_failed_commit_writes_no_alarm(self, db_path: Path) -> None:
+    def test_failed_commit_writes_no_alarm(self, store_url: str) -> None:
         """A commit that fails (stale base version) leaves no alarm behind."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             commit(store, "a")
             with pytest.raises(Exception, match="in use"):
                 store.commit_turn(
@@ -165,15 +165,15 @@ class TestTurnWrites:
                     state=None,
                     writes=[scheduled("check")],
                 )
-        assert persisted_rows(db_path, "SELECT count(*) FROM alarms") == [(0,)]
+        assert persisted_rows(store_url, "SELECT count(*) FROM alarms") == [(0,)]
 
 
 class TestVersions:
     """Rollback, fork, prune and delete treat pending alarms as part of each version."""
 
-    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(self, db_path: Path) -> None:
+    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(self, store_url: str) -> None:
         """After rollback to v the pending alarms are exactly those pending at v."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             keep = scheduled("keep")
             v1 = commit(store, "a", keep)
             kept_id = keep.added[0][0]
@@ -190,11 +190,11 @@ class TestVersions:
                 assert pending_at(conn, "a", v4) == [kept_id]
             store.rollback("a", 3)
             assert pending_actions(store, "a") == ["later"]
-        assert integrity(db_path) == "ok"
+        assert integrity(store_url) == "ok"
 
-    def test_rollback_brings_back_a_delivered_one_shot_alarm(self, db_path: Path) -> None:
+    def test_rollback_brings_back_a_delivered_one_shot_alarm(self, store_url: str) -> None:
         """A one-shot alarm whose delivering turn is rolled back is pending again."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             v1 = commit(store, "a", scheduled("once", delay=0))
             queue = store.alarm_queue
             claim = queue.claim("me", NOW + 1, 60)
@@ -207,9 +207,9 @@ class TestVersions:
             (alarm,) = store.alarms("a")
             assert (alarm.action, alarm.status, alarm.leased_by) == ("once", "pending", None)
 
-    def test_fork_copies_pending_alarms_under_new_ids(self, db_path: Path) -> None:
+    def test_fork_copies_pending_alarms_under_new_ids(self, store_url: str) -> None:
         """The fork gets the alarms pending at the forked version, with ids of its own."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             v1 = commit(store, "a", scheduled("first"))
             commit(store, "a", scheduled("second"))
             store.fork("a", v1, "b")
@@ -218,9 +218,9 @@ class TestVersions:
             assert copied.action == "first" and copied.created_in == 1
             assert copied.alarm_id != original.alarm_id
 
-    def test_prune_keeps_what_later_versions_need(self, db_path: Path) -> None:
+    def test_prune_keeps_what_later_versions_need(self, store_url: str) -> None:
         """Pruning drops spans that ended before keep_from; rollbacks after it stay exact."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             early = scheduled("early")
             commit(store, "a", early)
             cancel = AlarmWrite()
@@ -232,14 +232,14 @@ class TestVersions:
 
             with store._writing() as conn:
                 AlarmPart().prune(conn, "a", v3)
-            actions = [r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms")]
+            actions = [r[0] for r in persisted_rows(store_url, "SELECT action FROM alarms")]
             assert sorted(actions) == ["late", "later"]
             store.rollback("a", v3)
             assert pending_actions(store, "a") == ["late"]
 
-    def test_store_prune_keeps_alarms_kept_versions_need(self, db_path: Path) -> None:
+    def test_store_prune_keeps_alarms_kept_versions_need(self, store_url: str) -> None:
         """Store.prune removes ended alarms only old versions held; rollback stays exact."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             early = scheduled("early")
             commit(store, "a", early)
             cancel = AlarmWrite()
@@ -248,26 +248,26 @@ class TestVersions:
             v3 = commit(store, "a", scheduled("late"))
             commit(store, "a", scheduled("later"))
             store.prune("a", keep_versions=2)
-            actions = sorted(r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms"))
+            actions = sorted(r[0] for r in persisted_rows(store_url, "SELECT action FROM alarms"))
             assert actions == ["late", "later"]
             store.rollback("a", v3)
             assert pending_actions(store, "a") == ["late"]
 
-    def test_delete_removes_alarms(self, db_path: Path) -> None:
+    def test_delete_removes_alarms(self, store_url: str) -> None:
         """Deleting an agent deletes its alarms, even those scheduled before its first turn."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             commit(store, "a", scheduled("x"))
             store.schedule_alarm("a", "y", make_schedule(NOW, delay=5), now=NOW)
             store.delete("a")
-        assert persisted_rows(db_path, "SELECT count(*) FROM alarms") == [(0,)]
+        assert persisted_rows(store_url, "SELECT count(*) FROM alarms") == [(0,)]
 
 
 class TestQueue:
     """Claims are leases; failures back off; dead alarms can be re-armed."""
 
-    def test_claim_leases_the_earliest_due_alarm(self, db_path: Path) -> None:
+    def test_claim_leases_the_earliest_due_alarm(self, store_url: str) -> None:
         """Only due alarms are claimed, earliest first, and a leased one is not claimed again."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             store.schedule_alarm("a", "late", make_schedule(NOW, delay=20), now=NOW)
             store.schedule_alarm("a", "soon", make_schedule(NOW, delay=10), now=NOW)
             queue = store.alarm_queue
@@ -282,9 +282,9 @@ class TestQueue:
             assert again is not None and again.action == "soon"
             assert not queue.release(claim, NOW)  # r1's token is stale
 
-    def test_fail_then_dead_then_rearm(self, db_path: Path) -> None:
+    def test_fail_then_dead_then_rearm(self, store_url: str) -> None:
         """A failure sets the retry time; a final one makes the alarm dead; rearm revives it."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             alarm_id = store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
             queue = store.alarm_queue
             claim = queue.claim("r", NOW, 30)
@@ -303,9 +303,9 @@ class TestQueue:
             with pytest.raises(NotFoundError):
                 store.rearm_alarm("alm_nope")
 
-    def test_delivery_is_fenced_by_the_lease(self, db_path: Path) -> None:
+    def test_delivery_is_fenced_by_the_lease(self, store_url: str) -> None:
         """A delivery whose lease another runner took aborts the whole turn."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
             queue = store.alarm_queue
             stale = queue.claim("r1", NOW, 30)
@@ -316,3 +316,47 @@ class TestQueue:
             with pytest.raises(Exception, match="lease"):
                 commit(store, "a", deliver)
             assert store.agents() == []  # the turn committed nothing
+
+    def test_cancel_outside_a_turn_ends_at_the_current_version(self, store_url: str) -> None:
+        """A cancel outside a turn belongs to the agent's current version (or the
+        alarm's own, for an alarm scheduled before the agent's first commit)."""
+        with Store(store_url) as store:
+            early = store.schedule_alarm("a", "early", make_schedule(NOW, delay=5), now=NOW)
+            assert store.cancel_alarm(early)
+            commit(store, "a", scheduled("in a turn"))
+            v2 = commit(store, "a")
+            (late,) = [a.alarm_id for a in store.alarms("a")]
+            assert not store.cancel_alarm(late, agent_id="b")  # not b's
+            assert store.cancel_alarm(late, agent_id="a")
+            assert not store.cancel_alarm(late)  # already ended
+            ended = {a.action: a.ended_in for a in store.alarms("a", include_ended=True)}
+        assert ended == {"early": 0, "in a turn": v2}
+
+    def test_leases_of_dead_runners_on_this_host_are_freed(self, store_url: str) -> None:
+        """reclaim_dead_owners frees the leases of gone processes here, due at once;
+        a live runner's lease and another host's stay."""
+        import os
+        import socket
+
+        host, now = socket.gethostname(), time.time()  # leases shown while they run
+        with Store(store_url) as store:
+            for action in ("dead", "alive", "elsewhere"):
+                store.schedule_alarm("a", action, make_schedule(now, delay=0), now=now)
+            queue = store.alarm_queue
+            owners = [f"{host}:999999999:x", f"{host}:{os.getpid()}:y", "other-host:1:z"]
+            claims = [queue.claim(owner, now, 3600) for owner in owners]
+            assert all(claims)
+            assert queue.reclaim_dead_owners(now + 10) == 1
+            leased = {a.action: (a.leased_by, a.next_attempt) for a in store.alarms("a")}
+        assert leased["dead"] == (None, datetime.fromtimestamp(now + 10, UTC))
+        assert leased["alive"][0] == owners[1] and leased["elsewhere"][0] == owners[2]
+
+    def test_a_runners_status_report_replaces_its_last(self, store_url: str) -> None:
+        """Each runner keeps one status row: its latest report."""
+        with Store(store_url) as store:
+            queue = store.alarm_queue
+            for turns in (1, 2):
+                queue.record_status("r1", state="running", started_at=NOW, report={"turns": turns})
+            queue.record_status("r2", state="stopped", started_at=NOW, report={"turns": 0})
+            reports = {r["runner"]: (r["state"], r["turns"]) for r in store.runner_statuses()}
+        assert reports == {"r1": ("running", 2), "r2": ("stopped", 0)}

@@ -17,7 +17,6 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
-from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.migrations import APPLICATION_ID
 from effectful_durable.store.postgres_schema import SCHEMA_VERSION
 from effectful_durable.testing import FakeLLM
@@ -120,11 +119,9 @@ class TestMigrations:
 
 class TestNotYetOnPostgres:
     def test_parts_not_carried_are_refused_clearly(self, postgres_url: str) -> None:
-        """Alarms, the SQL workspace and vacuum raise NotSupportedError."""
+        """The SQL workspace and vacuum raise NotSupportedError."""
         with Store(postgres_url) as store:
             for call in (
-                lambda: store.alarms(),
-                lambda: store.schedule_alarm("bot", "ping", make_schedule(0.0, delay=60)),
                 lambda: store.sql("bot", "SELECT 1"),
                 lambda: store.vacuum(),
             ):
