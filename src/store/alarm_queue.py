@@ -15,11 +15,12 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .alarms import AlarmStatus, Schedule
-from .backend import Conn, Database
+from .backend import AlarmListener, Conn, Database
 from .damage import watched
 from .rows import utc
 
@@ -226,6 +227,15 @@ def statuses(conn: Conn) -> list[dict[str, Any]]:
     ]
 
 
+class Polling:
+    """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
+
+    listening = False
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
 @watched(lambda queue: queue._store._damage)
 class AlarmQueue:
     """The runner's side of the alarms of one Store: claim, fail, release, report.
@@ -235,6 +245,14 @@ class AlarmQueue:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+
+    def listen(self, wake: Callable[[], None]) -> AlarmListener:
+        """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
+
+        On PostgreSQL a connection of its own LISTENs for the NOTIFY such a commit
+        sends; on SQLite nothing tells, and the listener is never ``listening``.
+        """
+        return self._store._db.listen_alarms(wake)
 
     def next_due(self) -> float | None:
         """When the earliest pending alarm becomes claimable (one indexed read)."""

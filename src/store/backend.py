@@ -19,7 +19,7 @@ never half done.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +55,17 @@ class Conn(Protocol):
 
     def changes(self) -> int:
         """Rows changed by the last INSERT, UPDATE or DELETE."""
+
+
+class AlarmListener(Protocol):
+    """What wakes an alarm runner when a commit makes an alarm due (see ``listen_alarms``)."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether such commits wake the runner now; while False it must poll."""
+
+    def close(self) -> None:
+        """Stop listening."""
 
 
 class Database(Protocol):
@@ -103,6 +114,12 @@ class Database(Protocol):
 
         Rows another transaction is claiming are skipped, never waited for, and
         the rows returned stay held against other claimers until this one ends.
+        """
+
+    def listen_alarms(self, wake: Callable[[], None]) -> AlarmListener:
+        """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
+
+        A backend that cannot tell returns a listener that is never ``listening``.
         """
 
     def index_compacted(

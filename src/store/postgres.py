@@ -28,7 +28,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -52,6 +52,7 @@ from .backend import Conn, Rows, redacted
 from .memory import MemoryPart
 from .migrations import APPLICATION_ID
 from .parts import TurnWrite, VersionedPart
+from .postgres_listen import AlarmListener
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .records import Compaction
 from .workspace import WorkspaceTurn
@@ -294,6 +295,10 @@ class PostgresDatabase:
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         # Read committed lets two writers read the same max(number): one waits here.
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
+
+    def listen_alarms(self, wake: Callable[[], None]) -> AlarmListener:
+        """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
+        return AlarmListener(self.connect, wake, location=self.location)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
