@@ -39,6 +39,7 @@ TABLES: tuple[str, ...] = (
     "memory",
     "workspace_log",
     "alarms",
+    "runner_status",
 )
 
 _BATCH = 1000
@@ -53,13 +54,14 @@ class CopyResult:
 
 
 def copy_store(source: Store, target: Store) -> CopyResult:
-    """Copy every agent, version, journal, memory row and alarm of ``source`` into ``target``.
+    """Copy every agent, version, journal, memory row, alarm and runner status report
+    of ``source`` into ``target``.
 
     Raises:
-        DurableError: ``target`` already holds agents or journals, or holds a part
-            (the SQL workspace, alarms) that ``source`` has rows of and the target's
-            backend does not carry; or a table read back differs from the source's.
-            The target is left as it was.
+        DurableError: ``target`` already holds agents or journals, or lacks a table
+            (the SQL workspace's, on PostgreSQL for now) that ``source`` has rows
+            of; or a table read back differs from the source's. The target is left
+            as it was.
     """
     source_db, target_db = source._db, target._db
     with source_db.reading() as read, target_db.writing() as write:
