@@ -47,8 +47,8 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         path: SQLite file; created if missing, refused if it is not ours. Or a
             ``postgresql://`` URL (libpq's form; needs the ``postgres`` extra): its
             database gets our tables if it has none, and is refused if it holds
-            another program's. The SQL workspace, alarms, ``prune``, ``vacuum``
-            and ``backup`` are SQLite-only for now (NotSupportedError on PostgreSQL).
+            another program's. The SQL workspace and ``vacuum`` are SQLite-only
+            for now (NotSupportedError on PostgreSQL).
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
         busy_timeout: Seconds to wait for another writer before DatabaseBusyError.
         readonly: Open for inspection only.
