@@ -101,8 +101,13 @@ class PartMethods(StoreBase):
 
         With ``include_ended``, delivered and cancelled alarms are listed too.
 
+        Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+
         .. versionadded:: 0.2.0
         """
+        if agent_id is not None:
+            validate_agent_id(agent_id)
         with self._reading() as conn:
             return _alarms.latest(conn, agent_id, include_ended=include_ended)
 
@@ -116,9 +121,14 @@ class PartMethods(StoreBase):
         Returns:
             The new alarm's id.
 
+        Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+            InvalidAlarmError: ``action`` is empty, too long, or not text.
+
         .. versionadded:: 0.2.0
         """
         validate_agent_id(agent_id)
+        _alarms.check_action(action)
         alarm_id = _alarms.new_alarm_id()
         with self._writing() as conn:
             version = _alarms.current_version(conn, agent_id)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .alarms import AlarmStatus, Schedule
 from .backend import AlarmListener, Conn, Database
 from .damage import watched
-from .rows import utc
+from .rows import legible, utc
 
 if TYPE_CHECKING:
     from .store import Store
@@ -125,7 +125,7 @@ def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmS
                updated_at = ?6
          WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
         """,
-        (claim.alarm_id, claim.token, status, error[:2000], retry_at, time.time()),
+        (claim.alarm_id, claim.token, status, legible(error[:2000]), retry_at, time.time()),
     )
     return status if conn.changes() else None
 

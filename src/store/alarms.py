@@ -170,6 +170,8 @@ def check_action(action: object) -> str:
         _invalid(f"action must be at most {MAX_ACTION} characters; got {len(action)}")
     if not storable(action):
         _invalid("action holds a lone surrogate (\\ud800-\\udfff), which is not text")
+    if "\0" in action:  # PostgreSQL's text cannot hold it
+        _invalid("action holds a NUL character (\\x00), which is not text")
     return action
 
 
@@ -420,8 +422,15 @@ def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[Ala
     return [_info(row, now) for row in rows]
 
 
+def _could_name_one(alarm_id: str) -> bool:
+    """Whether ``alarm_id`` is text both databases hold: no NUL, no lone surrogate."""
+    return "\0" not in alarm_id and storable(alarm_id)
+
+
 def open_alarm(conn: Conn, alarm_id: str) -> AlarmInfo | None:
     """The pending or dead alarm ``alarm_id``, or None."""
+    if not _could_name_one(alarm_id):
+        return None
     row: tuple[Any, ...] | None = conn.execute(
         f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
     ).fetchone()
@@ -475,15 +484,18 @@ def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
     Raises:
         NotFoundError: No pending or dead alarm has that id.
     """
-    conn.execute(
-        """
-        UPDATE alarms SET status = 'pending', fire_at = ?2, due_at = ?2, attempts = 0,
-               last_error = NULL, lease_owner = NULL, lease_token = NULL, updated_at = ?3
-         WHERE alarm_id = ?1 AND ended_in IS NULL
-        """,
-        (alarm_id, at, time.time()),
-    )
-    if not conn.changes():
+    changed = 0
+    if _could_name_one(alarm_id):
+        conn.execute(
+            """
+            UPDATE alarms SET status = 'pending', fire_at = ?2, due_at = ?2, attempts = 0,
+                   last_error = NULL, lease_owner = NULL, lease_token = NULL, updated_at = ?3
+             WHERE alarm_id = ?1 AND ended_in IS NULL
+            """,
+            (alarm_id, at, time.time()),
+        )
+        changed = conn.changes()
+    if not changed:
         msg = (
             f"no pending or dead alarm {alarm_id!r}; Store.alarms() lists them "
             "(done and cancelled alarms cannot be re-armed: schedule a new one)"

@@ -62,8 +62,9 @@ class TestModelTools:
             ({"delay_seconds": 5, "action": "x" * 4001}, "at most 4000 characters"),
             ({"delay_seconds": 5, "action": "x", "every_seconds": 5}, "at least 60"),
             ({"delay_seconds": 1e12, "action": "x"}, "at most"),
+            ({"delay_seconds": 5, "action": "x\x00y"}, "NUL character"),
         ],
-        ids=["negative", "empty", "too-long", "too-often", "too-far"],
+        ids=["negative", "empty", "too-long", "too-often", "too-far", "nul"],
     )
     def test_bad_input_is_an_error_the_model_reads(
         self, store_url: str, arguments: dict, reason: str

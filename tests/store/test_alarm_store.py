@@ -8,7 +8,7 @@ import pytest
 from cronsim import CronSim
 from helpers import integrity, persisted_rows
 
-from effectful_durable import InvalidAlarmError, NotFoundError, Store
+from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
 from effectful_durable.store.alarms import (
     AlarmWrite,
     cron_next,
@@ -360,3 +360,23 @@ class TestQueue:
             queue.record_status("r2", state="stopped", started_at=NOW, report={"turns": 0})
             reports = {r["runner"]: (r["state"], r["turns"]) for r in store.runner_statuses()}
         assert reports == {"r1": ("running", 2), "r2": ("stopped", 0)}
+
+    def test_text_no_database_holds_is_refused_before_it_reaches_one(self, store_url: str) -> None:
+        """A NUL in an action is refused; an id holding a NUL or a lone surrogate names no
+        alarm; an invalid agent id is refused; a delivery's error is stored legibly."""
+        with Store(store_url) as store:
+            with pytest.raises(InvalidAlarmError, match="NUL"):
+                store.schedule_alarm("a", "x\0y", make_schedule(NOW, delay=0), now=NOW)
+            alarm_id = store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
+            for odd in (alarm_id + "\0", "\ud800"):
+                assert not store.cancel_alarm(odd)
+                with pytest.raises(NotFoundError):
+                    store.rearm_alarm(odd)
+            with pytest.raises(InvalidAgentIdError):
+                store.alarms("a\0")
+            queue = store.alarm_queue
+            claim = queue.claim("r", NOW, 30)
+            assert claim is not None
+            assert queue.fail(claim, "RuntimeError: \0 and \ud800", None) == "dead"
+            (dead,) = store.alarms("a")
+        assert dead.last_error == "RuntimeError: \\x00 and \\ud800"
