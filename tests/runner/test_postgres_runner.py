@@ -18,15 +18,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from alarms_app import delivered, make_agent
+from alarms_app import in_threads, make_agent
 from effectful.handlers.llm.completions import LiteLLMProvider
-from helpers import integrity
+from helpers import commit_writes
 
 from effectful_durable import AgentRunner, AlarmLeaseLostError, RunnerConfig, Store
 from effectful_durable.runner import SystemClock
 from effectful_durable.store.alarm_queue import Claim
 from effectful_durable.store.alarms import AlarmWrite, make_schedule, new_alarm_id
-from effectful_durable.store.history import HistoryChange
 from effectful_durable.store.postgres_listen import CHANNEL
 from effectful_durable.testing import FakeCall, FakeLLM
 
@@ -36,17 +35,6 @@ WITHIN = 15.0  # a delivery this soon after its commit was woken by the NOTIFY
 
 def due_now(store: Store, agent_id: str, action: str) -> str:
     return store.schedule_alarm(agent_id, action, make_schedule(time.time(), delay=0))
-
-
-def commit(store: Store, agent_id: str, write: AlarmWrite | None = None, base: int = 0) -> int:
-    return store.commit_turn(
-        agent_id,
-        base_version=base,
-        template="t",
-        change=HistoryChange([], [], 0),
-        state=None,
-        writes=[write] if write else [],
-    )
 
 
 class TestClaims:
@@ -72,67 +60,6 @@ class TestClaims:
                 assert store.alarm_queue.claim("r3", now + 1, 30) is None  # nothing else
             again = store.alarm_queue.claim("r3", now + 1, 30)  # released: claimable
             assert again is not None and again.alarm_id == first
-
-
-class TestTwoRunners:
-    """Two runners, each with its own connections, share one database."""
-
-    def test_each_alarm_is_delivered_once_and_in_parallel(self, postgres_url: str) -> None:
-        """Two runner threads deliver 40 alarms of 8 agents exactly once, with no lost
-        lease (no double claim); their first turns meet inside the model, so they ran
-        at the same time, neither waiting for the other."""
-        meet = threading.Barrier(2, timeout=60)
-
-        def respond(call: FakeCall) -> str:
-            if "meet" in call.last_user_text:
-                meet.wait()  # BrokenBarrierError (a failed delivery) unless both are here
-            return "done"
-
-        def handlers(config: RunnerConfig) -> list[Any]:
-            return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
-
-        now = time.time()
-        with Store(postgres_url) as store:
-            for n in range(2):  # due first: one for each runner
-                store.schedule_alarm(f"agent-{n}", "meet", make_schedule(now, delay=0), now=now)
-            for n in range(40):
-                when = now + 0.001 * (n + 1)
-                schedule = make_schedule(when, delay=0)
-                store.schedule_alarm(f"agent-{n % 8}", f"job {n}", schedule, now=when)
-            runners = [
-                AgentRunner(postgres_url, agents=make_agent, handlers=handlers) for _ in range(2)
-            ]
-            with running(*runners):
-                deadline = time.monotonic() + 120
-                while store.alarms() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-            assert store.alarms() == []
-            jobs = sorted(
-                action for n in range(8) for action in delivered(store.history(f"agent-{n}"))
-            )
-        assert jobs == sorted(["meet", "meet"] + [f"job {n}" for n in range(40)])
-        assert [one.errors for one in runners] == [0, 0]
-        assert all(one.turns > 1 for one in runners), [one.turns for one in runners]
-        assert sum(one.turns for one in runners) == 42
-        assert integrity(postgres_url) == "ok"
-
-
-@contextmanager
-def running(*runners: AgentRunner) -> Iterator[None]:
-    """Run each runner in a thread of its own; stop and close them all at the end."""
-    threads = [threading.Thread(target=one.run) for one in runners]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        for one in runners:
-            one.stop()
-        for thread in threads:
-            thread.join(timeout=60)
-        for one in runners:
-            one.close()
-    assert not any(thread.is_alive() for thread in threads)
 
 
 @contextmanager
@@ -165,7 +92,7 @@ class TestNotify:
         with Store(postgres_url) as store, notifications(postgres_url) as received:
             write = AlarmWrite()
             write.schedule(new_alarm_id(), "in a turn", make_schedule(now, delay=60), now)
-            commit(store, "a", write)
+            commit_writes(store, "a", write)
             assert received() == ["public"]  # once for the transaction, naming the schema
             alarm_id = due_now(store, "a", "due")
             assert received() == ["public"]
@@ -186,11 +113,11 @@ class TestNotify:
             aborted.schedule(new_alarm_id(), "never", make_schedule(now, delay=5), now)
             aborted.deliver(Claim(alarm_id, "a", "due", claim.schedule, 0, "x", now), None, now)
             with pytest.raises(AlarmLeaseLostError):
-                commit(store, "a", aborted, base=1)
+                commit_writes(store, "a", aborted)
             assert received() == []
             cancel = AlarmWrite()
             cancel.cancel(write.added[0][0])
-            commit(store, "a", cancel, base=1)
+            commit_writes(store, "a", cancel)
             assert received() == []
             store.rollback("a", 1)  # "in a turn" is pending again
             assert received() == ["public"]
@@ -250,7 +177,7 @@ class TestWakeUps:
     def test_a_notify_wakes_a_sleeping_runner(self, postgres_url: str) -> None:
         """An alarm committed while the runner sleeps for 30 s starts within 15 s."""
         sleeper = Sleeper(postgres_url)
-        with Store(postgres_url) as store, running(sleeper.runner):
+        with Store(postgres_url) as store, in_threads(sleeper.runner):
             sleeper.wait_until_listening()
             assert sleeper.latency(store, "wake up") < WITHIN
 
@@ -262,7 +189,7 @@ class TestWakeUps:
         restart, or one after 8 s down, longer than a read waits for the server),
         the runner keeps delivering, listens again, and is woken again."""
         sleeper = Sleeper(postgres_url)
-        with running(sleeper.runner):
+        with in_threads(sleeper.runner):
             sleeper.wait_until_listening()
             if loss == "terminate":
                 with psycopg.connect(postgres_url, autocommit=True) as admin:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alarms_app import delivered, make_agent, make_handlers
+from alarms_app import delivered, in_threads, make_agent, make_handlers
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
@@ -362,35 +362,42 @@ class TestConfig:
 class TestTwoRunners:
     """Two runners on one database share the alarms; each is delivered exactly once."""
 
-    def test_each_alarm_is_delivered_once(self, store_url: str, store: Store) -> None:
-        """Two runner threads deliver 40 alarms of 4 agents, each once."""
+    def test_each_alarm_is_delivered_once_and_in_parallel(
+        self, store_url: str, store: Store
+    ) -> None:
+        """Two runner threads, each with its own connections, deliver 42 alarms of 8
+        agents exactly once, with no lease lost (no alarm claimed twice); their first
+        turns meet inside the model, so they ran at once, neither waiting for the other."""
+        meet = threading.Barrier(2, timeout=60)
+
+        def respond(call: FakeCall) -> str:
+            if "meet" in call.last_user_text:
+                meet.wait()  # BrokenBarrierError (a failed delivery) unless both are here
+            return "done"
+
+        def handlers(config: RunnerConfig) -> list[Any]:
+            return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
+
         now = time.time()
+        for n in range(2):  # due first: one for each runner
+            store.schedule_alarm(f"agent-{n}", "meet", make_schedule(now, delay=0), now=now)
         for n in range(40):
-            store.schedule_alarm(f"agent-{n % 4}", f"job {n}", make_schedule(now, delay=0))
-        runners = [
-            AgentRunner(store_url, agents=make_agent, handlers=make_handlers) for _ in range(2)
-        ]
-
-        def run(one: AgentRunner) -> None:
-            one.run()
-
-        threads = [threading.Thread(target=run, args=(one,)) for one in runners]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 60
-        while store.alarms() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for one in runners:
-            one.stop()
-        for thread in threads:
-            thread.join(timeout=30)
-        for one in runners:
-            one.close()
+            when = now + 0.001 * (n + 1)
+            schedule = make_schedule(when, delay=0)
+            store.schedule_alarm(f"agent-{n % 8}", f"job {n}", schedule, now=when)
+        runners = [AgentRunner(store_url, agents=make_agent, handlers=handlers) for _ in range(2)]
+        with in_threads(*runners):
+            deadline = time.monotonic() + 120
+            while store.alarms() and time.monotonic() < deadline:
+                time.sleep(0.05)
         assert store.alarms() == []
-        jobs = sorted(job for n in range(4) for job in delivered(store.history(f"agent-{n}")))
-        assert jobs == sorted(f"job {n}" for n in range(40))
-        assert all(one.turns > 0 for one in runners), [one.turns for one in runners]
-        assert sum(one.turns for one in runners) == 40
+        jobs = sorted(
+            action for n in range(8) for action in delivered(store.history(f"agent-{n}"))
+        )
+        assert jobs == sorted(["meet", "meet"] + [f"job {n}" for n in range(40)])
+        assert [one.errors for one in runners] == [0, 0]
+        assert all(one.turns > 1 for one in runners), [one.turns for one in runners]
+        assert sum(one.turns for one in runners) == 42
         assert integrity(store_url) == "ok"
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import croniter
 import pytest
 from cronsim import CronSim
-from helpers import integrity, persisted_rows
+from helpers import commit_writes, integrity, persisted_rows
 
 from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
 from effectful_durable.store.alarms import (
@@ -19,19 +19,6 @@ from effectful_durable.store.alarms import (
 from effectful_durable.store.history import HistoryChange
 
 NOW = 1_800_000_000.0
-
-
-def commit(store: Store, agent_id: str, write: AlarmWrite | None = None) -> int:
-    """Commit an empty turn of ``agent_id`` carrying ``write``; return its version."""
-    base = next((a.version for a in store.agents() if a.agent_id == agent_id), 0)
-    return store.commit_turn(
-        agent_id,
-        base_version=base,
-        template="t",
-        change=HistoryChange([], [], 0),
-        state=None,
-        writes=[write] if write else [],
-    )
 
 
 def scheduled(action: str, delay: float = 60.0) -> AlarmWrite:
@@ -148,14 +135,14 @@ class TestTurnWrites:
     def test_staged_alarm_commits_with_the_turn(self, store_url: str) -> None:
         """A scheduled alarm is on disk after the commit, created in that version."""
         with Store(store_url) as store:
-            version = commit(store, "a", scheduled("check"))
+            version = commit_writes(store, "a", scheduled("check"))
         rows = persisted_rows(store_url, "SELECT action, created_in, status FROM alarms")
         assert rows == [("check", version, "pending")]
 
     def test_failed_commit_writes_no_alarm(self, store_url: str) -> None:
         """A commit that fails (stale base version) leaves no alarm behind."""
         with Store(store_url) as store:
-            commit(store, "a")
+            commit_writes(store, "a")
             with pytest.raises(Exception, match="in use"):
                 store.commit_turn(
                     "a",
@@ -175,12 +162,12 @@ class TestVersions:
         """After rollback to v the pending alarms are exactly those pending at v."""
         with Store(store_url) as store:
             keep = scheduled("keep")
-            v1 = commit(store, "a", keep)
+            v1 = commit_writes(store, "a", keep)
             kept_id = keep.added[0][0]
             cancel = AlarmWrite()
             cancel.cancel(kept_id)
-            commit(store, "a", cancel)
-            commit(store, "a", scheduled("later"))
+            commit_writes(store, "a", cancel)
+            commit_writes(store, "a", scheduled("later"))
             assert pending_actions(store, "a") == ["later"]
             v4 = store.rollback("a", v1)
             assert pending_actions(store, "a") == ["keep"]
@@ -195,13 +182,13 @@ class TestVersions:
     def test_rollback_brings_back_a_delivered_one_shot_alarm(self, store_url: str) -> None:
         """A one-shot alarm whose delivering turn is rolled back is pending again."""
         with Store(store_url) as store:
-            v1 = commit(store, "a", scheduled("once", delay=0))
+            v1 = commit_writes(store, "a", scheduled("once", delay=0))
             queue = store.alarm_queue
             claim = queue.claim("me", NOW + 1, 60)
             assert claim is not None
             deliver = AlarmWrite()
             deliver.deliver(claim, None, NOW + 1)
-            commit(store, "a", deliver)
+            commit_writes(store, "a", deliver)
             assert store.alarms("a") == []
             store.rollback("a", v1)
             (alarm,) = store.alarms("a")
@@ -210,8 +197,8 @@ class TestVersions:
     def test_fork_copies_pending_alarms_under_new_ids(self, store_url: str) -> None:
         """The fork gets the alarms pending at the forked version, with ids of its own."""
         with Store(store_url) as store:
-            v1 = commit(store, "a", scheduled("first"))
-            commit(store, "a", scheduled("second"))
+            v1 = commit_writes(store, "a", scheduled("first"))
+            commit_writes(store, "a", scheduled("second"))
             store.fork("a", v1, "b")
             (copied,) = store.alarms("b")
             (original, _) = store.alarms("a")
@@ -222,12 +209,12 @@ class TestVersions:
         """Pruning drops spans that ended before keep_from; rollbacks after it stay exact."""
         with Store(store_url) as store:
             early = scheduled("early")
-            commit(store, "a", early)
+            commit_writes(store, "a", early)
             cancel = AlarmWrite()
             cancel.cancel(early.added[0][0])
-            commit(store, "a", cancel)  # v2: early ended here
-            v3 = commit(store, "a", scheduled("late"))
-            commit(store, "a", scheduled("later"))
+            commit_writes(store, "a", cancel)  # v2: early ended here
+            v3 = commit_writes(store, "a", scheduled("late"))
+            commit_writes(store, "a", scheduled("later"))
             from effectful_durable.store.alarms import AlarmPart
 
             with store._writing() as conn:
@@ -241,12 +228,12 @@ class TestVersions:
         """Store.prune removes ended alarms only old versions held; rollback stays exact."""
         with Store(store_url) as store:
             early = scheduled("early")
-            commit(store, "a", early)
+            commit_writes(store, "a", early)
             cancel = AlarmWrite()
             cancel.cancel(early.added[0][0])
-            commit(store, "a", cancel)
-            v3 = commit(store, "a", scheduled("late"))
-            commit(store, "a", scheduled("later"))
+            commit_writes(store, "a", cancel)
+            v3 = commit_writes(store, "a", scheduled("late"))
+            commit_writes(store, "a", scheduled("later"))
             store.prune("a", keep_versions=2)
             actions = sorted(r[0] for r in persisted_rows(store_url, "SELECT action FROM alarms"))
             assert actions == ["late", "later"]
@@ -256,7 +243,7 @@ class TestVersions:
     def test_delete_removes_alarms(self, store_url: str) -> None:
         """Deleting an agent deletes its alarms, even those scheduled before its first turn."""
         with Store(store_url) as store:
-            commit(store, "a", scheduled("x"))
+            commit_writes(store, "a", scheduled("x"))
             store.schedule_alarm("a", "y", make_schedule(NOW, delay=5), now=NOW)
             store.delete("a")
         assert persisted_rows(store_url, "SELECT count(*) FROM alarms") == [(0,)]
@@ -314,7 +301,7 @@ class TestQueue:
             deliver = AlarmWrite()
             deliver.deliver(stale, None, NOW + 32)
             with pytest.raises(Exception, match="lease"):
-                commit(store, "a", deliver)
+                commit_writes(store, "a", deliver)
             assert store.agents() == []  # the turn committed nothing
 
     def test_cancel_outside_a_turn_ends_at_the_current_version(self, store_url: str) -> None:
@@ -323,8 +310,8 @@ class TestQueue:
         with Store(store_url) as store:
             early = store.schedule_alarm("a", "early", make_schedule(NOW, delay=5), now=NOW)
             assert store.cancel_alarm(early)
-            commit(store, "a", scheduled("in a turn"))
-            v2 = commit(store, "a")
+            commit_writes(store, "a", scheduled("in a turn"))
+            v2 = commit_writes(store, "a")
             (late,) = [a.alarm_id for a in store.alarms("a")]
             assert not store.cancel_alarm(late, agent_id="b")  # not b's
             assert store.cancel_alarm(late, agent_id="a")
