@@ -373,9 +373,9 @@ class AgentRunner:
         """Log a failed read or write of the database, and wait before the next try.
 
         A full or failing disk, or a database server out of reach, must not end a
-        runner meant to run for weeks:
-        what failed committed nothing (a claim without its turn runs out with its
-        lease), so the runner tries again after ``poll_interval``.
+        runner meant to run for weeks: what failed committed nothing (a claim
+        without its turn runs out with its lease), so the runner tries again
+        after ``poll_interval``.
 
         Returns:
             True when ``until`` has passed.

@@ -52,7 +52,7 @@ from .backend import Conn, Rows, redacted
 from .memory import MemoryPart
 from .migrations import APPLICATION_ID
 from .parts import TurnWrite, VersionedPart
-from .postgres_listen import AlarmListener
+from .postgres_listen import KEEPALIVES, NotifyListener
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .records import Compaction
 from .workspace import WorkspaceTurn
@@ -149,10 +149,10 @@ class PostgresDatabase:
 
     # -- connections and transactions ------------------------------------------
 
-    def connect(self) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (the locks' own)."""
+    def connect(self, **options: Any) -> psycopg.Connection[Any]:
+        """A new connection outside the pool (the locks' own, a runner's listening one)."""
         try:
-            return psycopg.connect(self.url, **self._connect_kwargs)
+            return psycopg.connect(self.url, **(self._connect_kwargs | options))
         except psycopg.OperationalError as e:
             raise DatabaseUnavailableError(self.location, _reason(e)) from e
 
@@ -296,9 +296,10 @@ class PostgresDatabase:
         # Read committed lets two writers read the same max(number): one waits here.
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
 
-    def listen_alarms(self, wake: Callable[[], None]) -> AlarmListener:
+    def listen_alarms(self, wake: Callable[[], None]) -> NotifyListener:
         """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
-        return AlarmListener(self.connect, wake, location=self.location)
+        connect = functools.partial(self.connect, **KEEPALIVES)
+        return NotifyListener(connect, wake, location=self.location)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others

@@ -3,7 +3,7 @@
 A trigger on ``alarms`` (``schema_postgres.sql``) sends a NOTIFY on
 :data:`CHANNEL` from each transaction that makes a pending alarm claimable at a
 new time, and PostgreSQL delivers it only once that transaction commits. An
-:class:`AlarmListener` waits for those notifications and calls ``wake``, so a
+:class:`NotifyListener` waits for those notifications and calls ``wake``, so a
 runner sleeping until its next due alarm starts a newly scheduled one at once.
 
 A lost connection (a server restart, a network cut, ``pg_terminate_backend``)
@@ -19,6 +19,7 @@ import logging
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,18 +28,29 @@ import psycopg
 #: The channel the ``alarms_due`` trigger notifies; the payload names the schema.
 CHANNEL = "effectful_durable_alarms"
 
-_CHECK_EVERY = 10.0  # seconds of silence before the connection is checked with a query
+#: libpq options of the listening connection. It runs no query after LISTEN (a
+#: query could swallow a notification in psycopg < 3.2.4, psycopg issue 962), so
+#: a peer lost without a word (a network cut) is found by TCP keepalives, within
+#: about a minute; a Unix socket's closure shows at once.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
 _RETRY_FIRST = 0.2  # seconds before the first reconnection; doubles up to _RETRY_MAX
 _RETRY_MAX = 5.0
 
 logger = logging.getLogger("effectful_durable.store")
 
 
-class AlarmListener:
+class NotifyListener:
     """Call ``wake`` whenever a commit makes an alarm of this database due (see above).
 
     Args:
-        connect: Opens a new autocommit connection to the database.
+        connect: Opens a new autocommit connection to the database, with
+            :data:`KEEPALIVES`.
         wake: Called from the listener's thread; must be quick and thread-safe.
         location: The database, as named in log messages.
     """
@@ -79,22 +91,24 @@ class AlarmListener:
     def _run(self) -> None:
         pause, lost = _RETRY_FIRST, False
         while not self._closing.is_set():
+            listened = time.monotonic()
             try:
                 with self._connect() as conn:
                     schema = conn.execute("SELECT current_schema()").fetchone()
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
+                    listened = time.monotonic()
                     if lost:
                         logger.info("listening for due alarms on %s again", self._location)
-                    pause, lost = _RETRY_FIRST, False
+                    lost = False
                     self._wake()  # what committed before LISTEN took effect
                     self._serve(conn, None if schema is None else schema[0])
             except Exception as error:  # whatever it was, the runner must go on
                 if not lost and not self._closing.is_set():
                     reason = (str(error).strip() or type(error).__name__).splitlines()[0]
                     logger.warning(
-                        "stopped listening for due alarms on %s; the runner polls until "
-                        "the connection is back: %s",
+                        "cannot listen for due alarms on %s; the runner polls until the "
+                        "connection is back: %s",
                         self._location,
                         reason,
                     )
@@ -103,6 +117,8 @@ class AlarmListener:
                 if self._listening.is_set():
                     self._listening.clear()
                     self._wake()  # the runner polls from now on
+            if time.monotonic() - listened > _RETRY_MAX:  # it served a while: retry soon
+                pause = _RETRY_FIRST
             self._pause(pause)
             pause = min(pause * 2, _RETRY_MAX)
 
@@ -112,11 +128,9 @@ class AlarmListener:
             selector.register(conn.fileno(), selectors.EVENT_READ)
             selector.register(self._stop_reader, selectors.EVENT_READ)
             while True:
-                ready = selector.select(_CHECK_EVERY)
+                selector.select()
                 if self._closing.is_set():
                     return
-                if not ready:
-                    conn.execute("SELECT 1")  # a connection lost without a word shows here
                 # Reading a closed connection raises: the caller reconnects.
                 payloads = [notify.payload for notify in conn.notifies(timeout=0)]
                 if schema in payloads:  # other schemas' runners share the channel
