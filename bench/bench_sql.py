@@ -19,8 +19,11 @@ per agent (median and p90 over the turns):
 * ``log bytes``: size of the changeset the turn wrote into the main database;
 * the size of the agent's workspace file.
 
-Run: ``.venv/bin/python bench/bench_sql.py [--rows 100000] [--turns 200]``. No
-assertions: the target is that both columns are about equal for the two agents.
+Run: ``.venv/bin/python bench/bench_sql.py [--rows 100000] [--turns 200]
+[--backend sqlite|postgres] [--postgres URL]``. With ``--backend postgres`` the
+database is a new one on ``--postgres URL``'s server, or on a throwaway cluster
+(see bench_scale.py), and the workspace files are in a temporary cache directory.
+No assertions: the target is that both columns are about equal for the two agents.
 """
 
 from __future__ import annotations
@@ -32,19 +35,19 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # before litellm is imported
 
-import apsw
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools
-from effectful_durable.store.workspace import SQLResult, WorkspaceTurn, workspace_path
+from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools, Store
+from effectful_durable.store.workspace import SQLResult, WorkspaceTurn
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--postgres", help="a PostgreSQL server URL to create the database on")
     args = parser.parse_args(argv)
     insert_times: list[float] = []
     original = WorkspaceTurn.insert
@@ -108,9 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                 overhead.append(time.perf_counter() - started)
 
         setattr(WorkspaceTurn, method, clocked)
-    with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "bench.db"
-        persistence = PersistenceHandler(db)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        if args.backend == "postgres":
+            from bench_scale import postgres_databases
+
+            url = stack.enter_context(postgres_databases(args.postgres))()
+            store = Store(url, workspace_dir=Path(tmp) / "cache")
+        else:
+            store = Store(Path(tmp) / "bench.db")
+        persistence = PersistenceHandler(store)
         agents = {"empty": Ledger(agent_id="empty"), "full": Ledger(agent_id="full")}
         turn_ms: dict[str, list[float]] = {name: [] for name in agents}
         insert_ms: dict[str, list[float]] = {name: [] for name in agents}
@@ -132,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
                         turn_ms[name].append((time.perf_counter() - started) * 1000)
                         insert_ms[name].append(insert_times.pop() * 1000)
                         workspace_ms[name].append(sum(overhead) * 1000)
-        main_conn = apsw.Connection(str(db))
         print(
             f"{'agent':<6} {'rows before':>11} {'turn ms p50':>11} {'p90':>6} "
             f"{'insert ms p50':>13} {'p90':>6} {'workspace ms p50':>16} {'p90':>6} "
@@ -140,19 +150,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in agents:
             rows = args.rows if name == "full" else 0
-            log_bytes = main_conn.execute(
-                "SELECT length(changeset) FROM workspace_log WHERE agent_id = ? "
-                "ORDER BY version DESC LIMIT 1",
-                (name,),
-            ).get
-            size = os.path.getsize(workspace_path(str(db), name)) // 1024
+            with store._reading() as conn:
+                log_bytes = conn.execute(
+                    "SELECT length(changeset) FROM workspace_log WHERE agent_id = ? "
+                    "ORDER BY version DESC LIMIT 1",
+                    (name,),
+                ).get
+            size = os.path.getsize(store._db.workspaces.path(name)) // 1024
             print(
                 f"{name:<6} {rows:>11,} {statistics.median(turn_ms[name]):>11.2f} "
                 f"{_p90(turn_ms[name]):>6.2f} {statistics.median(insert_ms[name]):>13.3f} "
                 f"{_p90(insert_ms[name]):>6.3f} {statistics.median(workspace_ms[name]):>16.3f} "
                 f"{_p90(workspace_ms[name]):>6.3f} {log_bytes:>9} {size:>9,}"
             )
-        main_conn.close()
         persistence.close()
     print(f"load average: {os.getloadavg()[0]:.2f} (the machine may be shared)")
     return 0

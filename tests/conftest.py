@@ -14,6 +14,19 @@ if TYPE_CHECKING:
     from postgres_server import PostgresServer
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """PostgreSQL Stores keep their SQL workspace files under $XDG_CACHE_HOME: a
+    temporary directory here (children inherit it), never the user's ~/.cache."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     """A path for a new database file in a fresh temporary directory."""

@@ -8,6 +8,9 @@ answers on stdout, one line each:
     between      ->  between <version>   the turn's main commit is done and its
                                           workspace commit has not started; it
                                           then sleeps until killed
+    stamped      ->  stamped <version>   as between, but the workspace file's stamps
+                                          for the new version are written (on a
+                                          stamped cache: PostgreSQL's)
     block        ->  in-turn <turn>      the turn's SQL writes are made, and its next
                                           model call sleeps until killed
 
@@ -56,6 +59,13 @@ def say(*words: object) -> None:
     os.write(sys.stdout.fileno(), (" ".join(map(str, words)) + "\n").encode())
 
 
+def hang(*words: object) -> None:
+    """Say ``words``, then wait to be killed (exit 3 if nobody does)."""
+    say(*words)
+    time.sleep(120)
+    os._exit(3)
+
+
 class Model:
     def __init__(self) -> None:
         self.blocking = False
@@ -81,9 +91,7 @@ class Model:
                 ),
             ]
         if self.blocking:
-            say("in-turn", turn)
-            time.sleep(120)
-            os._exit(3)
+            hang("in-turn", turn)
         return f"answer {turn}"
 
 
@@ -105,7 +113,7 @@ def main() -> None:
                         bot.ask(f"turn {version(persistence.store) + 1}")
                         say("committed", version(persistence.store))
                     say("done", version(persistence.store))
-                elif command == "between":
+                elif command in ("between", "stamped"):
                     finish = workspace.WorkspaceTurn.finish
 
                     def stall(
@@ -113,11 +121,18 @@ def main() -> None:
                         *,
                         committed: bool,
                         finish: Any = finish,
+                        where: str = command,
                     ) -> None:
-                        if committed:
-                            say("between", self.version)
-                            time.sleep(120)
-                            os._exit(3)
+                        if committed and where == "between":
+                            hang("between", self.version)
+                        if committed:  # hang once the new version's stamps are written
+                            stamp, version = self._cache.stamp, self.version
+
+                            def stamped(path: str, stamps: Any) -> None:
+                                stamp(path, stamps)
+                                hang("stamped", version)
+
+                            self._cache.stamp = stamped  # type: ignore[method-assign]
                         finish(self, committed=committed)
 
                     workspace.WorkspaceTurn.finish = stall  # type: ignore[method-assign]

@@ -10,9 +10,10 @@ import apsw
 from effectful.handlers.llm import Template
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistentAgent, SQLLimits, SQLTools
+from effectful_durable import PersistentAgent, SQLLimits, SQLTools, Store
+from effectful_durable.store.workspace_cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
-from tests.helpers import persisted
+from tests.helpers import is_postgres, persisted
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ class Small(PersistentAgent, SQLTools):
         raise NotHandled
 
 
-def sql_turn(db_path: Path, agent: Any, *calls: ToolCall, **options: Any) -> list[str]:
+def sql_turn(db_path: Path | str, agent: Any, *calls: ToolCall, **options: Any) -> list[str]:
     """Run one turn in which the model makes ``calls`` in order; return the tool results."""
     llm = FakeLLM([*calls, "done"])
     with persisted(db_path, llm, **options):
@@ -78,9 +79,19 @@ def tool_results(llm: FakeLLM) -> list[str]:
     return out
 
 
-def workspace_files(db_path: Path) -> list[str]:
-    """The workspace files beside ``db_path``."""
-    return sorted(glob.glob(f"{os.path.realpath(db_path)}-workspaces/*.sqlite"))
+def workspace_file(db: Path | str, agent_id: str, **options: Any) -> str:
+    """The file of ``agent_id``'s tables: beside an SQLite database, or in this
+    machine's cache of a PostgreSQL one (``options`` for its Store: workspace_dir)."""
+    if is_postgres(db):
+        with Store(str(db), readonly=True, **options) as store:
+            return store._db.workspaces.path(agent_id)
+    return workspace_path(str(db), agent_id)
+
+
+def workspace_files(db: Path | str, **options: Any) -> list[str]:
+    """Every agent's workspace file of the database ``db`` (see :func:`workspace_file`)."""
+    directory = os.path.dirname(workspace_file(db, "any", **options))
+    return sorted(glob.glob(os.path.join(directory, "*.sqlite")))
 
 
 def dump(path: str) -> list[tuple[Any, ...]]:

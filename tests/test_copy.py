@@ -1,10 +1,11 @@
 """``effectful-durable copy``: a whole database from SQLite to PostgreSQL and back.
 
 A database made by real agents (turns with tool calls, a failed turn, two
-conversations, memory and notes, compaction, rollback, fork, a workflow journal,
-pruning, alarms pending, recurring, dead and cancelled, a runner's status
-report) goes SQLite -> PostgreSQL -> SQLite. Every table of the last copy equals
-the first row for row, the PostgreSQL copy reads the same through the Store, its
+conversations, memory and notes, SQL tables with a schema change, compaction,
+rollback, fork, a workflow journal, pruning, alarms pending, recurring, dead and
+cancelled, a runner's status report) goes SQLite -> PostgreSQL -> SQLite. Every
+table of the last copy equals the first row for row, the PostgreSQL copy reads
+the same through the Store (the SQL tables at every version too), its
 compacted text is found by recall, and its agents go on with their next turns.
 """
 
@@ -20,6 +21,7 @@ from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.copy import TABLES
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, Keeper, persisted, persisted_rows, running
+from tests.sql_helpers import Builder, sql_turn
 
 pytestmark = pytest.mark.usefixtures("postgres_server")
 
@@ -62,6 +64,12 @@ def build(db: Path) -> None:
     with persisted(db, FakeLLM(respond=respond), workflow="wf"):
         Assistant(agent_id="step").ask("first step")
         Assistant(agent_id="step").ask("second step")
+    builder = Builder(agent_id="builder")
+    sql_turn(db, builder, ToolCall("sql_insert", {"table": "notes", "values": {"body": "a"}}))
+    create = "CREATE TABLE tags (id INTEGER PRIMARY KEY, tag TEXT, at BLOB)"
+    sql_turn(db, builder, ToolCall("sql_execute", {"statement": create}))
+    tag = "INSERT INTO tags (tag, at) VALUES ('x', x'00ff')"
+    sql_turn(db, builder, ToolCall("sql_execute", {"statement": tag}))
     now = time.time()
     with Store(db) as store:
         dead = store.schedule_alarm("step", "broken", make_schedule(now, delay=0))
@@ -77,6 +85,8 @@ def build(db: Path) -> None:
         store.rollback("bot", 3)
         store.fork("bot", 2, "bot-copy")
         store.prune("bot", keep_versions=2)
+        store.rollback("builder", 2)  # across the schema change: a snapshot
+        store.fork("builder", 3, "builder-copy")
 
 
 def dump(db: str | Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -98,8 +108,13 @@ def _plain(value: Any) -> Any:
 
 
 def readable(db: str | Path) -> dict[str, Any]:
-    """What the Store reads of every agent: histories of each conversation, state, memory."""
+    """What the Store reads of every agent: histories of each conversation, state, memory,
+    and each version of the SQL tables."""
     with Store(db, readonly=True) as store:
+        tables = {
+            agent: [sql_tables(store, agent, v.version) for v in store.versions(agent)]
+            for agent in ("builder", "builder-copy")
+        }
         agents = sorted(a.agent_id for a in store.agents())
         return {
             agent: (
@@ -117,9 +132,19 @@ def readable(db: str | Path) -> dict[str, Any]:
             for agent in agents
         } | {
             "steps": [(s.key, s.status, s.result) for s in store.steps("wf")],
+            "sql": tables,
             "alarms": store.alarms(include_ended=True),
             "runners": store.runner_statuses(),
         }
+
+
+def sql_tables(store: Store, agent_id: str, version: int) -> dict[str, list[tuple[Any, ...]]]:
+    """Each of the agent's SQL tables at ``version``, with its rows."""
+    names = store.sql(agent_id, "SELECT name FROM sqlite_schema WHERE type = 'table'", (), version)
+    return {
+        name: store.sql(agent_id, f"SELECT * FROM {name} ORDER BY id", (), version).rows
+        for (name,) in names.rows
+    }
 
 
 @pytest.fixture
@@ -141,7 +166,14 @@ def test_round_trip_through_postgres_keeps_every_row(
     assert {table: len(rows) for table, rows in before.items() if rows} == {
         table: len(rows) for table, rows in after.items() if rows
     }
-    assert set(before) >= {"agents", "versions", "messages", "compactions", "memory"}
+    assert set(before) >= {
+        "agents",
+        "versions",
+        "messages",
+        "compactions",
+        "memory",
+        "workspace_log",
+    }
     filled = ("handoffs", "workflow_steps", "retention", "conversations", "alarms")
     assert all(before[t] for t in (*filled, "runner_status"))
     assert before == after
@@ -156,8 +188,8 @@ def test_round_trip_through_postgres_keeps_every_row(
 
 
 def test_copied_agents_recall_and_go_on(original: Path, postgres_url: str) -> None:
-    """On the PostgreSQL copy, recall finds the compacted text, the next turn commits,
-    and a copied dead alarm is re-armed and claimed."""
+    """On the PostgreSQL copy, recall finds the compacted text, the next turns commit,
+    SQL tables included, and a copied dead alarm is re-armed and claimed."""
     assert main(["copy", str(original), postgres_url]) == 0
     with Store(postgres_url) as copy, Store(original, readonly=True) as source:
         found = copy.search_compacted("bot", "zebra")
@@ -175,6 +207,12 @@ def test_copied_agents_recall_and_go_on(original: Path, postgres_url: str) -> No
         store.rearm_alarm(dead.alarm_id)
         claim = store.alarm_queue.claim("r", time.time() + 1, 60)
         assert claim is not None and (claim.alarm_id, claim.action) == (dead.alarm_id, "broken")
+    tag = ToolCall("sql_insert", {"table": "tags", "values": {"tag": "y"}})
+    results = sql_turn(postgres_url, Builder(agent_id="builder-copy"), tag)
+    assert results == ['{"changes": 1}']
+    with Store(postgres_url, readonly=True) as store:
+        rows = store.sql("builder-copy", "SELECT tag FROM tags ORDER BY id").rows
+    assert rows == [("x",), ("y",)]
 
 
 def test_a_database_that_holds_agents_is_not_copied_into(
@@ -185,7 +223,7 @@ def test_a_database_that_holds_agents_is_not_copied_into(
     before = dump(postgres_url)
     assert main(["copy", str(original), postgres_url]) == 1
     error = capsys.readouterr().err
-    assert "already holds 4 agents" in error and "nothing was written" in error
+    assert "already holds 6 agents" in error and "nothing was written" in error
     assert dump(postgres_url) == before
 
 

@@ -1,20 +1,26 @@
 """The ``sql`` command: read-only queries on an agent's tables, at any version, no writes."""
 
+import gc
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from effectful_durable.cli import main
 from effectful_durable.testing import ToolCall
+from tests.helpers import is_postgres, persisted_rows
 from tests.sql_helpers import Tracker, sql_turn, workspace_files
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Agent 't' with one run at version 1 and two at version 2."""
-    path = tmp_path_factory.mktemp("sqlcli") / "state.db"
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Agent 't' with one run at version 1 and two at version 2 (in a file, then on a server)."""
+    if request.param == "sqlite":
+        path = str(tmp_path_factory.mktemp("sqlcli") / "state.db")
+    else:
+        path = request.getfixturevalue("postgres_server").new_database()
     bot = Tracker(agent_id="t")
     run = ToolCall("sql_insert", {"table": "runs", "values": {"km": 5.0, "day": "mon"}})
     sql_turn(path, bot, run)
@@ -22,12 +28,22 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> str:
         "sql_execute", {"statement": "INSERT INTO runs (km, day) VALUES (12.5, x'00ff')"}
     )
     sql_turn(path, bot, blob)
-    return str(path)
+    yield path
+    if is_postgres(path):
+        gc.collect()
+        request.getfixturevalue("postgres_server").drop_database(path)
 
 
 def _digest(db: str) -> list[str]:
-    files = [db, *workspace_files(Path(db))]
-    return [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files]
+    """Hashes of the database (a file's bytes, or a server's rows) and the workspace files."""
+    files = workspace_files(db)
+    if is_postgres(db):
+        tables = ("agents", "versions", "workspace_log", "handoffs")
+        main = [repr(persisted_rows(db, f"SELECT * FROM {t} ORDER BY 1, 2")) for t in tables]
+    else:
+        main = [Path(db).read_bytes().hex()]
+    contents = [*main, *(Path(f).read_bytes().hex() for f in files)]
+    return [hashlib.sha256(c.encode()).hexdigest() for c in contents]
 
 
 class TestSQLCommand:

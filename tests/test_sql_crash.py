@@ -1,12 +1,14 @@
 """SIGKILL in the middle of turns that write SQL (DESIGN promise 1 for the workspace).
 
 Real children (``tests/sql_crash_child.py``) run turns of an agent whose every turn
-writes its tables; the test kills them: at a random moment of a run of turns, inside a
-turn after its SQL writes, and exactly between the turn's main commit and its
-workspace commit. After each kill, read through connections of our own: both files
-pass integrity_check, and every committed version v holds exactly the rows of v whole
-turns; a workspace file left behind by the kill is caught up by the next reader; the
-next child goes on from there.
+writes its tables, on an SQLite file and on a PostgreSQL database; the test kills
+them: at a random moment of a run of turns, inside a turn after its SQL writes,
+exactly between the turn's main commit and its workspace commit, and between the
+workspace file's new stamp and its commit. After each kill, read through connections
+of our own: the database and the workspace file pass their integrity checks, and
+every committed version v holds exactly the rows of v whole turns; a workspace file
+left behind by the kill is caught up by the next reader; the next child goes on from
+there.
 """
 
 import queue
@@ -22,8 +24,8 @@ import apsw
 import pytest
 
 from effectful_durable import Store
-from effectful_durable.store.workspace import workspace_path
 from tests.helpers import integrity
+from tests.sql_helpers import workspace_file
 
 CHILD = Path(__file__).with_name("sql_crash_child.py")
 AGENT_ID = "ledger"
@@ -32,7 +34,7 @@ AGENT_ID = "ledger"
 class Child:
     """One child process whose stdout lines are read with deadlines."""
 
-    def __init__(self, db_path: Path) -> None:
+    def __init__(self, db_path: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(CHILD), str(db_path)],
             stdin=subprocess.PIPE,
@@ -78,16 +80,16 @@ class Child:
                 stream.close()
 
 
-def file_version(db_path: Path) -> int:
+def file_version(db_path: str) -> int:
     """The version the workspace file holds, read without catching it up."""
-    conn = apsw.Connection(workspace_path(str(db_path), AGENT_ID), flags=apsw.SQLITE_OPEN_READONLY)
+    conn = apsw.Connection(workspace_file(db_path, AGENT_ID), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         return int(conn.pragma("user_version"))
     finally:
         conn.close()
 
 
-def check(db_path: Path) -> int:
+def check(db_path: str) -> int:
     """Every committed version holds exactly its whole turns; return the last one."""
     assert integrity(db_path) == "ok"
     with Store(db_path) as store:
@@ -101,15 +103,16 @@ def check(db_path: Path) -> int:
             totals = store.sql(AGENT_ID, "SELECT n FROM totals", version=version).rows
             assert totals == [(version,)], version
     assert file_version(db_path) == current  # the reader above caught the file up
-    assert integrity(Path(workspace_path(str(db_path), AGENT_ID))) == "ok"
+    assert integrity(workspace_file(db_path, AGENT_ID)) == "ok"
     return current
 
 
-def test_sigkill_during_sql_turns(tmp_path: Path) -> None:
+def test_sigkill_during_sql_turns(store_url: str) -> None:
     """Kills at random moments, inside a turn, and between the two commits lose nothing."""
-    db_path = tmp_path / "state.db"
+    db_path = store_url
     rng = random.Random(7)
-    children = [Child(db_path) for _ in range(4)]  # imports overlap
+    modes = ["random", "between", "block", "stamped", "random"]
+    children = [Child(db_path) for _ in modes]  # imports overlap
     try:
         version = 0
         for number, child in enumerate(children):
@@ -117,14 +120,14 @@ def test_sigkill_during_sql_turns(tmp_path: Path) -> None:
             if number == 0:
                 child.send("run 3")
                 version = int(child.expect("done")[0])
-            mode = ["random", "between", "block", "random"][number]
+            mode = modes[number]
             if mode == "random":
                 child.send("run 40")
                 time.sleep(rng.uniform(0.2, 1.5))
                 child.kill()
-            elif mode == "between":
-                child.send("between")
-                held = int(child.expect("between")[0])
+            elif mode in ("between", "stamped"):
+                child.send(mode)
+                held = int(child.expect(mode)[0])
                 child.kill()
                 assert held == version + 1
                 assert file_version(db_path) == version  # its workspace commit never ran
@@ -136,7 +139,7 @@ def test_sigkill_during_sql_turns(tmp_path: Path) -> None:
                 child.kill()
             new = check(db_path)
             assert new >= version
-            if mode == "between":
+            if mode in ("between", "stamped"):
                 assert new == version + 1  # committed in the main database: kept
             version = new
     finally:

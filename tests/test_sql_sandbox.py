@@ -7,11 +7,15 @@ second agent, ``victim``, holds a table of secrets in its own workspace; the mai
 database holds ours. Each attempt is one turn in which the model makes one tool call.
 After it, the tool result starts with ``error:``, every workspace file reads exactly as
 before (schema, pragmas, rows), the main database gained no workspace log rows and no
-schema objects, and no file appeared beside the database.
+schema objects, and no file appeared beside the database or in the workspace cache.
+The whole suite runs on an SQLite file and on a PostgreSQL database (whose workspace
+files are in this machine's cache).
 """
 
+import gc
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ import pytest
 
 from effectful_durable import Store
 from effectful_durable.testing import ToolCall
-from tests.helpers import integrity, persisted_rows
+from tests.helpers import integrity, is_postgres, persisted_rows
 from tests.sql_helpers import Builder, Tracker, dump, sql_turn, workspace_files
 
 DEEP = "SELECT " + "(" * 3000 + "1" + ")" * 3000
@@ -149,11 +153,16 @@ def attempts(db: str, victim_file: str, out: str) -> list[tuple[str, str, dict[s
     ]
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def world(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     """mallory with a row in notes, victim with a secret; both committed."""
     tmp = tmp_path_factory.mktemp("sandbox")
-    db = tmp / "state.db"
+    if request.param == "sqlite":
+        db = str(tmp / "state.db")
+    else:
+        db = request.getfixturevalue("postgres_server").new_database()
     victim = Builder(agent_id="victim")
     sql_turn(
         db,
@@ -171,25 +180,47 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with Store(db) as store:
         victim_file = next(f for f in files if "secrets" in str(dump(f)))
         assert store.sql("victim", "SELECT s FROM secrets").rows == [("the password",)]
-    return {"db": db, "tmp": tmp, "mallory": mallory, "victim_file": victim_file}
+    cache = os.path.dirname(victim_file)
+    yield {"db": db, "tmp": tmp, "cache": cache, "mallory": mallory, "victim_file": victim_file}
+    if is_postgres(db):
+        gc.collect()
+        request.getfixturevalue("postgres_server").drop_database(db)
 
 
 def _disk(world: dict[str, Any]) -> dict[str, Any]:
     db = world["db"]
     return {
         "files": sorted(
-            p.name for p in Path(world["tmp"]).rglob("*") if not p.name.endswith(("-wal", "-shm"))
+            {
+                str(p)
+                for root in (world["tmp"], world["cache"])
+                for p in Path(root).rglob("*")
+                if not p.name.endswith(("-wal", "-shm"))
+            }
         ),
         # user_version is the agent version the file holds: each turn moves it on.
         "workspaces": {f: dump(f)[1:] for f in workspace_files(db)},
         "workspace_pragmas": {f: dump(f)[0][2:] for f in workspace_files(db)},
         "log": persisted_rows(
-            db, "SELECT agent_id, version, seq, ddl, changeset FROM workspace_log"
+            db, "SELECT agent_id, version, seq, ddl, changeset FROM workspace_log ORDER BY 1, 2, 3"
         ),
-        "schema": persisted_rows(db, "SELECT type, name, sql FROM sqlite_schema ORDER BY name"),
-        "pragmas": persisted_rows(db, "PRAGMA user_version")
-        + persisted_rows(db, "PRAGMA application_id"),
+        "schema": _schema(db),
     }
+
+
+def _schema(db: str) -> list[tuple[Any, ...]]:
+    """The main database's tables and columns, and its marks of being ours."""
+    if is_postgres(db):
+        return persisted_rows(
+            db,
+            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema = 'public' ORDER BY 1, 2",
+        ) + persisted_rows(db, "SELECT * FROM effectful_durable")
+    return (
+        persisted_rows(db, "SELECT type, name, sql FROM sqlite_schema ORDER BY name")
+        + persisted_rows(db, "PRAGMA user_version")
+        + persisted_rows(db, "PRAGMA application_id")
+    )
 
 
 ATTEMPTS = attempts("DB", "VICTIM", "OUT")

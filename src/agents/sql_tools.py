@@ -9,7 +9,7 @@ from effectful.ops.types import Operation
 
 from ..errors import DurableError
 from ..store.sandbox import SQLLimits
-from ..store.workspace import Declaration, parse_declaration
+from ..store.workspace_schema import Declaration, parse_declaration
 
 
 def _unhandled(agent: Any) -> DurableError:

@@ -16,6 +16,7 @@ from .alarms import AlarmInfo, Schedule
 from .base import StoreBase
 from .ids import validate_agent_id
 from .memory import KEY, NOTE, MemoryNote, memory_at, note_of
+from .rows import current_version
 from .workspace import SQLResult, WorkspaceTurn, read_sql
 
 if TYPE_CHECKING:
@@ -71,26 +72,20 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("the SQL workspace (Store.sql, SQLTools)")
-        conn = self._connection()
-        with self._reading():
+        with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
+            latest = current_version(conn, agent_id)
         try:
             return read_sql(
-                conn, self.path, agent_id, query, params, version=version,
+                self._db, agent_id, query, params, version=version, latest=version == latest,
                 readonly=self.readonly, busy_timeout=self.busy_timeout,
             )  # fmt: skip
         except apsw.BusyError as e:
-            raise DatabaseBusyError(self.path, self.busy_timeout) from e
+            raise DatabaseBusyError(self._db.location, self.busy_timeout) from e
 
     def workspace_turn(self, agent_id: str, **options: Any) -> WorkspaceTurn:
         """Open the agent's SQL workspace for its running turn (its lock is held)."""
-        self._db.require("the SQL workspace (SQLTools)")
-        files = self._sqlite_db().workspace_files()
-        conn, timeout = self._connection(), self.busy_timeout
-        return WorkspaceTurn(
-            conn, self.path, agent_id, busy_timeout=timeout, files=files, **options
-        )
+        return WorkspaceTurn(self._db, agent_id, busy_timeout=self.busy_timeout, **options)
 
     # -- alarms (SQL in alarms.py) ----------------------------------------------
 

@@ -9,8 +9,9 @@ databases read: ``?`` or ``?N`` parameters (PostgreSQL's connection rewrites
 them), upserts spelled ``ON CONFLICT``, no SQLite-only functions (nor the
 scalar ``max(a, b)``). What differs (full-text search, locking a row, claiming
 a row that other claimers skip, serialising writers, waking the alarm runners,
-what the file or server can check) is a method of the Database, and its SQL
-lives in that backend's module.
+what the file or server can check, where the agents' SQL workspace files live
+on this machine) is a method or attribute of the Database, and its SQL lives in
+that backend's module.
 
 A part a backend does not carry yet is refused there (:meth:`Database.require`),
 never half done.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .parts import TurnWrite, VersionedPart
     from .records import Compaction
+    from .workspace_cache import WorkspaceCache
 
 
 class Rows(Protocol):
@@ -75,6 +77,9 @@ class Database(Protocol):
     kind: str
     #: The file path, or the URL without its password: named in messages.
     location: str
+    #: Where this machine keeps the agents' SQL workspace files, caught up from
+    #: ``workspace_log`` (``workspace_cache.py``).
+    workspaces: WorkspaceCache
 
     @property
     def parts(self) -> Sequence[VersionedPart]:

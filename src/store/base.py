@@ -19,7 +19,6 @@ from .backend import Conn
 if TYPE_CHECKING:
     from .backend import Database
     from .records import AgentRecord
-    from .sqlite import SQLiteDatabase
 
 
 class StoreBase:
@@ -32,8 +31,6 @@ class StoreBase:
         _db: Database
 
         def _connection(self) -> apsw.Connection: ...
-
-        def _sqlite_db(self) -> SQLiteDatabase: ...
 
         def _reading(self) -> AbstractContextManager[Conn]: ...
 

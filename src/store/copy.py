@@ -7,7 +7,9 @@ is copied row for row (``TABLES``, in an order that satisfies their references);
 the full-text index of compacted messages is rebuilt on the target from the
 copied rows, since each backend indexes in its own way. Before the target
 commits, each table is read back and compared with the source: the counts and
-the rows themselves must match.
+the rows themselves must match. The agents' SQL tables travel as their log
+(``workspace_log``): each machine that uses the target builds its workspace
+files from it (``workspace_cache.py``), in a cache of the target's own.
 """
 
 from __future__ import annotations
@@ -54,14 +56,14 @@ class CopyResult:
 
 
 def copy_store(source: Store, target: Store) -> CopyResult:
-    """Copy every agent, version, journal, memory row, alarm and runner status report
-    of ``source`` into ``target``.
+    """Copy every agent (versions, journals, memory, SQL tables, alarms) and the
+    runners' status reports to ``target``.
 
     Raises:
-        DurableError: ``target`` already holds agents or journals, or lacks a table
-            (the SQL workspace's, on PostgreSQL for now) that ``source`` has rows
-            of; or a table read back differs from the source's. The target is left
-            as it was.
+        DurableError: ``target`` already holds agents or journals, or lacks a
+            table of a part that ``source`` has rows of (a part the target's
+            backend does not carry); or a table read back differs from the
+            source's. The target is left as it was.
     """
     source_db, target_db = source._db, target._db
     with source_db.reading() as read, target_db.writing() as write:

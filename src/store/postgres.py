@@ -16,6 +16,9 @@ schema's identification) is here. See ``backend.py`` for the seam.
 - A lost connection (server restart, network) fails the block in flight with
   DatabaseUnavailableError; the pool checks connections before handing them
   out, so the next block connects afresh.
+- The agents' SQL workspaces: their log is in this database, like every other
+  part; each machine keeps its SQLite files of the agents' tables in a
+  stamped cache of its own, one directory per database (``workspace_cache.py``).
 """
 
 from __future__ import annotations
@@ -55,11 +58,13 @@ from .parts import TurnWrite, VersionedPart
 from .postgres_listen import KEEPALIVES, NotifyListener
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .records import Compaction
-from .workspace import WorkspaceTurn
+from .workspace_cache import WorkspaceCache, user_cache_root
+from .workspace_log import WorkspacePart
 
 _HOST = socket.gethostname()
 
-# The parts carried on PostgreSQL so far (SQLite also has the SQL workspace).
+# The parts carried on PostgreSQL besides the SQL workspace (whose part knows where
+# this machine's workspace files are).
 PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
     conversation_fields.ConversationFields(),
@@ -67,14 +72,10 @@ PARTS: tuple[VersionedPart, ...] = (
     AlarmPart(),
 )
 
-# What PostgreSQL does not carry yet, by the name Database.require is given.
-_UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = (
-    (WorkspaceTurn, "the SQL workspace (SQLTools)"),
-)
-_UNSUPPORTED_PREFIXES = (
-    "the SQL workspace",
-    "Store.vacuum",
-)
+# What PostgreSQL does not carry yet, by the name Database.require is given (every
+# part a turn writes is carried now).
+_UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = ()
+_UNSUPPORTED_PREFIXES = ("Store.vacuum",)
 
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.1
@@ -92,7 +93,13 @@ class PostgresDatabase:
     kind = "postgresql"
 
     def __init__(
-        self, url: str, *, busy_timeout: float, readonly: bool, pool_size: int = 10
+        self,
+        url: str,
+        *,
+        busy_timeout: float,
+        readonly: bool,
+        pool_size: int = 10,
+        workspace_dir: str | None = None,
     ) -> None:
         if busy_timeout < 0:
             msg = f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}"
@@ -132,20 +139,24 @@ class PostgresDatabase:
             raise DatabaseUnavailableError(self.location, _reason(e)) from e
         try:
             self._prepare()
+            directory = os.path.join(workspace_dir or user_cache_root(), self._cache_name())
         except BaseException:
             self._pool.close()
             raise
+        self.workspaces = WorkspaceCache(directory, stamped=True)
+        self._workspace_part = WorkspacePart(self.workspaces)
         self._locks = _AdvisoryLocks(self)
 
     @property
     def parts(self) -> Sequence[VersionedPart]:
-        return PARTS
+        return (*PARTS, self._workspace_part)
 
     def close(self) -> None:
-        """Close the pool and the lock connection."""
+        """Close the pool, the lock connection and the workspace files."""
         self._closed = True
         self._locks.close()
         self._pool.close()
+        self.workspaces.close()
 
     # -- connections and transactions ------------------------------------------
 
@@ -260,6 +271,33 @@ class PostgresDatabase:
             reason = "its table effectful_durable does not name this library"
             raise NotOurDatabaseError(self.location, reason)
         return int(row[1])
+
+    def _cache_name(self) -> str:
+        """This database's directory in a workspace cache: its name and a digest of its identity.
+
+        The identity is the cluster's system identifier (or, where the role may not
+        read it, the server's host and port as this machine reaches it), the
+        database's OID and our schema: a database restored or cloned into a new one
+        gets its own directory, and so does each schema of one database. Whatever
+        the name, a file is trusted only while the log holds the commit it is
+        stamped with (workspace_cache.py).
+        """
+        with self.reading() as conn:
+            oid, schema, name = conn.execute(
+                "SELECT oid, current_schema(), datname FROM pg_database"
+                " WHERE datname = current_database()"
+            ).fetchone()
+            conn.execute("SAVEPOINT identity")
+            try:
+                server = str(conn.execute("SELECT system_identifier FROM pg_control_system()").get)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.DatabaseError:  # not granted (or not there) on some services
+                conn.execute("ROLLBACK TO SAVEPOINT identity")
+                server = f"{conn.raw.info.host}:{conn.raw.info.port}"
+        digest = hashlib.blake2b(f"{server}\0{oid}\0{schema}".encode(), digest_size=8).hexdigest()
+        readable = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:40]
+        return f"{readable}-{digest}"
 
     # -- the agents' locks -------------------------------------------------------
 

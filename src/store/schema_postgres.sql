@@ -163,6 +163,9 @@ CREATE UNIQUE INDEX memory_active ON memory (agent_id, kind, key)
 
 -- == SQL workspace and alarms (schema 4) ==
 
+-- The log of each agent's SQL tables, as in schema.sql. The tables themselves
+-- live in SQLite files in each machine's cache (workspace_cache.py), built from
+-- this log and checked against versions.committed_at at each use.
 CREATE TABLE workspace_log (
     agent_id  text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
     version   bigint NOT NULL,

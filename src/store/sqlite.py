@@ -36,15 +36,16 @@ from .memory import MemoryPart
 from .parts import TurnWrite, VersionedPart
 from .records import Compaction
 from .translate import translated
-from .workspace import WorkspaceFiles, WorkspacePart
+from .workspace_cache import WorkspaceCache
+from .workspace_log import WorkspacePart
 
-# Every part of an agent's record besides messages and fields: rollback and fork
+# Every part of an agent's record besides messages, fields and the SQL workspace
+# (whose part knows where this database's workspace files are): rollback and fork
 # carry each of them (see parts.py).
 PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
     conversation_fields.ConversationFields(),
     MemoryPart(),
-    WorkspacePart(),
     AlarmPart(),
 )
 
@@ -74,7 +75,8 @@ class SQLiteDatabase:
         self.readonly = readonly
         self._local = threading.local()
         self._connections: list[apsw.Connection] = []
-        self._workspace_caches: list[WorkspaceFiles] = []
+        self.workspaces = WorkspaceCache.beside(path)
+        self._workspace_part = WorkspacePart(self.workspaces)
         self._connections_lock = threading.Lock()
         self._closed = False
         self.damage = DamageWatch(self.path, self._connections)
@@ -93,15 +95,13 @@ class SQLiteDatabase:
     @property
     def parts(self) -> Sequence[VersionedPart]:
         # Read at each use, so that a test may replace the module's tuple.
-        return PARTS
+        return (*PARTS, self._workspace_part)
 
     def close(self) -> None:
         """Close every connection this database opened, in all threads."""
         with self._connections_lock:
             self._closed = True
-            for files in self._workspace_caches:
-                files.close()
-            self._workspace_caches.clear()
+            self.workspaces.close()
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
@@ -175,15 +175,6 @@ class SQLiteDatabase:
             self._connections.remove(old)
         with suppress(apsw.Error):
             old.close()
-
-    def workspace_files(self) -> WorkspaceFiles:
-        """This thread's open SQL workspace files (closed with the database)."""
-        files: WorkspaceFiles | None = getattr(self._local, "workspaces", None)
-        if files is None:
-            files = self._local.workspaces = WorkspaceFiles()
-            with self._connections_lock:
-                self._workspace_caches.append(files)
-        return files
 
     # -- the agents' locks -------------------------------------------------------
 

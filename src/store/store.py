@@ -47,8 +47,8 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         path: SQLite file; created if missing, refused if it is not ours. Or a
             ``postgresql://`` URL (libpq's form; needs the ``postgres`` extra): its
             database gets our tables if it has none, and is refused if it holds
-            another program's. The SQL workspace and ``vacuum`` are SQLite-only
-            for now (NotSupportedError on PostgreSQL).
+            another program's. ``vacuum`` is SQLite-only (NotSupportedError on
+            PostgreSQL).
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
         busy_timeout: Seconds to wait for another writer before DatabaseBusyError.
         readonly: Open for inspection only.
@@ -61,6 +61,13 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             and starts a new database at ``path``. A file written by a newer
             version is always refused.
         pool_size: PostgreSQL only: the most connections the store opens at once.
+        workspace_dir: PostgreSQL only: the directory under which this machine
+            keeps its copies of the agents' SQL tables (``SQLTools``), one
+            subdirectory per database; by default
+            ``$XDG_CACHE_HOME/effectful-durable/workspaces`` (``~/.cache/...``).
+            The copies are a cache of the log in the database: any of them may be
+            deleted at any time. An SQLite database keeps its agents' tables beside
+            it, in ``<db>-workspaces/``.
 
     Raises:
         NotOurDatabaseError: ``path`` is not an effectful-durable database.
@@ -86,6 +93,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         readonly: bool = False,
         on_unreadable: Literal["refuse", "quarantine"] = "refuse",
         pool_size: int = 10,
+        workspace_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.durability: Durability = durability
@@ -107,11 +115,21 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
                 msg = "on_unreadable='quarantine' is for SQLite files, not PostgreSQL databases"
                 raise ValueError(msg)
             db = PostgresDatabase(
-                self.path, busy_timeout=busy_timeout, readonly=readonly, pool_size=pool_size
+                self.path,
+                busy_timeout=busy_timeout,
+                readonly=readonly,
+                pool_size=pool_size,
+                workspace_dir=None if workspace_dir is None else os.fspath(workspace_dir),
             )
             self._db = db
             self._damage = DamageWatch(db.location, [])
         else:
+            if workspace_dir is not None:
+                msg = (
+                    "workspace_dir is for PostgreSQL; an SQLite database keeps its agents' "
+                    f"SQL tables beside it, in {self.path}-workspaces"
+                )
+                raise ValueError(msg)
             sqlite = SQLiteDatabase(
                 self.path,
                 durability=durability,
@@ -149,7 +167,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
     # -- internals -----------------------------------------------------------
 
     def _connection(self) -> apsw.Connection:
-        """This thread's SQLite connection (SQLite only: SQL workspace, vacuum, backup)."""
+        """This thread's SQLite connection (SQLite only: vacuum, backup)."""
         return self._sqlite_db().connection()
 
     def _sqlite_db(self) -> SQLiteDatabase:

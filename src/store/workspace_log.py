@@ -1,0 +1,265 @@
+"""The SQL workspace's log in the main database: each agent's tables, version by version.
+
+The main database, on either backend, is the single source of truth for the
+agents' tables. ``workspace_log`` holds, per version, the steps that turn the
+previous version's tables into this version's, in ``seq`` order: DDL text, or an
+``apsw.Session`` changeset of row changes. A snapshot starts with the
+``-- reset`` step, which drops every table. This module reads and writes the log
+on a :class:`~effectful_durable.store.backend.Conn`, in the SQL both backends
+speak, replays it into SQLite databases, and makes it follow a rollback, a fork,
+a prune and a delete (:class:`WorkspacePart`). The SQLite files that hold each
+agent's tables on a machine are ``workspace_cache.py``'s.
+
+Versions. ``rollback`` to v writes, as the new version, the inverse of the
+changesets after v (O(changes since v)) when no DDL happened after v; otherwise
+a snapshot of the tables at v (replayed from the log: O(history)). ``fork``
+writes a snapshot. ``prune`` folds the steps before a version into one snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import apsw
+
+from .backend import Conn
+from .workspace_schema import quote, tables
+
+if TYPE_CHECKING:
+    from .workspace_cache import WorkspaceCache
+
+RESET = "-- reset"  # a DDL step that drops every table: snapshots start with it
+
+type Step = tuple[str | None, bytes | None]  # (DDL text, None) or (None, changeset)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What the main database says of an agent's tables, read in one snapshot.
+
+    Attributes:
+        current: The agent's committed version (0: no such agent).
+        stamp: When ``current`` was committed: with the agent and the version, it
+            names one commit, in this database or in a copy of it.
+        held_stamp: When the version a workspace file holds was committed (None if
+            the agent has no such version, or no longer: pruned).
+    """
+
+    current: int
+    stamp: float | None
+    held_stamp: float | None
+
+
+def truth(conn: Conn, agent_id: str, held: int) -> Truth:
+    """The agent's committed version, and the commit times of it and of version ``held``."""
+    row = conn.execute(
+        """
+        SELECT a.version, c.committed_at, h.committed_at FROM agents AS a
+          LEFT JOIN versions AS c ON c.agent_id = a.agent_id AND c.version = a.version
+          LEFT JOIN versions AS h ON h.agent_id = a.agent_id AND h.version = ?2
+         WHERE a.agent_id = ?1
+        """,
+        (agent_id, held),
+    ).fetchone()
+    if row is None:
+        return Truth(0, None, None)
+    return Truth(int(row[0]), _float(row[1]), _float(row[2]))
+
+
+def stamp_of(conn: Conn, agent_id: str, version: int) -> float | None:
+    """When ``version`` of the agent was committed (in ``conn``'s transaction)."""
+    row = conn.execute(
+        "SELECT committed_at FROM versions WHERE agent_id = ? AND version = ?",
+        (agent_id, version),
+    ).fetchone()
+    return None if row is None else _float(row[0])
+
+
+def log(conn: Conn, agent_id: str, after: int, upto: int) -> list[Step]:
+    """The steps of the versions after ``after`` up to ``upto``, in order."""
+    rows = conn.execute(
+        """
+        SELECT ddl, changeset FROM workspace_log
+         WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
+        """,
+        (agent_id, after, upto),
+    ).fetchall()
+    return [(_text(ddl), _blob(changeset)) for ddl, changeset in rows]
+
+
+def write_log(conn: Conn, agent_id: str, version: int, steps: Sequence[Step]) -> None:
+    """Record ``steps`` as ``version`` of the agent's tables."""
+    conn.executemany(
+        "INSERT INTO workspace_log (agent_id, version, seq, ddl, changeset) VALUES (?,?,?,?,?)",
+        [(agent_id, version, seq, ddl, cs) for seq, (ddl, cs) in enumerate(steps)],
+    )
+
+
+def apply(ws: apsw.Connection, steps: Iterable[Step]) -> None:
+    """Replay ``steps`` on a workspace database; any conflict aborts (the view diverged)."""
+    for ddl, changeset in steps:
+        if ddl == RESET:
+            for (name,) in ws.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+            ).fetchall():
+                ws.execute(f"DROP TABLE {quote(str(name))}")
+        elif ddl is not None:
+            ws.execute(ddl)
+        elif changeset:
+            apsw.Changeset.apply(changeset, ws)
+
+
+def replayed(steps: Iterable[Step]) -> apsw.Connection:
+    """A new in-memory database holding what ``steps`` make from nothing."""
+    mem = apsw.Connection(":memory:")
+    apply(mem, steps)
+    return mem
+
+
+def snapshot(mem: apsw.Connection) -> list[Step]:
+    """Steps that make any workspace equal to ``mem``: reset, DDL, then every row."""
+    schema = mem.execute(
+        """
+        SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite%'
+         ORDER BY type = 'index', rowid
+        """
+    ).fetchall()
+    statements = [str(sql) for (sql,) in schema]
+    steps: list[Step] = [(RESET, None), *((sql, None) for sql in statements)]
+    fresh = apsw.Connection(":memory:")
+    for sql in statements:
+        fresh.execute(sql)
+    session = apsw.Session(fresh, "main")
+    session.attach()
+    with fresh:
+        for table in tables(mem):
+            names = [c.name for c in table.columns if not c.hidden]
+            columns = ", ".join(quote(n) for n in names)
+            rows = mem.execute(f"SELECT {columns} FROM {quote(table.name)}")
+            marks = ", ".join("?" * len(names))
+            insert = f"INSERT INTO {quote(table.name)} ({columns}) VALUES ({marks})"
+            fresh.executemany(insert, rows)
+    changeset = session.changeset()
+    session.close()
+    fresh.close()
+    if changeset:
+        steps.append((None, changeset))
+    return steps
+
+
+def merged(steps: Sequence[Step]) -> list[Step]:
+    """The steps with each run of changesets between DDL steps combined into one."""
+    out: list[Step] = []
+    run: list[bytes] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append((None, run[0]))
+        elif run:
+            combined = _combined(run)
+            if combined:
+                out.append((None, combined))
+        run.clear()
+
+    for ddl, changeset in steps:
+        if ddl is None and changeset:
+            run.append(changeset)
+        else:
+            flush()
+            out.append((ddl, changeset))
+    flush()
+    return out
+
+
+def _combined(changesets: Iterable[bytes]) -> bytes:
+    builder = apsw.ChangesetBuilder()  # type: ignore[no-untyped-call]
+    for changeset in changesets:
+        if changeset:
+            builder.add(changeset)
+    combined = builder.output()
+    builder.close()
+    return combined
+
+
+class WorkspacePart:
+    """How the SQL workspace follows a rollback, a fork, a prune and a delete.
+
+    Args:
+        cache: The database's workspace files on this machine: a fork or a delete
+            removes the file its agent id had here.
+    """
+
+    def __init__(self, cache: WorkspaceCache) -> None:
+        self.cache = cache
+
+    def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
+        """Write, as ``new_version``, what undoes every change after ``to_version``."""
+        later = log(conn, agent_id, to_version, new_version - 1)
+        if not later:
+            return
+        if all(ddl is None for ddl, _ in later):
+            inverse = apsw.Changeset.invert(_combined(cs for _, cs in later if cs))
+            if inverse:
+                write_log(conn, agent_id, new_version, [(None, inverse)])
+            return
+        mem = replayed(log(conn, agent_id, 0, to_version))  # DDL after v: rebuild v's tables
+        write_log(conn, agent_id, new_version, snapshot(mem))
+        mem.close()
+
+    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
+        """Give ``new_agent_id`` (version 1) the tables ``agent_id`` had at ``version``."""
+        steps = log(conn, agent_id, 0, version)
+        if not steps:
+            return
+        mem = replayed(steps)
+        write_log(conn, new_agent_id, 1, snapshot(mem))
+        mem.close()
+        self.cache.remove(new_agent_id)
+
+    def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
+        """Fold the steps of versions before ``keep_from`` into one snapshot.
+
+        A snapshot costs what the tables hold, so it is made only once the steps
+        it would replace outweigh the oldest version's (the last snapshot): the
+        cost per pruned byte stays flat, as for pruning as you go.
+        """
+        base = keep_from - 1
+        sizes = conn.execute(
+            """
+            SELECT version, sum(coalesce(length(changeset), 0) + coalesce(length(ddl), 0))
+              FROM workspace_log WHERE agent_id = ? AND version <= ?
+             GROUP BY version ORDER BY version
+            """,
+            (agent_id, base),
+        ).fetchall()
+        weights = [int(size or 0) for _, size in sizes]
+        if len(weights) <= 1 or sum(weights[1:]) < weights[0]:
+            return
+        mem = replayed(log(conn, agent_id, 0, base))
+        conn.execute(
+            "DELETE FROM workspace_log WHERE agent_id = ? AND version <= ?", (agent_id, base)
+        )
+        write_log(conn, agent_id, base, snapshot(mem))
+        mem.close()
+
+    def delete(self, conn: Conn, agent_id: str) -> None:
+        """Remove the agent's workspace file here (its log goes with the agents row).
+
+        Removing the file first is safe: if the main transaction then fails, the
+        next use rebuilds the file from the log.
+        """
+        self.cache.remove(agent_id)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _blob(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
