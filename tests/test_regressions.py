@@ -249,6 +249,17 @@ class TestBadInput:
             with store.agent_lock("a\ud800"):
                 pass
 
+    def test_backup_to_an_empty_path(
+        self, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A backup to the path "" is a DurableError, and leaves no partial file (a
+        FileNotFoundError from linking the copy into place before the fix)."""
+        monkeypatch.chdir(tmp_path)
+        with Store(two_turns(store_url)) as store, pytest.raises(DurableError, match="empty"):
+            store.backup("")
+        for directory in (tmp_path, tmp_path.parent):  # where a partial copy went
+            assert [p for p in directory.iterdir() if ".partial-" in p.name] == []
+
     def test_state_field_of_bytes_that_are_not_utf8(self, store_url: str) -> None:
         """A bytes field that pydantic cannot store as JSON is a StateSerializationError."""
         agent = Holder(agent_id="h")

@@ -259,8 +259,8 @@ class Maintenance(StoreBase):
         (as ``effectful-durable copy`` makes; use ``pg_dump`` for the server's own).
 
         Raises:
-            DurableError: ``path`` exists (it is never overwritten) or its
-                directory does not.
+            DurableError: ``path`` is empty, exists (it is never overwritten),
+                or its directory does not.
 
         .. versionadded:: 0.2.0
         """

@@ -264,6 +264,9 @@ def publish(source: str, target: str, write: Callable[[str], None]) -> None:
     place only once complete and synced, so ``target`` is either absent or whole,
     and is never overwritten.
     """
+    if not target:
+        msg = f"cannot back up {source}: the path of the new file is empty. Name a new file."
+        raise DurableError(msg)
     if os.path.lexists(target):
         msg = f"cannot back up {source} to {target}: that file exists. Choose a new path."
         raise DurableError(msg)
