@@ -1,22 +1,26 @@
-"""Benchmark: how fast one AgentRunner delivers alarms, and how late.
+"""Benchmark: how fast AgentRunners deliver alarms, and how late.
 
 Offline: the agents' model is ``FakeLLM`` under effectful's ``LiteLLMProvider``; the
-runner uses the real clock. Three measurements, each on a fresh database:
+runner uses the real clock. Three measurements, each on a fresh database (an SQLite
+file, or with ``--backend postgres`` a PostgreSQL database: on ``--postgres URL``'s
+server, else on a throwaway cluster from the installed server binaries):
 
-* throughput: ``--alarms`` alarms, all due now, spread over ``--agents`` agents; one
-  runner delivers them all. Printed: alarms per second, and the same agents' plain
-  turns per second under PersistenceHandler alone (no runner), for comparison.
+* throughput: ``--alarms`` alarms, all due now, spread over ``--agents`` agents;
+  ``--runners`` runners (threads of this process, each with its own Store) deliver
+  them all. Printed: alarms per second, and the same agents' plain turns per second
+  under PersistenceHandler alone (no runner), for comparison.
 * delay, known alarms: ``--delayed`` alarms due at random moments over ``--span``
   seconds, all scheduled before the runner sleeps; it sleeps until each is due.
 * delay, other process: the same number of alarms scheduled one by one, while the
   runner sleeps, by another connection (as another process would), each due 0.2 s
-  after it is written; the runner notices them at its next poll (<= 1 s).
+  after it is written; on SQLite the runner notices them at its next poll (<= 1 s),
+  on PostgreSQL the commit's NOTIFY wakes it.
 
 Delay = the moment the model is asked (the alarm's turn has started) minus the
 alarm's due time; printed as median and p99 in milliseconds.
 
-Run: ``.venv/bin/python bench/bench_alarms.py [--alarms 500] [--agents 10] [--quick]``.
-No assertions.
+Run: ``.venv/bin/python bench/bench_alarms.py [--alarms 500] [--agents 10]
+[--runners 1] [--backend sqlite|postgres] [--postgres URL] [--quick]``. No assertions.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ import os
 import random
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +58,12 @@ from effectful_durable import (
 from effectful_durable.store.alarms import make_schedule
 from effectful_durable.testing import FakeCall, FakeLLM
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_scale import postgres_databases
+
 ACTION = re.compile(r"The alarm's action: job (\d+)")
+
+type NewDatabase = Callable[[str], str]  # a fresh database for a measurement's name
 
 
 @dataclasses.dataclass
@@ -95,7 +107,7 @@ class Model:
         return "done"
 
 
-def runner_for(db: Path, model: Model, fake: FakeLLM, kind: type[Worker] = Worker) -> AgentRunner:
+def runner_for(db: str, model: Model, fake: FakeLLM, kind: type[Worker] = Worker) -> AgentRunner:
     def handlers(config: RunnerConfig) -> list[Any]:
         return [LiteLLMProvider(model="fake"), fake]
 
@@ -107,34 +119,44 @@ def runner_for(db: Path, model: Model, fake: FakeLLM, kind: type[Worker] = Worke
     )
 
 
-def run_until_done(runner: AgentRunner, store: Store, timeout: float) -> float:
-    """Run ``runner`` in a thread until no alarm is pending; return the elapsed time."""
-    thread = threading.Thread(target=runner.run)
+def pending(store: Store) -> int:
+    """How many alarms are still to be delivered (one count, not a listing)."""
+    return store.alarm_queue.counts(time.time())["pending"]
+
+
+def run_until_done(runners: list[AgentRunner], store: Store, timeout: float) -> float:
+    """Run each runner in a thread until no alarm is pending; return the elapsed time."""
+    threads = [threading.Thread(target=runner.run) for runner in runners]
     start = time.perf_counter()
-    thread.start()
+    for thread in threads:
+        thread.start()
     deadline = time.monotonic() + timeout
-    while store.alarms() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while pending(store) and time.monotonic() < deadline:
+        time.sleep(0.1)  # a light look: on PostgreSQL it competes for the server
     elapsed = time.perf_counter() - start
-    runner.stop()
-    thread.join()
+    for runner in runners:
+        runner.stop()
+    for thread in threads:
+        thread.join()
     return elapsed
 
 
 def throughput(
-    directory: Path, alarms: int, agents: int, kind: type[Worker]
+    new_db: NewDatabase, alarms: int, agents: int, kind: type[Worker], runners: int = 1
 ) -> tuple[float, float]:
-    db = directory / f"throughput-{kind.__name__}.db"
+    db = new_db(f"throughput-{kind.__name__}")
     model = Model()
-    fake = FakeLLM(respond=model)
+    fakes = [FakeLLM(respond=model) for _ in range(runners)]  # FakeLLM is not thread-safe
     now = time.time()
-    with Store(db) as store:
+    with Store(db) as store, ExitStack() as stack:
         for n in range(alarms):
             store.schedule_alarm(f"w{n % agents}", f"job {n}", make_schedule(now, delay=0))
-        with runner_for(db, model, fake, kind) as runner:
-            elapsed = run_until_done(runner, store, timeout=600)
-            assert runner.turns == alarms, (runner.turns, alarms)
-    plain_db = directory / f"plain-{kind.__name__}.db"
+        started = [stack.enter_context(runner_for(db, model, fake, kind)) for fake in fakes]
+        elapsed = run_until_done(started, store, timeout=600)
+        delivered = sum(runner.turns for runner in started)
+        assert delivered == alarms, (delivered, alarms)
+    fake = fakes[0]
+    plain_db = new_db(f"plain-{kind.__name__}")
     workers = [kind(agent_id=f"w{n}") for n in range(agents)]
     persistence = PersistenceHandler(plain_db)
     with handler(LiteLLMProvider(model="fake")), handler(fake), handler(persistence):
@@ -147,8 +169,8 @@ def throughput(
     return alarms / elapsed, alarms / plain
 
 
-def delays_known(directory: Path, count: int, span: float) -> list[float]:
-    db = directory / "known.db"
+def delays_known(new_db: NewDatabase, count: int, span: float) -> list[float]:
+    db = new_db("known")
     model = Model()
     rng = random.Random(1)
     start = time.time() + 0.5
@@ -157,12 +179,12 @@ def delays_known(directory: Path, count: int, span: float) -> list[float]:
         for n, at in due.items():
             store.schedule_alarm(f"w{n % 10}", f"job {n}", make_schedule(time.time(), at=at))
         with runner_for(db, model, FakeLLM(respond=model)) as runner:
-            run_until_done(runner, store, timeout=span + 60)
+            run_until_done([runner], store, timeout=span + 60)
     return [(model.asked[n] - due[n]) * 1000 for n in due]
 
 
-def delays_other_process(directory: Path, count: int) -> list[float]:
-    db = directory / "other.db"
+def delays_other_process(new_db: NewDatabase, count: int) -> list[float]:
+    db = new_db("other")
     model = Model()
     due: dict[int, float] = {}
     rng = random.Random(2)
@@ -177,8 +199,8 @@ def delays_other_process(directory: Path, count: int) -> list[float]:
                     f"w{n % 10}", f"job {n}", make_schedule(time.time(), at=due[n])
                 )
         deadline = time.monotonic() + 60
-        while store.alarms() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while pending(store) and time.monotonic() < deadline:
+            time.sleep(0.1)
         runner.stop()
         thread.join()
     return [(model.asked[n] - due[n]) * 1000 for n in due]
@@ -195,28 +217,41 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--delayed", type=int, default=100)
     parser.add_argument("--span", type=float, default=30.0)
+    parser.add_argument("--runners", type=int, default=1, help="runners in the throughput run")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--postgres", help="a PostgreSQL server URL to create databases on")
     parser.add_argument("--quick", action="store_true", help="a smoke run (~15 s)")
     parser.add_argument("--dir", help="parent directory of the temporary databases")
     args = parser.parse_args()
     if args.quick:
         args.alarms, args.delayed, args.span = 50, 20, 6.0
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        directory = Path(tmp)
-        (directory / "warm").mkdir()
-        throughput(directory / "warm", 2, 1, ToolWorker)  # imports, first turns
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.dir)))
+        if args.backend == "postgres":
+            new_postgres = stack.enter_context(postgres_databases(args.postgres))
+
+            def new_db(name: str) -> str:
+                return str(new_postgres())
+        else:
+
+            def new_db(name: str) -> str:
+                return str(tmp / f"{name}-{time.monotonic_ns()}.db")
+
+        throughput(new_db, 2, 1, ToolWorker)  # imports, first turns
         for kind, what in ((Worker, "no tools"), (ToolWorker, "AlarmTools' 3 tools")):
-            per_second, plain = throughput(directory, args.alarms, args.agents, kind)
+            per_second, plain = throughput(new_db, args.alarms, args.agents, kind, args.runners)
             print(
-                f"throughput, agent with {what}: {per_second:.1f} alarms/s delivered by one "
-                f"runner ({args.alarms} alarms, {args.agents} agents); the same turns "
-                f"without a runner, under PersistenceHandler: {plain:.1f}/s"
+                f"{args.backend} throughput, agent with {what}: {per_second:.1f} alarms/s "
+                f"delivered by {args.runners} runner(s) ({args.alarms} alarms, "
+                f"{args.agents} agents); the same turns without a runner, under "
+                f"PersistenceHandler: {plain:.1f}/s"
             )
-        known = delays_known(directory, args.delayed, args.span)
+        known = delays_known(new_db, args.delayed, args.span)
         print(
             f"delay, alarms known in advance ({args.delayed} over {args.span:g} s): "
             f"median {statistics.median(known):.1f} ms, p99 {p(known, 0.99):.1f} ms"
         )
-        other = delays_other_process(directory, args.delayed)
+        other = delays_other_process(new_db, args.delayed)
         print(
             f"delay, alarms scheduled by another connection while the runner sleeps "
             f"({args.delayed}): median {statistics.median(other):.1f} ms, "

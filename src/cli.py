@@ -327,7 +327,7 @@ def _status(store: Store, args: argparse.Namespace) -> int:
         _print_json(reports)
         return 0
     if not reports:
-        print(f"no runner has reported on {store.path} yet")
+        print(f"no runner has reported on {redacted(args.db)} yet")
     for report in reports:
         print(f"runner {report['runner']} (pid {report['pid']} on {report['host']})")
         for key, value in report.items():

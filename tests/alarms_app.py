@@ -11,11 +11,14 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+import contextlib
 import dataclasses
 import json
 import random
 import re
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
 
-from effectful_durable import AlarmTools, PersistentAgent, RunnerConfig
+from effectful_durable import AgentRunner, AlarmTools, PersistentAgent, RunnerConfig
 from effectful_durable.testing import FakeCall, FakeLLM, Reply
 
 ACTION = re.compile(r"The alarm's action: (.*)", re.S)
@@ -88,3 +91,21 @@ def delivered(messages: list[dict[str, Any]]) -> list[str]:
         if found:
             actions.append(found[1].strip())
     return actions
+
+
+@contextlib.contextmanager
+def in_threads(*runners: AgentRunner) -> Iterator[None]:
+    """Run each runner in a thread of its own; stop and close them all at the end."""
+    threads = [threading.Thread(target=runner.run) for runner in runners]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        for runner in runners:
+            runner.stop()
+        for thread in threads:
+            thread.join(timeout=60)
+        for runner in runners:
+            runner.close()
+    assert not any(thread.is_alive() for thread in threads), "a runner did not stop"

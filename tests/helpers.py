@@ -141,6 +141,19 @@ def commit_message(store: Store, agent_id: str = "bot", content: str | None = No
     )
 
 
+def commit_writes(store: Store, agent_id: str, *writes: Any) -> int:
+    """Commit an empty turn of ``agent_id`` carrying ``writes`` (TurnWrites); its version."""
+    base = next((a.version for a in store.agents() if a.agent_id == agent_id), 0)
+    return store.commit_turn(
+        agent_id,
+        base_version=base,
+        template="t",
+        change=HistoryChange([], [], 0),
+        state=None,
+        writes=list(writes),
+    )
+
+
 def writable_connection(db_path: Path | str) -> apsw.Connection:
     """A plain connection for a test that edits our database: it keeps the page checksums.
 

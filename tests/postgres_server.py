@@ -23,6 +23,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -111,9 +112,11 @@ class PostgresServer:
             )  # fmt: skip
         self._pg_ctl("start")
 
-    def restart(self) -> None:
-        """Stop at once as a crash would (``-m immediate``) and start again (crash recovery)."""
+    def restart(self, *, down: float = 0.0) -> None:
+        """Stop at once as a crash would (``-m immediate``) and start again (crash
+        recovery), after ``down`` seconds."""
         self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        time.sleep(down)
         self._pg_ctl("start")
 
     def stop(self) -> None:

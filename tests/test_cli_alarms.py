@@ -13,10 +13,10 @@ from tests.helpers import run_cli_in_fresh_python
 
 
 @pytest.fixture
-def db(db_path: Path) -> str:
+def db(store_url: str) -> str:
     """A database with a pending alarm, a dead one and a runner status report."""
     now = time.time()
-    with Store(db_path) as store:
+    with Store(store_url) as store:
         store.schedule_alarm("bot", "check back", make_schedule(now, delay=3600))
         store.schedule_alarm("bot", "tidy notes", make_schedule(now, cron="0 3 * * *"))
         store.schedule_alarm("other", "broken", make_schedule(now, delay=0))
@@ -27,7 +27,7 @@ def db(db_path: Path) -> str:
         queue.record_status(
             "host:1:x", state="running", started_at=now, report={"turns": 3, "errors": 1}
         )
-    return str(db_path)
+    return str(store_url)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

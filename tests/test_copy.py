@@ -2,9 +2,10 @@
 
 A database made by real agents (turns with tool calls, a failed turn, two
 conversations, memory and notes, SQL tables with a schema change, compaction,
-rollback, fork, a workflow journal, pruning) goes SQLite -> PostgreSQL -> SQLite.
-Every table of the last copy equals the first row for row, the PostgreSQL copy
-reads the same through the Store (the SQL tables at every version too), its
+rollback, fork, a workflow journal, pruning, alarms pending, recurring, dead and
+cancelled, a runner's status report) goes SQLite -> PostgreSQL -> SQLite. Every
+table of the last copy equals the first row for row, the PostgreSQL copy reads
+the same through the Store (the SQL tables at every version too), its
 compacted text is found by recall, and its agents go on with their next turns.
 """
 
@@ -69,7 +70,18 @@ def build(db: Path) -> None:
     sql_turn(db, builder, ToolCall("sql_execute", {"statement": create}))
     tag = "INSERT INTO tags (tag, at) VALUES ('x', x'00ff')"
     sql_turn(db, builder, ToolCall("sql_execute", {"statement": tag}))
+    now = time.time()
     with Store(db) as store:
+        dead = store.schedule_alarm("step", "broken", make_schedule(now, delay=0))
+        queue = store.alarm_queue
+        claim = queue.claim("host:1:x", now, 60)
+        assert claim is not None and claim.alarm_id == dead
+        queue.fail(claim, "RuntimeError: model down", None)
+        queue.record_status("host:1:x", state="stopped", started_at=now, report={"turns": 3})
+        store.schedule_alarm("keeper", "check back", make_schedule(now, delay=3600))
+        nightly = make_schedule(now, cron="0 3 * * *", timezone="Europe/Paris")
+        store.schedule_alarm("keeper", "tidy", nightly)
+        store.schedule_alarm("bot", "rolled back", make_schedule(now, every=600))
         store.rollback("bot", 3)
         store.fork("bot", 2, "bot-copy")
         store.prune("bot", keep_versions=2)
@@ -118,7 +130,12 @@ def readable(db: str | Path) -> dict[str, Any]:
                 [n.text for n in store.memory_notes(agent)],
             )
             for agent in agents
-        } | {"steps": [(s.key, s.status, s.result) for s in store.steps("wf")], "sql": tables}
+        } | {
+            "steps": [(s.key, s.status, s.result) for s in store.steps("wf")],
+            "sql": tables,
+            "alarms": store.alarms(include_ended=True),
+            "runners": store.runner_statuses(),
+        }
 
 
 def sql_tables(store: Store, agent_id: str, version: int) -> dict[str, list[tuple[Any, ...]]]:
@@ -157,14 +174,22 @@ def test_round_trip_through_postgres_keeps_every_row(
         "memory",
         "workspace_log",
     }
-    assert all(before[t] for t in ("handoffs", "workflow_steps", "retention", "conversations"))
+    filled = ("handoffs", "workflow_steps", "retention", "conversations", "alarms")
+    assert all(before[t] for t in (*filled, "runner_status"))
     assert before == after
     assert readable(original) == readable(postgres_url) == readable(back)
+    statuses = {(a.action, a.status) for a in readable(postgres_url)["alarms"]}
+    assert statuses == {
+        ("broken", "dead"),
+        ("check back", "pending"),
+        ("tidy", "pending"),
+        ("rolled back", "cancelled"),
+    }
 
 
 def test_copied_agents_recall_and_go_on(original: Path, postgres_url: str) -> None:
-    """On the PostgreSQL copy, recall finds the compacted text and the next turns commit,
-    SQL tables included."""
+    """On the PostgreSQL copy, recall finds the compacted text, the next turns commit,
+    SQL tables included, and a copied dead alarm is re-armed and claimed."""
     assert main(["copy", str(original), postgres_url]) == 0
     with Store(postgres_url) as copy, Store(original, readonly=True) as source:
         found = copy.search_compacted("bot", "zebra")
@@ -176,8 +201,12 @@ def test_copied_agents_recall_and_go_on(original: Path, postgres_url: str) -> No
     with persisted(postgres_url, FakeLLM(["onwards"])):
         bot = Rememberer(agent_id="bot")
         assert bot.ask("and now?") == "onwards"
-    with Store(postgres_url, readonly=True) as store:
+    with Store(postgres_url) as store:
         assert [a.version for a in store.agents() if a.agent_id == "bot"] == [version + 1]
+        (dead,) = [a for a in store.alarms() if a.status == "dead"]
+        store.rearm_alarm(dead.alarm_id)
+        claim = store.alarm_queue.claim("r", time.time() + 1, 60)
+        assert claim is not None and (claim.alarm_id, claim.action) == (dead.alarm_id, "broken")
     tag = ToolCall("sql_insert", {"table": "tags", "values": {"tag": "y"}})
     results = sql_turn(postgres_url, Builder(agent_id="builder-copy"), tag)
     assert results == ['{"changes": 1}']
@@ -198,19 +227,11 @@ def test_a_database_that_holds_agents_is_not_copied_into(
     assert dump(postgres_url) == before
 
 
-def test_alarms_are_copied_between_files_and_refused_by_postgres(
-    original: Path, postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Alarms copy to another SQLite file; PostgreSQL, which does not carry them yet,
-    refuses the copy, and nothing is written there."""
-    with Store(original) as store:
-        store.schedule_alarm("bot", "check back", make_schedule(time.time(), delay=3600))
+def test_a_copy_between_files_keeps_every_row(original: Path, tmp_path: Path) -> None:
+    """A file copied to another file is equal to it, table for table."""
     twin = tmp_path / "twin.db"
     assert main(["copy", str(original), str(twin)]) == 0
     assert dump(twin) == dump(original)
-    assert main(["copy", str(original), postgres_url]) == 1
-    assert "holds 1 rows of alarms" in capsys.readouterr().err
-    assert persisted_rows(postgres_url, "SELECT count(*) FROM agents") == [(0,)]
 
 
 def test_a_failed_copy_leaves_no_new_file(

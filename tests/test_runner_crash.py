@@ -39,9 +39,9 @@ def read_line(proc: subprocess.Popen[str], timeout: float = 120.0) -> str:
     return line.strip()
 
 
-def pending_one_shots(db_path: Path) -> int:
+def pending_one_shots(store_url: str) -> int:
     rows = persisted_rows(
-        db_path, "SELECT count(*) FROM alarms WHERE status = 'pending' AND every IS NULL"
+        store_url, "SELECT count(*) FROM alarms WHERE status = 'pending' AND every IS NULL"
     )
     return int(rows[0][0])
 
@@ -50,10 +50,10 @@ def pending_one_shots(db_path: Path) -> int:
 class TestRunnerCrash:
     """A runner killed at random moments delivers every alarm exactly once in the end."""
 
-    def test_random_kills_lose_and_repeat_nothing(self, db_path: Path, tmp_path: Path) -> None:
+    def test_random_kills_lose_and_repeat_nothing(self, store_url: str, tmp_path: Path) -> None:
         """After 20+ SIGKILLs and a last runner, each alarm's turn is in its history once."""
         now = time.time()
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             for n in range(ONE_SHOTS):
                 store.schedule_alarm(
                     f"agent-{n % AGENTS}", f"job {n}", make_schedule(now, delay=0)
@@ -63,7 +63,7 @@ class TestRunnerCrash:
         env = {**os.environ, "ALARMS_APP_JITTER": "0.02"}
         stderr = (tmp_path / "child.stderr").open("w")
         server = subprocess.Popen(
-            [sys.executable, str(CHILD), str(db_path)],
+            [sys.executable, str(CHILD), str(store_url)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -86,17 +86,17 @@ class TestRunnerCrash:
                 kills += 1
                 time.sleep(0.02)  # the kernel reaps it (SIGCHLD is ignored)
                 cut_off = persisted_rows(
-                    db_path,
+                    store_url,
                     "SELECT count(*) FROM handoffs WHERE status = 'running' AND pid = ?",
                     int(pid),
                 )
                 mid_turn += cut_off[0][0]
-            assert pending_one_shots(db_path) > 0, "alarms ran out before the kills did"
+            assert pending_one_shots(store_url) > 0, "alarms ran out before the kills did"
             server.stdin.write("go\n")
             server.stdin.flush()
             _, last = read_line(server).split()
             deadline = time.monotonic() + 120
-            while pending_one_shots(db_path) and time.monotonic() < deadline:
+            while pending_one_shots(store_url) and time.monotonic() < deadline:
                 time.sleep(0.1)
             os.kill(int(last), signal.SIGTERM)
             time.sleep(0.5)
@@ -107,8 +107,8 @@ class TestRunnerCrash:
             stderr.close()
         print(f"{kills} kills, {mid_turn} of them inside a turn")  # shown with -s
         assert mid_turn >= 3, "too few kills landed inside a turn to test anything"
-        assert integrity(db_path) == "ok"
-        with Store(db_path) as store:
+        assert integrity(store_url) == "ok"
+        with Store(store_url) as store:
             alarms = store.alarms(include_ended=True)
             seen: list[str] = []
             for n in range(AGENTS):

@@ -16,7 +16,8 @@ from ..agents.alarms import alarm_delivered, alarms_of, cancel_alarm_of, schedul
 from ..agents.persistent import PersistentAgent
 from ..errors import InvalidAlarmError
 from ..store import alarms as store_alarms
-from ..store.alarms import AlarmWrite, Claim
+from ..store.alarm_queue import Claim
+from ..store.alarms import AlarmWrite
 
 if TYPE_CHECKING:
     from ..store import Store

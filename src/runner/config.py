@@ -52,6 +52,7 @@ class RunnerConfig:
 
         [runner]
         poll_interval = 1.0     # seconds; how soon other processes' alarms are noticed
+                                # (on PostgreSQL, only while NOTIFY cannot wake the runner)
         lease_seconds = 300     # how long a claimed alarm's turn may run
         max_attempts = 5        # failed deliveries before an alarm is dead
         backoff_base = 10       # first retry after 10 s, then 20 s, 40 s, ...
@@ -68,7 +69,9 @@ class RunnerConfig:
 
     Args:
         model: The model name the default handler stack gives ``LiteLLMProvider``.
-        poll_interval: Longest sleep between two looks at the database, in seconds.
+        poll_interval: Longest sleep between two looks at the database, in seconds
+            (on PostgreSQL, while the runner's listening connection is lost;
+            otherwise a NOTIFY wakes it, and it looks every 30 s).
         lease_seconds: How long a runner holds a claimed alarm.
         max_attempts: Deliveries tried before an alarm is dead.
         backoff_base: Delay before the first retry; it doubles with each attempt.

@@ -20,11 +20,18 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 
 from ..agents.alarms import alarm_delivered
 from ..agents.persistent import PersistentAgent
-from ..errors import AgentInUseError, AlarmLeaseLostError, DurableError, StorageError
+from ..errors import (
+    AgentInUseError,
+    AlarmLeaseLostError,
+    DatabaseUnavailableError,
+    DurableError,
+    StorageError,
+)
 from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
-from ..store.alarms import Claim, runner_id
+from ..store.alarm_queue import Claim, Polling, runner_id
+from ..store.backend import AlarmListener
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig
 
@@ -32,6 +39,10 @@ log = logging.getLogger("effectful_durable.runner")
 
 _RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
+# Seconds between looks at the database while commits that make an alarm due wake
+# the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
+_LISTENING_POLL = 30.0
+_CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
 
 
 @dataclasses.dataclass
@@ -84,11 +95,16 @@ class AgentRunner:
     another runner took commits nothing. A failed delivery is retried with
     exponential backoff, then the alarm is dead until re-armed. A read or write
     of the database that fails (:class:`~effectful_durable.StorageError`: a full
-    or failing disk) is logged and tried again after ``poll_interval``; the
+    or failing disk; :class:`~effectful_durable.DatabaseUnavailableError`: a
+    server out of reach) is logged and tried again after ``poll_interval``; the
     runner keeps running.
 
     Between alarms it sleeps until the earliest one is due, looking at the
-    database at least every ``poll_interval`` (one indexed read). In the main
+    database at least every ``poll_interval`` (one indexed read). On PostgreSQL
+    a connection of its own LISTENs instead: a commit that makes an alarm due
+    (in any process, on any machine) wakes it at once, and it looks at the
+    database only every 30 seconds otherwise, or every ``poll_interval`` while
+    that connection is lost (it reconnects by itself). In the main
     thread, :meth:`run` handles signals: SIGUSR1 logs a status report and stores
     it for ``effectful-durable status``; SIGHUP re-reads the config file (a bad
     one is logged and the old config stays) and calls ``on_config_update(config)``
@@ -162,6 +178,7 @@ class AgentRunner:
         self._pending_config: RunnerConfig | None = None
         self._in_progress: _InProgress | None = None
         self._wake = threading.Event()
+        self._listener: AlarmListener = Polling()
         self._stopping = threading.Event()
         self._turn_done = threading.Event()
         self._turn_done.set()
@@ -188,17 +205,22 @@ class AgentRunner:
         control = threading.Thread(target=self._control, name="runner-control", daemon=True)
         control.start()
         self._started, self._started_at = time.monotonic(), time.time()
+        where = self.store._db.location  # the URL without its password
         log.info(
             "runner %s started on %s",
             self.id,
-            self.store.path,
-            extra={"runner": self.id, "db": self.store.path, "config": self.config_path},
+            where,
+            extra={"runner": self.id, "db": where, "config": self.config_path},
         )
+        if self._polls:  # a fake clock in a test has no other process to hear
+            self._listener = self._queue.listen(self._wake.set)
         self._running = True
         self._record("running")
         try:
             self._loop(until)
         finally:
+            self._listener.close()
+            self._listener = Polling()
             self._running = False
             self._signals.put(None)
             control.join(timeout=5)
@@ -341,16 +363,19 @@ class AgentRunner:
                 try:
                     if self._step(until):
                         return
-                except StorageError as error:
+                except (StorageError, DatabaseUnavailableError) as error:
                     if self._storage_failed(error, until):
                         return
 
-    def _storage_failed(self, error: StorageError, until: float | None) -> bool:
+    def _storage_failed(
+        self, error: StorageError | DatabaseUnavailableError, until: float | None
+    ) -> bool:
         """Log a failed read or write of the database, and wait before the next try.
 
-        A full or failing disk must not end a runner meant to run for weeks:
-        what failed committed nothing (a claim without its turn runs out with its
-        lease), so the runner tries again after ``poll_interval``.
+        A full or failing disk, or a database server out of reach, must not end a
+        runner meant to run for weeks: what failed committed nothing (a claim
+        without its turn runs out with its lease), so the runner tries again
+        after ``poll_interval``.
 
         Returns:
             True when ``until`` has passed.
@@ -375,11 +400,22 @@ class AgentRunner:
                 self._deliver(claim, now)
                 return False
             due = self._queue.next_due()
-        # A fake clock in a test has no other process to notice: skip the polls.
-        wait = self.config.poll_interval if getattr(self.clock, "polls", True) else 1e9
+            if due is not None and due <= now:  # another runner is claiming it right now
+                due = now + _CONTENDED
+        if not self._polls:  # a fake clock in a test has no other process to notice
+            wait = 1e9
+        elif self._listener.listening:
+            wait = _LISTENING_POLL
+        else:
+            wait = self.config.poll_interval
         if due is not None:
             wait = min(wait, max(due - now, 0.0))
         return self._sleep(wait, now, until)
+
+    @property
+    def _polls(self) -> bool:
+        """Whether other processes may change the alarms while we sleep (not on a fake clock)."""
+        return bool(getattr(self.clock, "polls", True))
 
     def _sleep(self, wait: float, now: float, until: float | None) -> bool:
         """Sleep ``wait`` seconds, less if ``until`` comes first or a signal wakes us.
@@ -504,10 +540,11 @@ class AgentRunner:
             raise DurableError(msg)
         if found:
             persistence = found[0]
-            if os.path.realpath(persistence.store.path) != os.path.realpath(self.store.path):
+            if persistence.store._identity != self.store._identity:
                 msg = (
-                    f"the handler factory's PersistenceHandler uses {persistence.store.path}, "
-                    f"but the runner delivers the alarms of {self.store.path}"
+                    "the handler factory's PersistenceHandler uses "
+                    f"{persistence.store._db.location}, but the runner delivers the alarms "
+                    f"of {self.store._db.location}"
                 )
                 raise DurableError(msg)
         else:

@@ -11,7 +11,8 @@ import apsw
 
 from ..errors import DatabaseBusyError
 from . import alarms as _alarms
-from .alarms import AlarmInfo, AlarmQueue, Schedule
+from .alarm_queue import AlarmQueue, statuses
+from .alarms import AlarmInfo, Schedule
 from .base import StoreBase
 from .ids import validate_agent_id
 from .memory import KEY, NOTE, MemoryNote, memory_at, note_of
@@ -95,9 +96,13 @@ class PartMethods(StoreBase):
 
         With ``include_ended``, delivered and cancelled alarms are listed too.
 
+        Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
+        if agent_id is not None:
+            validate_agent_id(agent_id)
         with self._reading() as conn:
             return _alarms.latest(conn, agent_id, include_ended=include_ended)
 
@@ -111,10 +116,14 @@ class PartMethods(StoreBase):
         Returns:
             The new alarm's id.
 
+        Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+            InvalidAlarmError: ``action`` is empty, too long, or not text.
+
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         validate_agent_id(agent_id)
+        _alarms.check_action(action)
         alarm_id = _alarms.new_alarm_id()
         with self._writing() as conn:
             version = _alarms.current_version(conn, agent_id)
@@ -127,7 +136,6 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         with self._writing() as conn:
             return _alarms.cancel(conn, alarm_id, agent_id)
 
@@ -139,7 +147,6 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
         with self._writing() as conn:
             return _alarms.rearm(conn, alarm_id, time.time() if at is None else at)
 
@@ -148,11 +155,10 @@ class PartMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        self._db.require("alarms")
-        return _alarms.statuses(self._connection())
+        with self._reading() as conn:
+            return statuses(conn)
 
     @property
     def alarm_queue(self) -> AlarmQueue:
         """The runner's protocol: claim, release and fail alarms, report status."""
-        self._db.require("alarms")
         return AlarmQueue(cast("Store", self))

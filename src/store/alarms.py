@@ -13,16 +13,14 @@ version, so rollback, fork and prune treat them as they treat messages:
 - prune deletes spans that ended at or before ``keep_from``.
 
 Delivery state (leases, attempts, dead) is not versioned: it belongs to the
-runners, not to the agent. Times are seconds since the epoch, UTC.
+runners, not to the agent (``alarm_queue.py``). Times are seconds since the
+epoch, UTC.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,11 +31,10 @@ from cronsim import CronSim, CronSimError
 
 from ..errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
 from .backend import Conn
-from .damage import watched
 from .rows import storable, utc
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .alarm_queue import Claim
 
 #: Longest action text an alarm may carry.
 MAX_ACTION = 4000
@@ -173,6 +170,8 @@ def check_action(action: object) -> str:
         _invalid(f"action must be at most {MAX_ACTION} characters; got {len(action)}")
     if not storable(action):
         _invalid("action holds a lone surrogate (\\ud800-\\udfff), which is not text")
+    if "\0" in action:  # PostgreSQL's text cannot hold it
+        _invalid("action holds a NUL character (\\x00), which is not text")
     return action
 
 
@@ -211,19 +210,6 @@ class AlarmInfo:
     ended_in: int | None
     created_at: datetime
     next_attempt: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """An alarm a runner holds the lease of, to deliver it as a turn of its agent."""
-
-    alarm_id: str
-    agent_id: str
-    action: str
-    schedule: Schedule
-    attempts: int
-    token: str
-    lease_until: float
 
 
 # -- staged writes of a turn --------------------------------------------------
@@ -436,8 +422,15 @@ def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[Ala
     return [_info(row, now) for row in rows]
 
 
+def _could_name_one(alarm_id: str) -> bool:
+    """Whether ``alarm_id`` is text both databases hold: no NUL, no lone surrogate."""
+    return "\0" not in alarm_id and storable(alarm_id)
+
+
 def open_alarm(conn: Conn, alarm_id: str) -> AlarmInfo | None:
     """The pending or dead alarm ``alarm_id``, or None."""
+    if not _could_name_one(alarm_id):
+        return None
     row: tuple[Any, ...] | None = conn.execute(
         f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
     ).fetchone()
@@ -456,21 +449,6 @@ def pending_count(conn: Conn, agent_id: str) -> int:
     return int(count)
 
 
-def counts(conn: Conn, now: float) -> dict[str, int]:
-    """Pending, due and dead alarms of the whole database."""
-    row: Any = conn.execute(
-        """
-        SELECT count(*) FILTER (WHERE status = 'pending'),
-               count(*) FILTER (WHERE status = 'pending' AND fire_at <= ?),
-               count(*) FILTER (WHERE status = 'dead')
-          FROM alarms WHERE ended_in IS NULL
-        """,
-        (now,),
-    ).fetchone()
-    pending, due, dead = row
-    return {"pending": pending, "due": due, "dead": dead}
-
-
 # -- writes outside a turn ------------------------------------------------------
 
 
@@ -487,13 +465,15 @@ def cancel(conn: Conn, alarm_id: str, agent_id: str | None) -> bool:
     found = open_alarm(conn, alarm_id)
     if found is None or (agent_id is not None and found.agent_id != agent_id):
         return False
+    # An alarm scheduled before the agent's first commit opened at version 0.
+    ended_in = max(found.created_in, current_version(conn, found.agent_id))
     conn.execute(
         """
-        UPDATE alarms SET status = 'cancelled', ended_in = max(created_in, ?2),
+        UPDATE alarms SET status = 'cancelled', ended_in = ?2,
                lease_owner = NULL, lease_token = NULL, updated_at = ?3
          WHERE alarm_id = ?1 AND ended_in IS NULL
         """,
-        (alarm_id, current_version(conn, found.agent_id), time.time()),
+        (alarm_id, ended_in, time.time()),
     )
     return True
 
@@ -504,15 +484,18 @@ def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
     Raises:
         NotFoundError: No pending or dead alarm has that id.
     """
-    conn.execute(
-        """
-        UPDATE alarms SET status = 'pending', fire_at = ?2, due_at = ?2, attempts = 0,
-               last_error = NULL, lease_owner = NULL, lease_token = NULL, updated_at = ?3
-         WHERE alarm_id = ?1 AND ended_in IS NULL
-        """,
-        (alarm_id, at, time.time()),
-    )
-    if not conn.changes():
+    changed = 0
+    if _could_name_one(alarm_id):
+        conn.execute(
+            """
+            UPDATE alarms SET status = 'pending', fire_at = ?2, due_at = ?2, attempts = 0,
+                   last_error = NULL, lease_owner = NULL, lease_token = NULL, updated_at = ?3
+             WHERE alarm_id = ?1 AND ended_in IS NULL
+            """,
+            (alarm_id, at, time.time()),
+        )
+        changed = conn.changes()
+    if not changed:
         msg = (
             f"no pending or dead alarm {alarm_id!r}; Store.alarms() lists them "
             "(done and cancelled alarms cannot be re-armed: schedule a new one)"
@@ -521,169 +504,6 @@ def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
     found = open_alarm(conn, alarm_id)
     assert found is not None
     return found
-
-
-# -- the runner's queue ---------------------------------------------------------
-
-
-def runner_id() -> str:
-    """A new runner's id: host, pid and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def next_due(conn: Conn) -> float | None:
-    """When the earliest pending alarm becomes claimable: one indexed read."""
-    due = conn.execute("SELECT min(due_at) FROM alarms WHERE status = 'pending'").get
-    return None if due is None else float(due)
-
-
-def claim(conn: Conn, owner: str, now: float, lease: float) -> Claim | None:
-    """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
-
-    The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
-    makes the alarm claimable again through the same index.
-    """
-    row: tuple[Any, ...] | None = conn.execute(
-        """
-        SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts
-          FROM alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
-        """,
-        (now,),
-    ).fetchone()
-    if row is None:
-        return None
-    alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts = row
-    token = secrets.token_hex(8)
-    until = now + lease
-    conn.execute(
-        """
-        UPDATE alarms SET lease_owner = ?3, lease_token = ?4, due_at = ?5, updated_at = ?6
-         WHERE alarm_id = ?1 AND created_in = ?2
-        """,
-        (alarm_id, created_in, owner, token, until, time.time()),
-    )
-    schedule = Schedule(fire_at, every, cron, timezone)
-    return Claim(alarm_id, agent_id, action, schedule, attempts, token, until)
-
-
-def release(conn: Conn, claim: Claim, due_at: float) -> bool:
-    """Give a claim back without counting an attempt; due again at ``due_at``."""
-    conn.execute(
-        """
-        UPDATE alarms SET lease_owner = NULL, lease_token = NULL, due_at = ?3, updated_at = ?4
-         WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
-        """,
-        (claim.alarm_id, claim.token, due_at, time.time()),
-    )
-    return bool(conn.changes())
-
-
-def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
-    """Record a failed delivery: retry at ``retry_at``, or dead when it is None.
-
-    Returns:
-        The alarm's new status, or None if the lease was lost meanwhile.
-    """
-    status: AlarmStatus = "pending" if retry_at is not None else "dead"
-    conn.execute(
-        """
-        UPDATE alarms SET status = ?3, attempts = attempts + 1, last_error = ?4,
-               due_at = coalesce(?5, due_at), lease_owner = NULL, lease_token = NULL,
-               updated_at = ?6
-         WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
-        """,
-        (claim.alarm_id, claim.token, status, error[:2000], retry_at, time.time()),
-    )
-    return status if conn.changes() else None
-
-
-def reclaim_dead_owners(conn: Conn, now: float) -> int:
-    """End the leases of runners on this host whose process is gone; return how many.
-
-    A runner killed with SIGKILL leaves its lease until it runs out; on the same
-    host we can tell at once that its process is dead, and deliver again now.
-    """
-    host = socket.gethostname()
-    rows: list[tuple[Any, ...]] = conn.execute(
-        """
-        SELECT DISTINCT lease_owner FROM alarms
-         WHERE lease_owner IS NOT NULL AND status = 'pending' AND due_at > ?
-        """,
-        (now,),
-    ).fetchall()
-    freed = 0
-    for (owner,) in rows:
-        owner_host, _, rest = str(owner).partition(":")
-        pid_text = rest.partition(":")[0]
-        if owner_host != host or not pid_text.isdigit() or _alive(int(pid_text)):
-            continue
-        conn.execute(
-            """
-            UPDATE alarms SET lease_owner = NULL, lease_token = NULL,
-                   due_at = min(due_at, ?2), updated_at = ?3
-             WHERE lease_owner = ?1 AND status = 'pending'
-            """,
-            (owner, now, time.time()),
-        )
-        freed += conn.changes()
-    return freed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def record_status(
-    conn: Conn,
-    runner: str,
-    *,
-    state: Literal["running", "stopped"],
-    started_at: float,
-    report: dict[str, Any],
-) -> None:
-    """Store a runner's latest status report."""
-    conn.execute(
-        "INSERT OR REPLACE INTO runner_status VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            runner,
-            socket.gethostname(),
-            os.getpid(),
-            state,
-            started_at,
-            time.time(),
-            json.dumps(report, ensure_ascii=False, default=str),
-        ),
-    )
-
-
-def statuses(conn: Conn) -> list[dict[str, Any]]:
-    """Every runner's latest status report, most recent first."""
-    rows: list[tuple[Any, ...]] = conn.execute(
-        """
-        SELECT runner_id, host, pid, state, started_at, reported_at, report
-          FROM runner_status ORDER BY reported_at DESC
-        """
-    ).fetchall()
-    return [
-        {
-            "runner": runner,
-            "host": host,
-            "pid": pid,
-            "state": state,
-            "started_at": utc(started),
-            "reported_at": utc(reported),
-            **json.loads(report),
-        }
-        for runner, host, pid, state, started, reported, report in rows
-    ]
 
 
 # -- the VersionedPart ----------------------------------------------------------
@@ -773,56 +593,3 @@ def _finite(value: object) -> bool:
 
 def _invalid(reason: str) -> NoReturn:
     raise InvalidAlarmError(reason)
-
-
-@watched(lambda queue: queue._store._damage)
-class AlarmQueue:
-    """The runner's side of the alarms of one Store: claim, fail, release, report.
-
-    Each method is one short transaction on the calling thread's connection.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def next_due(self) -> float | None:
-        """When the earliest pending alarm becomes claimable (one indexed read)."""
-        with self._store._reading() as conn:
-            return next_due(conn)
-
-    def claim(self, owner: str, now: float, lease: float) -> Claim | None:
-        """Lease the earliest claimable alarm to ``owner``, or return None."""
-        with self._store._writing() as conn:
-            return claim(conn, owner, now, lease)
-
-    def release(self, claim: Claim, due_at: float) -> bool:
-        """Give a claim back, due again at ``due_at``, without counting an attempt."""
-        with self._store._writing() as conn:
-            return release(conn, claim, due_at)
-
-    def fail(self, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
-        """Record a failed delivery; dead when ``retry_at`` is None."""
-        with self._store._writing() as conn:
-            return fail(conn, claim, error, retry_at)
-
-    def reclaim_dead_owners(self, now: float) -> int:
-        """Free the leases of dead runner processes on this host."""
-        with self._store._writing() as conn:
-            return reclaim_dead_owners(conn, now)
-
-    def counts(self, now: float) -> dict[str, int]:
-        """Pending, due and dead alarms of the database."""
-        with self._store._reading() as conn:
-            return counts(conn, now)
-
-    def record_status(
-        self,
-        runner: str,
-        *,
-        state: Literal["running", "stopped"],
-        started_at: float,
-        report: dict[str, Any],
-    ) -> None:
-        """Store a runner's status report, for ``effectful-durable status``."""
-        with self._store._writing() as conn:
-            record_status(conn, runner, state=state, started_at=started_at, report=report)

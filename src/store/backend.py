@@ -6,10 +6,12 @@ for a file path, :class:`~effectful_durable.store.postgres.PostgresDatabase` for
 ``maintenance.py``, ``journal.py``, ``conversations.py``, ``memory.py``,
 ``parts.py``, ...) run their SQL on a :class:`Conn`, written in the subset both
 databases read: ``?`` or ``?N`` parameters (PostgreSQL's connection rewrites
-them), upserts spelled ``ON CONFLICT``, no SQLite-only functions. What differs
-(full-text search, locking a row, serialising writers, what the file or server
-can check, where the agents' SQL workspace files live on this machine) is a
-method or attribute of the Database, and its SQL lives in that backend's module.
+them), upserts spelled ``ON CONFLICT``, no SQLite-only functions (nor the
+scalar ``max(a, b)``). What differs (full-text search, locking a row, claiming
+a row that other claimers skip, serialising writers, waking the alarm runners,
+what the file or server can check, where the agents' SQL workspace files live
+on this machine) is a method or attribute of the Database, and its SQL lives in
+that backend's module.
 
 A part a backend does not carry yet is refused there (:meth:`Database.require`),
 never half done.
@@ -18,7 +20,7 @@ never half done.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +57,17 @@ class Conn(Protocol):
 
     def changes(self) -> int:
         """Rows changed by the last INSERT, UPDATE or DELETE."""
+
+
+class AlarmListener(Protocol):
+    """What wakes an alarm runner when a commit makes an alarm due (see ``listen_alarms``)."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether such commits wake the runner now; while False it must poll."""
+
+    def close(self) -> None:
+        """Stop listening."""
 
 
 class Database(Protocol):
@@ -104,6 +117,19 @@ class Database(Protocol):
 
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         """Hold writers of ``(scope, key)`` (a workflow's step numbers) off until commit."""
+
+    def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
+        """Run the SELECT ``query`` for rows this write transaction claims.
+
+        Rows another transaction is claiming are skipped, never waited for, and
+        the rows returned stay held against other claimers until this one ends.
+        """
+
+    def listen_alarms(self, wake: Callable[[], None]) -> AlarmListener:
+        """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
+
+        A backend that cannot tell returns a listener that is never ``listening``.
+        """
 
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str

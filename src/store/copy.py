@@ -41,6 +41,7 @@ TABLES: tuple[str, ...] = (
     "memory",
     "workspace_log",
     "alarms",
+    "runner_status",
 )
 
 _BATCH = 1000
@@ -55,7 +56,8 @@ class CopyResult:
 
 
 def copy_store(source: Store, target: Store) -> CopyResult:
-    """Copy every agent with its versions, journals, memory, SQL tables and alarms to ``target``.
+    """Copy every agent (versions, journals, memory, SQL tables, alarms) and the
+    runners' status reports to ``target``.
 
     Raises:
         DurableError: ``target`` already holds agents or journals, or lacks a

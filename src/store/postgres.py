@@ -31,7 +31,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -50,11 +50,12 @@ from ..errors import (
 )
 from . import conversation_fields
 from . import conversations as _conversations
-from .alarms import AlarmWrite
-from .backend import Conn, redacted
+from .alarms import AlarmPart
+from .backend import Conn, Rows, redacted
 from .memory import MemoryPart
 from .migrations import APPLICATION_ID
 from .parts import TurnWrite, VersionedPart
+from .postgres_listen import KEEPALIVES, NotifyListener
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .records import Compaction
 from .workspace_cache import WorkspaceCache, user_cache_root
@@ -62,22 +63,19 @@ from .workspace_log import WorkspacePart
 
 _HOST = socket.gethostname()
 
-# The parts carried on PostgreSQL so far besides the SQL workspace (whose part knows
-# where this machine's workspace files are); SQLite also has alarms.
+# The parts carried on PostgreSQL besides the SQL workspace (whose part knows where
+# this machine's workspace files are).
 PARTS: tuple[VersionedPart, ...] = (
     _conversations.Conversations(),
     conversation_fields.ConversationFields(),
     MemoryPart(),
+    AlarmPart(),
 )
 
-# What PostgreSQL does not carry yet, by the name Database.require is given.
-_UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = (
-    (AlarmWrite, "alarms (AlarmTools, agent.schedule)"),
-)
-_UNSUPPORTED_PREFIXES = (
-    "alarms",
-    "Store.vacuum",
-)
+# What PostgreSQL does not carry yet, by the name Database.require is given (every
+# part a turn writes is carried now).
+_UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = ()
+_UNSUPPORTED_PREFIXES = ("Store.vacuum",)
 
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.1
@@ -162,10 +160,10 @@ class PostgresDatabase:
 
     # -- connections and transactions ------------------------------------------
 
-    def connect(self) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (the locks' own)."""
+    def connect(self, **options: Any) -> psycopg.Connection[Any]:
+        """A new connection outside the pool (the locks' own, a runner's listening one)."""
         try:
-            return psycopg.connect(self.url, **self._connect_kwargs)
+            return psycopg.connect(self.url, **(self._connect_kwargs | options))
         except psycopg.OperationalError as e:
             raise DatabaseUnavailableError(self.location, _reason(e)) from e
 
@@ -337,6 +335,17 @@ class PostgresDatabase:
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         # Read committed lets two writers read the same max(number): one waits here.
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
+
+    def listen_alarms(self, wake: Callable[[], None]) -> NotifyListener:
+        """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
+        connect = functools.partial(self.connect, **KEEPALIVES)
+        return NotifyListener(connect, wake, location=self.location)
+
+    def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
+        # Runners on many machines claim at once: each skips the rows the others
+        # are claiming instead of queueing behind them (and, under read committed,
+        # claiming the same row again once they commit).
+        return conn.execute(f"{query} FOR UPDATE SKIP LOCKED", params)
 
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str

@@ -56,6 +56,23 @@ CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
 CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
 CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
 
+-- Runners LISTEN on effectful_durable_alarms (store/postgres_listen.py). A write
+-- that leaves a pending alarm unleased makes it claimable at a new time: it was
+-- scheduled, delivered with a next occurrence, released, retried, re-armed,
+-- restored by a rollback or copied in. Each transaction that makes one notifies
+-- the runners once (PostgreSQL folds equal notifications), naming the schema,
+-- and only if it commits.
+CREATE FUNCTION effectful_durable_alarm_due() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('effectful_durable_alarms', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER alarms_due AFTER INSERT OR UPDATE ON alarms
+    FOR EACH ROW WHEN (NEW.status = 'pending' AND NEW.lease_token IS NULL)
+    EXECUTE FUNCTION effectful_durable_alarm_due();
+
 CREATE TABLE runner_status (
     runner_id   text COLLATE "C" PRIMARY KEY,
     host        text NOT NULL,

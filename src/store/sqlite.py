@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Literal
 
@@ -26,8 +26,9 @@ from ..errors import (
 )
 from . import conversation_fields
 from . import conversations as _conversations
+from .alarm_queue import Polling
 from .alarms import AlarmPart
-from .backend import Conn
+from .backend import Conn, Rows
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
@@ -205,6 +206,14 @@ class SQLiteDatabase:
 
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         """Nothing to do: SQLite has one writer at a time."""
+
+    def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
+        # BEGIN IMMEDIATE already holds every other claimer off until commit.
+        return conn.execute(query, params)
+
+    def listen_alarms(self, wake: Callable[[], None]) -> Polling:
+        """Nothing tells: runners on SQLite poll."""
+        return Polling()
 
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str

@@ -47,8 +47,8 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         path: SQLite file; created if missing, refused if it is not ours. Or a
             ``postgresql://`` URL (libpq's form; needs the ``postgres`` extra): its
             database gets our tables if it has none, and is refused if it holds
-            another program's. Alarms and ``vacuum`` are SQLite-only for now
-            (NotSupportedError on PostgreSQL).
+            another program's. ``vacuum`` is SQLite-only (NotSupportedError on
+            PostgreSQL).
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
         busy_timeout: Seconds to wait for another writer before DatabaseBusyError.
         readonly: Open for inspection only.
@@ -167,7 +167,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
     # -- internals -----------------------------------------------------------
 
     def _connection(self) -> apsw.Connection:
-        """This thread's SQLite connection (SQLite only: vacuum, backup, alarms)."""
+        """This thread's SQLite connection (SQLite only: vacuum, backup)."""
         return self._sqlite_db().connection()
 
     def _sqlite_db(self) -> SQLiteDatabase:

@@ -1,7 +1,6 @@
 """AlarmTools and agent.schedule under PersistenceHandler: staged in the turn, checked."""
 
 import re
-from pathlib import Path
 
 import pytest
 from alarms_app import Keeper
@@ -23,27 +22,27 @@ def tool_texts(llm: FakeLLM) -> list[str]:
     return list(seen.values())
 
 
-def alarm_rows(db_path: Path) -> list[tuple]:
+def alarm_rows(store_url: str) -> list[tuple]:
     return persisted_rows(
-        db_path, "SELECT agent_id, action, status FROM alarms ORDER BY created_at"
+        store_url, "SELECT agent_id, action, status FROM alarms ORDER BY created_at"
     )
 
 
 class TestModelTools:
     """The model schedules, lists and cancels its alarms with tools."""
 
-    def test_scheduled_alarm_commits_with_the_turn(self, db_path: Path) -> None:
+    def test_scheduled_alarm_commits_with_the_turn(self, store_url: str) -> None:
         """schedule_alarm returns an id, and the alarm is on disk once the turn commits."""
         llm = FakeLLM(
             [ToolCall("schedule_alarm", {"delay_seconds": 600, "action": "check"}), "ok"]
         )
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Keeper(agent_id="k").ask("remind me")
         (text,) = tool_texts(llm)
         assert re.fullmatch(r"scheduled alm_[0-9a-f]{12}, due .* UTC", text)
-        assert alarm_rows(db_path) == [("k", "check", "pending")]
+        assert alarm_rows(store_url) == [("k", "check", "pending")]
 
-    def test_failed_turn_schedules_nothing(self, db_path: Path) -> None:
+    def test_failed_turn_schedules_nothing(self, store_url: str) -> None:
         """A turn that raises after scheduling leaves no alarm on disk."""
         llm = FakeLLM(
             [
@@ -51,9 +50,9 @@ class TestModelTools:
                 RuntimeError("model down"),
             ]
         )
-        with persisted(db_path, llm), pytest.raises(RuntimeError):
+        with persisted(store_url, llm), pytest.raises(RuntimeError):
             Keeper(agent_id="k").ask("go")
-        assert alarm_rows(db_path) == []
+        assert alarm_rows(store_url) == []
 
     @pytest.mark.parametrize(
         ("arguments", "reason"),
@@ -63,24 +62,25 @@ class TestModelTools:
             ({"delay_seconds": 5, "action": "x" * 4001}, "at most 4000 characters"),
             ({"delay_seconds": 5, "action": "x", "every_seconds": 5}, "at least 60"),
             ({"delay_seconds": 1e12, "action": "x"}, "at most"),
+            ({"delay_seconds": 5, "action": "x\x00y"}, "NUL character"),
         ],
-        ids=["negative", "empty", "too-long", "too-often", "too-far"],
+        ids=["negative", "empty", "too-long", "too-often", "too-far", "nul"],
     )
     def test_bad_input_is_an_error_the_model_reads(
-        self, db_path: Path, arguments: dict, reason: str
+        self, store_url: str, arguments: dict, reason: str
     ) -> None:
         """Bad tool input is answered with an error text, and nothing is written."""
         llm = FakeLLM([ToolCall("schedule_alarm", arguments), "ok"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Keeper(agent_id="k").ask("go")
         (text,) = tool_texts(llm)
         assert text.startswith("error: ") and reason in text
         assert text.endswith("Nothing was scheduled.")
-        assert alarm_rows(db_path) == []
+        assert alarm_rows(store_url) == []
 
-    def test_list_and_cancel_in_one_turn(self, db_path: Path) -> None:
+    def test_list_and_cancel_in_one_turn(self, store_url: str) -> None:
         """list_alarms shows staged alarms; a cancel in the same turn leaves none."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             earlier = store.schedule_alarm("k", "earlier", _schedule(3600))
         llm = FakeLLM(
             [
@@ -91,35 +91,35 @@ class TestModelTools:
                 "ok",
             ]
         )
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Keeper(agent_id="k").ask("go")
         _, first, cancelled, second = tool_texts(llm)
         assert "earlier" in first and "new" in first
         assert cancelled == f"cancelled {earlier}"
         assert "earlier" not in second and "new" in second
-        assert sorted(alarm_rows(db_path)[i][1:] for i in range(2)) == [
+        assert sorted(alarm_rows(store_url)[i][1:] for i in range(2)) == [
             ("earlier", "cancelled"),
             ("new", "pending"),
         ]
 
-    def test_cannot_cancel_another_agents_alarm(self, db_path: Path) -> None:
+    def test_cannot_cancel_another_agents_alarm(self, store_url: str) -> None:
         """An id of another agent's alarm is an error, and that alarm stays pending."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             theirs = store.schedule_alarm("other", "theirs", _schedule(60))
         llm = FakeLLM([ToolCall("cancel_alarm", {"alarm_id": theirs}), "ok"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Keeper(agent_id="k").ask("go")
         (text,) = tool_texts(llm)
         assert text.startswith("error: you have no pending alarm")
-        assert alarm_rows(db_path) == [("other", "theirs", "pending")]
+        assert alarm_rows(store_url) == [("other", "theirs", "pending")]
 
-    def test_model_may_hold_at_most_100_alarms(self, db_path: Path) -> None:
+    def test_model_may_hold_at_most_100_alarms(self, store_url: str) -> None:
         """The 101st pending alarm of the model is refused."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             for n in range(100):
                 store.schedule_alarm("k", f"a{n}", _schedule(60))
         llm = FakeLLM([ToolCall("schedule_alarm", {"delay_seconds": 9, "action": "x"}), "ok"])
-        with persisted(db_path, llm):
+        with persisted(store_url, llm):
             Keeper(agent_id="k").ask("go")
         (text,) = tool_texts(llm)
         assert "100 pending alarms" in text
@@ -128,20 +128,20 @@ class TestModelTools:
 class TestPythonSchedule:
     """agent.schedule works inside and outside a turn; bad input raises."""
 
-    def test_outside_a_turn_writes_at_once(self, db_path: Path) -> None:
+    def test_outside_a_turn_writes_at_once(self, store_url: str) -> None:
         """Outside a turn the alarm is written immediately, at the agent's version."""
-        with persisted(db_path, FakeLLM()):
+        with persisted(store_url, FakeLLM()):
             alarm_id = Keeper(agent_id="k").schedule("tidy", cron="0 3 * * *")
         (created_in, cron) = persisted_rows(
-            db_path, "SELECT created_in, cron FROM alarms WHERE alarm_id = ?", alarm_id
+            store_url, "SELECT created_in, cron FROM alarms WHERE alarm_id = ?", alarm_id
         )[0]
         assert (created_in, cron) == (0, "0 3 * * *")
 
-    def test_bad_input_raises_and_writes_nothing(self, db_path: Path) -> None:
+    def test_bad_input_raises_and_writes_nothing(self, store_url: str) -> None:
         """A bad cron string raises InvalidAlarmError for the developer."""
-        with persisted(db_path, FakeLLM()), pytest.raises(InvalidAlarmError, match="cron"):
+        with persisted(store_url, FakeLLM()), pytest.raises(InvalidAlarmError, match="cron"):
             Keeper(agent_id="k").schedule("x", cron="every day")
-        assert alarm_rows(db_path) == []
+        assert alarm_rows(store_url) == []
 
     def test_without_persistence_handler_is_a_clear_error(self) -> None:
         """Scheduling with no PersistenceHandler installed says what to install."""

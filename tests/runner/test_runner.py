@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alarms_app import delivered, make_agent, make_handlers
+from alarms_app import delivered, in_threads, make_agent, make_handlers
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
@@ -33,14 +33,14 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def store(db_path: Path):
-    with Store(db_path) as opened:
+def store(store_url: str):
+    with Store(store_url) as opened:
         yield opened
 
 
-def runner(db_path: Path, clock: FakeClock, **options: Any) -> AgentRunner:
+def runner(store_url: str, clock: FakeClock, **options: Any) -> AgentRunner:
     options.setdefault("handlers", make_handlers)
-    return AgentRunner(db_path, agents=make_agent, clock=clock, **options)
+    return AgentRunner(store_url, agents=make_agent, clock=clock, **options)
 
 
 def schedule(store: Store, clock: FakeClock, agent_id: str, action: str, **when: Any) -> str:
@@ -53,11 +53,11 @@ class TestDelivery:
     """Due alarms become turns of their agents, marked done in the same commit."""
 
     def test_one_shot_alarm_fires_once_at_its_time(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """An alarm due in an hour is not delivered before, and delivered once after."""
         alarm_id = schedule(store, clock, "k", "check the oven", delay=3600)
-        with runner(db_path, clock) as first:
+        with runner(store_url, clock) as first:
             first.run(until=START + 3599)
             assert store.agents() == []
             first.run(until=START + 7200)
@@ -68,50 +68,50 @@ class TestDelivery:
         assert [v.template for v in store.versions("k")] == ["on_alarm"]
 
     def test_interval_alarm_fires_every_hour(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """An hourly alarm run over a day of fake time is delivered 24 times."""
         schedule(store, clock, "k", "tick", every=3600)
-        with runner(db_path, clock) as hourly:
+        with runner(store_url, clock) as hourly:
             hourly.run(until=START + 24 * 3600 + 1)
         assert delivered(store.history("k")) == ["tick"] * 24
         (alarm,) = store.alarms("k")
         assert alarm.due_at.timestamp() == START + 25 * 3600
 
     def test_missed_occurrences_are_coalesced(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """After ten hours with no runner, an hourly alarm fires once, then on its grid."""
         schedule(store, clock, "k", "tick", every=3600)
         clock.advance(10 * 3600 + 60)
-        with runner(db_path, clock) as late:
+        with runner(store_url, clock) as late:
             late.run(until=clock.now() + 1)
         assert delivered(store.history("k")) == ["tick"]
         (alarm,) = store.alarms("k")
         assert alarm.due_at.timestamp() == START + 11 * 3600
 
     def test_missed_each_delivers_every_occurrence(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """With missed = "each" every missed occurrence is delivered."""
         schedule(store, clock, "k", "tick", every=3600)
         clock.advance(5 * 3600 + 60)
         config = RunnerConfig(missed="each")
-        with runner(db_path, clock, config=config) as each:
+        with runner(store_url, clock, config=config) as each:
             each.run(until=clock.now() + 1)
         assert delivered(store.history("k")) == ["tick"] * 5
 
     def test_cron_alarm_follows_its_expression(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """A cron alarm at minute 0 of every 6th hour fires 4 times a day."""
         schedule(store, clock, "k", "report", cron="0 */6 * * *")
-        with runner(db_path, clock) as cron:
+        with runner(store_url, clock) as cron:
             cron.run(until=START + 24 * 3600 - 1)
         assert delivered(store.history("k")) == ["report"] * 4
 
     def test_agent_schedules_a_check_back_while_handling_an_alarm(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """An alarm scheduled by the delivering turn commits with it and fires later."""
 
@@ -126,7 +126,7 @@ class TestDelivery:
             return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
 
         schedule(store, clock, "k", "first", delay=0)
-        with runner(db_path, clock, handlers=handlers) as chain:
+        with runner(store_url, clock, handlers=handlers) as chain:
             chain.run(until=START + 601)
         assert delivered(store.history("k")) == ["first", "second"]
         versions = store.versions("k")
@@ -135,7 +135,7 @@ class TestDelivery:
         assert (second.created_in, second.ended_in) == (1, 2)
 
     def test_model_is_told_which_alarm_the_turn_delivers(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """The delivering turn's system message names the alarm, its due time and now."""
         systems: list[str] = []
@@ -150,7 +150,7 @@ class TestDelivery:
 
         alarm_id = schedule(store, clock, "k", "look", delay=60)
         clock.advance(3600)
-        with runner(db_path, clock, handlers=handlers) as noting:
+        with runner(store_url, clock, handlers=handlers) as noting:
             noting.run(until=clock.now())
         (system,) = systems
         assert f"this turn delivers your alarm {alarm_id}, due 2027-01-15 08:01:00 UTC" in system
@@ -162,12 +162,12 @@ class TestFailures:
     """Failed deliveries back off exponentially, then the alarm is dead until re-armed."""
 
     def test_backoff_then_dead_then_rearm(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """Retries come 10, 20, 40, 80 s apart; after 5 failures the alarm is dead."""
         alarm_id = schedule(store, clock, "k", "fail always", delay=0)
         attempts: list[float] = []
-        with runner(db_path, clock) as failing:
+        with runner(store_url, clock) as failing:
             while len(attempts) < 10:
                 attempts.append(clock.now())
                 failing.run(until=clock.now())
@@ -188,7 +188,7 @@ class TestFailures:
         assert (alive.status, alive.attempts) == ("pending", 0)
 
     def test_agent_without_on_alarm_is_a_clear_error(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """An agent class with no on_alarm template fails the delivery with a clear error."""
 
@@ -204,7 +204,7 @@ class TestFailures:
         schedule(store, clock, "p", "x", delay=0)
         config = RunnerConfig(max_attempts=1)
         with AgentRunner(
-            db_path,
+            store_url,
             agents=lambda i: Plain(agent_id=i),
             handlers=make_handlers,
             clock=clock,
@@ -215,7 +215,7 @@ class TestFailures:
         assert dead.status == "dead" and "no on_alarm template" in (dead.last_error or "")
 
     def test_lost_lease_commits_nothing(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """A turn whose lease another runner took meanwhile commits nothing."""
         schedule(store, clock, "k", "contested", delay=0)
@@ -224,14 +224,14 @@ class TestFailures:
         def respond(call: FakeCall) -> str:
             if not stolen:  # mid-turn: the lease runs out and another runner claims it
                 clock.advance(301)
-                with Store(db_path) as other:
+                with Store(store_url) as other:
                     stolen.append(other.alarm_queue.claim("thief", clock.now(), 300))
             return "did contested"
 
         def handlers(config: RunnerConfig) -> list[Any]:
             return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
 
-        with runner(db_path, clock, handlers=handlers) as slow:
+        with runner(store_url, clock, handlers=handlers) as slow:
             slow.run(until=clock.now())
             assert slow.errors == 1 and slow.turns == 0
         assert stolen[0] is not None
@@ -241,7 +241,7 @@ class TestFailures:
         assert [h.status for h in store.handoffs()] == ["failed"]
 
     def test_dead_runner_lease_is_taken_back_at_once(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """A lease of a runner process that no longer exists on this host is freed at start."""
         import socket
@@ -249,7 +249,7 @@ class TestFailures:
         schedule(store, clock, "k", "orphan", delay=0)
         ghost = f"{socket.gethostname()}:999999999:abc"
         assert store.alarm_queue.claim(ghost, clock.now(), 3600) is not None
-        with runner(db_path, clock) as heir:
+        with runner(store_url, clock) as heir:
             heir.run(until=clock.now() + 1)
         assert delivered(store.history("k")) == ["orphan"]
 
@@ -258,12 +258,12 @@ class TestLeases:
     """A claim held by a live runner elsewhere is respected until its lease runs out."""
 
     def test_expired_lease_of_another_host_is_taken_over(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """Another host's claim blocks delivery until lease_seconds have passed."""
         schedule(store, clock, "k", "handed over", delay=0)
         assert store.alarm_queue.claim("elsewhere:1:abc", clock.now(), 300) is not None
-        with runner(db_path, clock) as heir:
+        with runner(store_url, clock) as heir:
             heir.run(until=clock.now() + 299)
             assert store.agents() == []
             heir.run(until=clock.now() + 2)
@@ -274,7 +274,7 @@ class TestPolling:
     """The runner sleeps, and notices alarms other processes schedule within a second."""
 
     def test_alarm_from_another_connection_is_noticed_within_a_second(
-        self, db_path: Path, store: Store
+        self, store_url: str, store: Store
     ) -> None:
         """An alarm written by another connection while the runner sleeps starts < 1.5 s later."""
         started: list[float] = []
@@ -286,7 +286,7 @@ class TestPolling:
         def handlers(config: RunnerConfig) -> list[Any]:
             return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
 
-        with AgentRunner(db_path, agents=make_agent, handlers=handlers) as sleeper:
+        with AgentRunner(store_url, agents=make_agent, handlers=handlers) as sleeper:
             thread = threading.Thread(target=sleeper.run)
             thread.start()
             try:
@@ -306,13 +306,13 @@ class TestConfig:
     """The TOML config: parsed strictly, reloaded, per-agent settings honoured."""
 
     def test_paused_agent_gets_no_alarms(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """Alarms of a paused agent wait; other agents' are delivered."""
         schedule(store, clock, "paused", "x", delay=0)
         schedule(store, clock, "active", "y", delay=0)
         config = RunnerConfig.from_mapping({"agents": {"paused": {"paused": True}}})
-        with runner(db_path, clock, config=config) as picky:
+        with runner(store_url, clock, config=config) as picky:
             picky.run(until=clock.now() + 30)
         assert [a.agent_id for a in store.agents()] == ["active"]
         assert [a.status for a in store.alarms("paused")] == ["pending"]
@@ -337,14 +337,14 @@ class TestConfig:
             RunnerConfig.from_toml(path)
 
     def test_reload_applies_good_files_and_keeps_old_config_on_bad_ones(
-        self, db_path: Path, tmp_path: Path, clock: FakeClock, store: Store
+        self, store_url: str, tmp_path: Path, clock: FakeClock, store: Store
     ) -> None:
         """A good file becomes the next generation and reaches the hook; a bad one is ignored."""
         hooks = tmp_path / "hooks.jsonl"
         path = tmp_path / "agents.toml"
         path.write_text(f'[features]\nhook_file = "{hooks}"\nmood = "calm"\n')
         schedule(store, clock, "k", "x", delay=0)
-        with runner(db_path, clock, config=path) as reloading:
+        with runner(store_url, clock, config=path) as reloading:
             reloading.run(until=clock.now())
             path.write_text(f'[features]\nhook_file = "{hooks}"\nmood = "busy"\n')
             assert reloading.reload()
@@ -362,48 +362,55 @@ class TestConfig:
 class TestTwoRunners:
     """Two runners on one database share the alarms; each is delivered exactly once."""
 
-    def test_each_alarm_is_delivered_once(self, db_path: Path, store: Store) -> None:
-        """Two runner threads deliver 40 alarms of 4 agents, each once."""
+    def test_each_alarm_is_delivered_once_and_in_parallel(
+        self, store_url: str, store: Store
+    ) -> None:
+        """Two runner threads, each with its own connections, deliver 42 alarms of 8
+        agents exactly once, with no lease lost (no alarm claimed twice); their first
+        turns meet inside the model, so they ran at once, neither waiting for the other."""
+        meet = threading.Barrier(2, timeout=60)
+
+        def respond(call: FakeCall) -> str:
+            if "meet" in call.last_user_text:
+                meet.wait()  # BrokenBarrierError (a failed delivery) unless both are here
+            return "done"
+
+        def handlers(config: RunnerConfig) -> list[Any]:
+            return [LiteLLMProvider(model="fake"), FakeLLM(respond=respond)]
+
         now = time.time()
+        for n in range(2):  # due first: one for each runner
+            store.schedule_alarm(f"agent-{n}", "meet", make_schedule(now, delay=0), now=now)
         for n in range(40):
-            store.schedule_alarm(f"agent-{n % 4}", f"job {n}", make_schedule(now, delay=0))
-        runners = [
-            AgentRunner(db_path, agents=make_agent, handlers=make_handlers) for _ in range(2)
-        ]
-
-        def run(one: AgentRunner) -> None:
-            one.run()
-
-        threads = [threading.Thread(target=run, args=(one,)) for one in runners]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 60
-        while store.alarms() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for one in runners:
-            one.stop()
-        for thread in threads:
-            thread.join(timeout=30)
-        for one in runners:
-            one.close()
+            when = now + 0.001 * (n + 1)
+            schedule = make_schedule(when, delay=0)
+            store.schedule_alarm(f"agent-{n % 8}", f"job {n}", schedule, now=when)
+        runners = [AgentRunner(store_url, agents=make_agent, handlers=handlers) for _ in range(2)]
+        with in_threads(*runners):
+            deadline = time.monotonic() + 120
+            while store.alarms() and time.monotonic() < deadline:
+                time.sleep(0.05)
         assert store.alarms() == []
-        jobs = sorted(job for n in range(4) for job in delivered(store.history(f"agent-{n}")))
-        assert jobs == sorted(f"job {n}" for n in range(40))
-        assert all(one.turns > 0 for one in runners), [one.turns for one in runners]
-        assert sum(one.turns for one in runners) == 40
-        assert integrity(db_path) == "ok"
+        jobs = sorted(
+            action for n in range(8) for action in delivered(store.history(f"agent-{n}"))
+        )
+        assert jobs == sorted(["meet", "meet"] + [f"job {n}" for n in range(40)])
+        assert [one.errors for one in runners] == [0, 0]
+        assert all(one.turns > 1 for one in runners), [one.turns for one in runners]
+        assert sum(one.turns for one in runners) == 42
+        assert integrity(store_url) == "ok"
 
 
 class TestStatus:
     """The status report counts what the runner did and what waits."""
 
     def test_report_is_stored_for_the_cli(
-        self, db_path: Path, store: Store, clock: FakeClock
+        self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
         """report_status stores the counts where Store.runner_statuses reads them."""
         schedule(store, clock, "k", "x", delay=0)
         schedule(store, clock, "k", "later", delay=3600)
-        with runner(db_path, clock) as reporting:
+        with runner(store_url, clock) as reporting:
             reporting.run(until=clock.now())
             report = reporting.report_status()
         assert report["turns"] == 1 and report["alarms_pending"] == 1

@@ -23,7 +23,7 @@ START_TIMEOUT = 120.0
 class Runner:
     """One ``effectful-durable run`` process whose log lines are read with deadlines."""
 
-    def __init__(self, db_path: Path, config: Path, *, slow: float) -> None:
+    def __init__(self, store_url: str, config: Path, *, slow: float) -> None:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -35,7 +35,7 @@ class Runner:
                 "-m",
                 "effectful_durable",
                 "run",
-                str(db_path),
+                str(store_url),
                 "--agents",
                 "alarms_app:make_agent",
                 "--handlers",
@@ -81,8 +81,8 @@ class Runner:
         self.proc.wait(timeout=30)
 
 
-def schedule(db_path: Path, agent_id: str, action: str, delay: float = 0.0) -> str:
-    with Store(db_path) as store:
+def schedule(store_url: str, agent_id: str, action: str, delay: float = 0.0) -> str:
+    with Store(store_url) as store:
         return store.schedule_alarm(agent_id, action, make_schedule(time.time(), delay=delay))
 
 
@@ -98,13 +98,13 @@ class TestSignals:
     """The runner reacts to its signals as the docs say."""
 
     def test_status_reload_and_clean_stop(
-        self, db_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+        self, store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """SIGUSR1 reports, SIGHUP reloads (a bad file changes nothing), SIGTERM waits."""
         hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
         write_config(config, hooks, "calm", grace=30)
-        schedule(db_path, "k", "first")
-        runner = Runner(db_path, config, slow=1.5)
+        schedule(store_url, "k", "first")
+        runner = Runner(store_url, config, slow=1.5)
         try:
             runner.expect("started", timeout=START_TIMEOUT)
             runner.expect("delivered alarm")
@@ -112,7 +112,7 @@ class TestSignals:
             runner.signal(signal.SIGUSR1)
             line = runner.expect("status:")
             assert "1 turns, 0 errors" in line
-            assert main(["status", str(db_path), "--json"]) == 0
+            assert main(["status", str(store_url), "--json"]) == 0
             assert '"turns": 1' in capsys.readouterr().out
 
             config.write_text("[runner\n")
@@ -124,7 +124,7 @@ class TestSignals:
             moods = hooks.read_text().splitlines()
             assert len(moods) == 2 and '"busy"' in moods[1]  # seen at start, then reload
 
-            schedule(db_path, "k", "slow second")
+            schedule(store_url, "k", "slow second")
             runner.expect("delivering alarm")  # noticed within the poll interval
             runner.signal(signal.SIGTERM)
             runner.expect("stopping: waiting up to 30 s")
@@ -133,19 +133,19 @@ class TestSignals:
             assert runner.proc.wait(timeout=30) == 0
         finally:
             runner.stop()
-        rows = persisted_rows(db_path, "SELECT action, status FROM alarms ORDER BY created_at")
+        rows = persisted_rows(store_url, "SELECT action, status FROM alarms ORDER BY created_at")
         assert rows == [("first", "done"), ("slow second", "done")]
-        assert main(["status", str(db_path)]) == 0
+        assert main(["status", str(store_url)]) == 0
         assert "state: stopped" in capsys.readouterr().out
 
-    def test_stop_past_grace_interrupts_the_turn(self, db_path: Path, tmp_path: Path) -> None:
+    def test_stop_past_grace_interrupts_the_turn(self, store_url: str, tmp_path: Path) -> None:
         """A turn longer than the grace period is interrupted: handoff left, alarm kept."""
         hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
         write_config(config, hooks, "calm", grace=0.5)
-        runner = Runner(db_path, config, slow=30)
+        runner = Runner(store_url, config, slow=30)
         try:
             runner.expect("started", timeout=START_TIMEOUT)
-            schedule(db_path, "k", "slow job")
+            schedule(store_url, "k", "slow job")
             runner.expect("delivering alarm")
             runner.signal(signal.SIGTERM)
             runner.expect("grace period of 0.5 s over")
@@ -153,7 +153,7 @@ class TestSignals:
             assert runner.proc.wait(timeout=30) == 0
         finally:
             runner.stop()
-        assert persisted_rows(db_path, "SELECT status, attempts FROM alarms") == [("pending", 0)]
-        (handoff,) = persisted_rows(db_path, "SELECT status, error FROM handoffs")
+        assert persisted_rows(store_url, "SELECT status, attempts FROM alarms") == [("pending", 0)]
+        (handoff,) = persisted_rows(store_url, "SELECT status, error FROM handoffs")
         assert handoff[0] == "failed" and "KeyboardInterrupt" in handoff[1]
-        assert persisted_rows(db_path, "SELECT count(*) FROM versions") == [(0,)]
+        assert persisted_rows(store_url, "SELECT count(*) FROM versions") == [(0,)]

@@ -1,14 +1,14 @@
 """The alarms part of the store: schedules, cron, and how alarms follow versions."""
 
+import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import croniter
 import pytest
 from cronsim import CronSim
-from helpers import integrity, persisted_rows
+from helpers import commit_writes, integrity, persisted_rows
 
-from effectful_durable import InvalidAlarmError, NotFoundError, Store
+from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
 from effectful_durable.store.alarms import (
     AlarmWrite,
     cron_next,
@@ -19,19 +19,6 @@ from effectful_durable.store.alarms import (
 from effectful_durable.store.history import HistoryChange
 
 NOW = 1_800_000_000.0
-
-
-def commit(store: Store, agent_id: str, write: AlarmWrite | None = None) -> int:
-    """Commit an empty turn of ``agent_id`` carrying ``write``; return its version."""
-    base = next((a.version for a in store.agents() if a.agent_id == agent_id), 0)
-    return store.commit_turn(
-        agent_id,
-        base_version=base,
-        template="t",
-        change=HistoryChange([], [], 0),
-        state=None,
-        writes=[write] if write else [],
-    )
 
 
 def scheduled(action: str, delay: float = 60.0) -> AlarmWrite:
@@ -145,17 +132,17 @@ class TestCron:
 class TestTurnWrites:
     """Alarms staged in a turn commit in its transaction."""
 
-    def test_staged_alarm_commits_with_the_turn(self, db_path: Path) -> None:
+    def test_staged_alarm_commits_with_the_turn(self, store_url: str) -> None:
         """A scheduled alarm is on disk after the commit, created in that version."""
-        with Store(db_path) as store:
-            version = commit(store, "a", scheduled("check"))
-        rows = persisted_rows(db_path, "SELECT action, created_in, status FROM alarms")
+        with Store(store_url) as store:
+            version = commit_writes(store, "a", scheduled("check"))
+        rows = persisted_rows(store_url, "SELECT action, created_in, status FROM alarms")
         assert rows == [("check", version, "pending")]
 
-    def test_failed_commit_writes_no_alarm(self, db_path: Path) -> None:
+    def test_failed_commit_writes_no_alarm(self, store_url: str) -> None:
         """A commit that fails (stale base version) leaves no alarm behind."""
-        with Store(db_path) as store:
-            commit(store, "a")
+        with Store(store_url) as store:
+            commit_writes(store, "a")
             with pytest.raises(Exception, match="in use"):
                 store.commit_turn(
                     "a",
@@ -165,22 +152,22 @@ class TestTurnWrites:
                     state=None,
                     writes=[scheduled("check")],
                 )
-        assert persisted_rows(db_path, "SELECT count(*) FROM alarms") == [(0,)]
+        assert persisted_rows(store_url, "SELECT count(*) FROM alarms") == [(0,)]
 
 
 class TestVersions:
     """Rollback, fork, prune and delete treat pending alarms as part of each version."""
 
-    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(self, db_path: Path) -> None:
+    def test_rollback_cancels_later_alarms_and_restores_earlier_ones(self, store_url: str) -> None:
         """After rollback to v the pending alarms are exactly those pending at v."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             keep = scheduled("keep")
-            v1 = commit(store, "a", keep)
+            v1 = commit_writes(store, "a", keep)
             kept_id = keep.added[0][0]
             cancel = AlarmWrite()
             cancel.cancel(kept_id)
-            commit(store, "a", cancel)
-            commit(store, "a", scheduled("later"))
+            commit_writes(store, "a", cancel)
+            commit_writes(store, "a", scheduled("later"))
             assert pending_actions(store, "a") == ["later"]
             v4 = store.rollback("a", v1)
             assert pending_actions(store, "a") == ["keep"]
@@ -190,84 +177,84 @@ class TestVersions:
                 assert pending_at(conn, "a", v4) == [kept_id]
             store.rollback("a", 3)
             assert pending_actions(store, "a") == ["later"]
-        assert integrity(db_path) == "ok"
+        assert integrity(store_url) == "ok"
 
-    def test_rollback_brings_back_a_delivered_one_shot_alarm(self, db_path: Path) -> None:
+    def test_rollback_brings_back_a_delivered_one_shot_alarm(self, store_url: str) -> None:
         """A one-shot alarm whose delivering turn is rolled back is pending again."""
-        with Store(db_path) as store:
-            v1 = commit(store, "a", scheduled("once", delay=0))
+        with Store(store_url) as store:
+            v1 = commit_writes(store, "a", scheduled("once", delay=0))
             queue = store.alarm_queue
             claim = queue.claim("me", NOW + 1, 60)
             assert claim is not None
             deliver = AlarmWrite()
             deliver.deliver(claim, None, NOW + 1)
-            commit(store, "a", deliver)
+            commit_writes(store, "a", deliver)
             assert store.alarms("a") == []
             store.rollback("a", v1)
             (alarm,) = store.alarms("a")
             assert (alarm.action, alarm.status, alarm.leased_by) == ("once", "pending", None)
 
-    def test_fork_copies_pending_alarms_under_new_ids(self, db_path: Path) -> None:
+    def test_fork_copies_pending_alarms_under_new_ids(self, store_url: str) -> None:
         """The fork gets the alarms pending at the forked version, with ids of its own."""
-        with Store(db_path) as store:
-            v1 = commit(store, "a", scheduled("first"))
-            commit(store, "a", scheduled("second"))
+        with Store(store_url) as store:
+            v1 = commit_writes(store, "a", scheduled("first"))
+            commit_writes(store, "a", scheduled("second"))
             store.fork("a", v1, "b")
             (copied,) = store.alarms("b")
             (original, _) = store.alarms("a")
             assert copied.action == "first" and copied.created_in == 1
             assert copied.alarm_id != original.alarm_id
 
-    def test_prune_keeps_what_later_versions_need(self, db_path: Path) -> None:
+    def test_prune_keeps_what_later_versions_need(self, store_url: str) -> None:
         """Pruning drops spans that ended before keep_from; rollbacks after it stay exact."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             early = scheduled("early")
-            commit(store, "a", early)
+            commit_writes(store, "a", early)
             cancel = AlarmWrite()
             cancel.cancel(early.added[0][0])
-            commit(store, "a", cancel)  # v2: early ended here
-            v3 = commit(store, "a", scheduled("late"))
-            commit(store, "a", scheduled("later"))
+            commit_writes(store, "a", cancel)  # v2: early ended here
+            v3 = commit_writes(store, "a", scheduled("late"))
+            commit_writes(store, "a", scheduled("later"))
             from effectful_durable.store.alarms import AlarmPart
 
             with store._writing() as conn:
                 AlarmPart().prune(conn, "a", v3)
-            actions = [r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms")]
+            actions = [r[0] for r in persisted_rows(store_url, "SELECT action FROM alarms")]
             assert sorted(actions) == ["late", "later"]
             store.rollback("a", v3)
             assert pending_actions(store, "a") == ["late"]
 
-    def test_store_prune_keeps_alarms_kept_versions_need(self, db_path: Path) -> None:
+    def test_store_prune_keeps_alarms_kept_versions_need(self, store_url: str) -> None:
         """Store.prune removes ended alarms only old versions held; rollback stays exact."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             early = scheduled("early")
-            commit(store, "a", early)
+            commit_writes(store, "a", early)
             cancel = AlarmWrite()
             cancel.cancel(early.added[0][0])
-            commit(store, "a", cancel)
-            v3 = commit(store, "a", scheduled("late"))
-            commit(store, "a", scheduled("later"))
+            commit_writes(store, "a", cancel)
+            v3 = commit_writes(store, "a", scheduled("late"))
+            commit_writes(store, "a", scheduled("later"))
             store.prune("a", keep_versions=2)
-            actions = sorted(r[0] for r in persisted_rows(db_path, "SELECT action FROM alarms"))
+            actions = sorted(r[0] for r in persisted_rows(store_url, "SELECT action FROM alarms"))
             assert actions == ["late", "later"]
             store.rollback("a", v3)
             assert pending_actions(store, "a") == ["late"]
 
-    def test_delete_removes_alarms(self, db_path: Path) -> None:
+    def test_delete_removes_alarms(self, store_url: str) -> None:
         """Deleting an agent deletes its alarms, even those scheduled before its first turn."""
-        with Store(db_path) as store:
-            commit(store, "a", scheduled("x"))
+        with Store(store_url) as store:
+            commit_writes(store, "a", scheduled("x"))
             store.schedule_alarm("a", "y", make_schedule(NOW, delay=5), now=NOW)
             store.delete("a")
-        assert persisted_rows(db_path, "SELECT count(*) FROM alarms") == [(0,)]
+        assert persisted_rows(store_url, "SELECT count(*) FROM alarms") == [(0,)]
 
 
 class TestQueue:
     """Claims are leases; failures back off; dead alarms can be re-armed."""
 
-    def test_claim_leases_the_earliest_due_alarm(self, db_path: Path) -> None:
+    def test_claim_leases_the_earliest_due_alarm(self, store_url: str) -> None:
         """Only due alarms are claimed, earliest first, and a leased one is not claimed again."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             store.schedule_alarm("a", "late", make_schedule(NOW, delay=20), now=NOW)
             store.schedule_alarm("a", "soon", make_schedule(NOW, delay=10), now=NOW)
             queue = store.alarm_queue
@@ -282,9 +269,9 @@ class TestQueue:
             assert again is not None and again.action == "soon"
             assert not queue.release(claim, NOW)  # r1's token is stale
 
-    def test_fail_then_dead_then_rearm(self, db_path: Path) -> None:
+    def test_fail_then_dead_then_rearm(self, store_url: str) -> None:
         """A failure sets the retry time; a final one makes the alarm dead; rearm revives it."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             alarm_id = store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
             queue = store.alarm_queue
             claim = queue.claim("r", NOW, 30)
@@ -303,9 +290,9 @@ class TestQueue:
             with pytest.raises(NotFoundError):
                 store.rearm_alarm("alm_nope")
 
-    def test_delivery_is_fenced_by_the_lease(self, db_path: Path) -> None:
+    def test_delivery_is_fenced_by_the_lease(self, store_url: str) -> None:
         """A delivery whose lease another runner took aborts the whole turn."""
-        with Store(db_path) as store:
+        with Store(store_url) as store:
             store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
             queue = store.alarm_queue
             stale = queue.claim("r1", NOW, 30)
@@ -314,5 +301,69 @@ class TestQueue:
             deliver = AlarmWrite()
             deliver.deliver(stale, None, NOW + 32)
             with pytest.raises(Exception, match="lease"):
-                commit(store, "a", deliver)
+                commit_writes(store, "a", deliver)
             assert store.agents() == []  # the turn committed nothing
+
+    def test_cancel_outside_a_turn_ends_at_the_current_version(self, store_url: str) -> None:
+        """A cancel outside a turn belongs to the agent's current version (or the
+        alarm's own, for an alarm scheduled before the agent's first commit)."""
+        with Store(store_url) as store:
+            early = store.schedule_alarm("a", "early", make_schedule(NOW, delay=5), now=NOW)
+            assert store.cancel_alarm(early)
+            commit_writes(store, "a", scheduled("in a turn"))
+            v2 = commit_writes(store, "a")
+            (late,) = [a.alarm_id for a in store.alarms("a")]
+            assert not store.cancel_alarm(late, agent_id="b")  # not b's
+            assert store.cancel_alarm(late, agent_id="a")
+            assert not store.cancel_alarm(late)  # already ended
+            ended = {a.action: a.ended_in for a in store.alarms("a", include_ended=True)}
+        assert ended == {"early": 0, "in a turn": v2}
+
+    def test_leases_of_dead_runners_on_this_host_are_freed(self, store_url: str) -> None:
+        """reclaim_dead_owners frees the leases of gone processes here, due at once;
+        a live runner's lease and another host's stay."""
+        import os
+        import socket
+
+        host, now = socket.gethostname(), time.time()  # leases shown while they run
+        with Store(store_url) as store:
+            for action in ("dead", "alive", "elsewhere"):
+                store.schedule_alarm("a", action, make_schedule(now, delay=0), now=now)
+            queue = store.alarm_queue
+            owners = [f"{host}:999999999:x", f"{host}:{os.getpid()}:y", "other-host:1:z"]
+            claims = [queue.claim(owner, now, 3600) for owner in owners]
+            assert all(claims)
+            assert queue.reclaim_dead_owners(now + 10) == 1
+            leased = {a.action: (a.leased_by, a.next_attempt) for a in store.alarms("a")}
+        assert leased["dead"] == (None, datetime.fromtimestamp(now + 10, UTC))
+        assert leased["alive"][0] == owners[1] and leased["elsewhere"][0] == owners[2]
+
+    def test_a_runners_status_report_replaces_its_last(self, store_url: str) -> None:
+        """Each runner keeps one status row: its latest report."""
+        with Store(store_url) as store:
+            queue = store.alarm_queue
+            for turns in (1, 2):
+                queue.record_status("r1", state="running", started_at=NOW, report={"turns": turns})
+            queue.record_status("r2", state="stopped", started_at=NOW, report={"turns": 0})
+            reports = {r["runner"]: (r["state"], r["turns"]) for r in store.runner_statuses()}
+        assert reports == {"r1": ("running", 2), "r2": ("stopped", 0)}
+
+    def test_text_no_database_holds_is_refused_before_it_reaches_one(self, store_url: str) -> None:
+        """A NUL in an action is refused; an id holding a NUL or a lone surrogate names no
+        alarm; an invalid agent id is refused; a delivery's error is stored legibly."""
+        with Store(store_url) as store:
+            with pytest.raises(InvalidAlarmError, match="NUL"):
+                store.schedule_alarm("a", "x\0y", make_schedule(NOW, delay=0), now=NOW)
+            alarm_id = store.schedule_alarm("a", "x", make_schedule(NOW, delay=0), now=NOW)
+            for odd in (alarm_id + "\0", "\ud800"):
+                assert not store.cancel_alarm(odd)
+                with pytest.raises(NotFoundError):
+                    store.rearm_alarm(odd)
+            with pytest.raises(InvalidAgentIdError):
+                store.alarms("a\0")
+            queue = store.alarm_queue
+            claim = queue.claim("r", NOW, 30)
+            assert claim is not None
+            assert queue.fail(claim, "RuntimeError: \0 and \ud800", None) == "dead"
+            (dead,) = store.alarms("a")
+        assert dead.last_error == "RuntimeError: \\x00 and \\ud800"

@@ -17,7 +17,6 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
-from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.migrations import APPLICATION_ID
 from effectful_durable.store.postgres_schema import SCHEMA_VERSION
 from effectful_durable.testing import FakeLLM
@@ -66,7 +65,8 @@ class TestOpening:
 
 
 def catalog(url: str) -> dict[str, list[tuple[object, ...]]]:
-    """The database's tables, columns, constraints and indexes, in a comparable form."""
+    """The database's tables, columns, constraints, indexes, triggers and functions,
+    in a comparable form."""
     queries = {
         "columns": """
             SELECT table_name, column_name, data_type, is_nullable, column_default,
@@ -81,6 +81,15 @@ def catalog(url: str) -> dict[str, list[tuple[object, ...]]]:
         "indexes": """
             SELECT tablename, indexname, indexdef FROM pg_indexes
              WHERE schemaname = 'public' ORDER BY 1, 2""",
+        "triggers": """
+            SELECT tgname, pg_get_triggerdef(t.oid) FROM pg_trigger AS t
+              JOIN pg_class AS cl ON cl.oid = t.tgrelid
+              JOIN pg_namespace AS n ON n.oid = cl.relnamespace
+             WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY 1""",
+        "functions": """
+            SELECT proname, pg_get_functiondef(p.oid) FROM pg_proc AS p
+              JOIN pg_namespace AS n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'public' ORDER BY 1""",
     }
     with psycopg.connect(url) as conn:
         return {name: conn.execute(sql).fetchall() for name, sql in queries.items()}
@@ -105,6 +114,7 @@ class TestMigrations:
                 assert store.check()["schema"] == SCHEMA_VERSION
                 assert [a.agent_id for a in store.agents()] == ["bot"]  # rows kept
             assert catalog(old) == catalog(fresh)
+            assert [name for name, _ in catalog(fresh)["triggers"]] == ["alarms_due"]
         finally:
             postgres_server.drop_database(fresh)
             postgres_server.drop_database(old)
@@ -120,13 +130,9 @@ class TestMigrations:
 
 class TestNotYetOnPostgres:
     def test_parts_not_carried_are_refused_clearly(self, postgres_url: str) -> None:
-        """Alarms and vacuum raise NotSupportedError (the SQL workspace is carried)."""
+        """Vacuum raises NotSupportedError (the SQL workspace and alarms are carried)."""
         with Store(postgres_url) as store:
-            for call in (
-                lambda: store.alarms(),
-                lambda: store.schedule_alarm("bot", "ping", make_schedule(0.0, delay=60)),
-                lambda: store.vacuum(),
-            ):
+            for call in (lambda: store.vacuum(),):
                 with pytest.raises(NotSupportedError, match="not supported on PostgreSQL"):
                     call()
 

@@ -1,0 +1,297 @@
+"""The runners' side of alarms: claims with leases, failures, dead runners, status reports.
+
+A runner claims the earliest due alarm with a lease (its id, a random fencing
+token and an expiry); the turn that delivers the alarm commits only while the
+token is still the alarm's (``alarms.AlarmWrite``). A failed delivery is retried
+later, or the alarm is dead; leases of runner processes that died on this host
+are taken back at once. None of this is versioned: it belongs to the runners,
+not to the agents (see ``alarms.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .alarms import AlarmStatus, Schedule
+from .backend import AlarmListener, Conn, Database
+from .damage import watched
+from .rows import legible, utc
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An alarm a runner holds the lease of, to deliver it as a turn of its agent."""
+
+    alarm_id: str
+    agent_id: str
+    action: str
+    schedule: Schedule
+    attempts: int
+    token: str
+    lease_until: float
+
+
+def counts(conn: Conn, now: float) -> dict[str, int]:
+    """Pending, due and dead alarms of the whole database."""
+    row: Any = conn.execute(
+        """
+        SELECT count(*) FILTER (WHERE status = 'pending'),
+               count(*) FILTER (WHERE status = 'pending' AND fire_at <= ?),
+               count(*) FILTER (WHERE status = 'dead')
+          FROM alarms WHERE ended_in IS NULL
+        """,
+        (now,),
+    ).fetchone()
+    pending, due, dead = row
+    return {"pending": pending, "due": due, "dead": dead}
+
+
+def runner_id() -> str:
+    """A new runner's id: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def next_due(conn: Conn) -> float | None:
+    """When the earliest pending alarm becomes claimable: one indexed read."""
+    due = conn.execute("SELECT min(due_at) FROM alarms WHERE status = 'pending'").get
+    return None if due is None else float(due)
+
+
+def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Claim | None:
+    """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
+
+    The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
+    makes the alarm claimable again through the same index. An alarm another
+    runner is claiming at this moment is skipped, never waited for
+    (``Database.select_for_claim``).
+    """
+    row: tuple[Any, ...] | None = db.select_for_claim(
+        conn,
+        """
+        SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts
+          FROM alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
+        """,
+        (now,),
+    ).fetchone()
+    if row is None:
+        return None
+    alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts = row
+    token = secrets.token_hex(8)
+    until = now + lease
+    conn.execute(
+        """
+        UPDATE alarms SET lease_owner = ?3, lease_token = ?4, due_at = ?5, updated_at = ?6
+         WHERE alarm_id = ?1 AND created_in = ?2
+        """,
+        (alarm_id, created_in, owner, token, until, time.time()),
+    )
+    schedule = Schedule(fire_at, every, cron, timezone)
+    return Claim(alarm_id, agent_id, action, schedule, attempts, token, until)
+
+
+def release(conn: Conn, claim: Claim, due_at: float) -> bool:
+    """Give a claim back without counting an attempt; due again at ``due_at``."""
+    conn.execute(
+        """
+        UPDATE alarms SET lease_owner = NULL, lease_token = NULL, due_at = ?3, updated_at = ?4
+         WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
+        """,
+        (claim.alarm_id, claim.token, due_at, time.time()),
+    )
+    return bool(conn.changes())
+
+
+def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
+    """Record a failed delivery: retry at ``retry_at``, or dead when it is None.
+
+    Returns:
+        The alarm's new status, or None if the lease was lost meanwhile.
+    """
+    status: AlarmStatus = "pending" if retry_at is not None else "dead"
+    conn.execute(
+        """
+        UPDATE alarms SET status = ?3, attempts = attempts + 1, last_error = ?4,
+               due_at = coalesce(?5, due_at), lease_owner = NULL, lease_token = NULL,
+               updated_at = ?6
+         WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
+        """,
+        (claim.alarm_id, claim.token, status, legible(error[:2000]), retry_at, time.time()),
+    )
+    return status if conn.changes() else None
+
+
+def reclaim_dead_owners(conn: Conn, now: float) -> int:
+    """End the leases of runners on this host whose process is gone; return how many.
+
+    A runner killed with SIGKILL leaves its lease until it runs out; on the same
+    host we can tell at once that its process is dead, and deliver again now.
+    """
+    host = socket.gethostname()
+    rows: list[tuple[Any, ...]] = conn.execute(
+        """
+        SELECT DISTINCT lease_owner FROM alarms
+         WHERE lease_owner IS NOT NULL AND status = 'pending' AND due_at > ?
+        """,
+        (now,),
+    ).fetchall()
+    freed = 0
+    for (owner,) in rows:
+        owner_host, _, rest = str(owner).partition(":")
+        pid_text = rest.partition(":")[0]
+        if owner_host != host or not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        conn.execute(
+            """
+            UPDATE alarms SET lease_owner = NULL, lease_token = NULL,
+                   due_at = CASE WHEN due_at < ?2 THEN due_at ELSE ?2 END, updated_at = ?3
+             WHERE lease_owner = ?1 AND status = 'pending'
+            """,
+            (owner, now, time.time()),
+        )
+        freed += conn.changes()
+    return freed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def record_status(
+    conn: Conn,
+    runner: str,
+    *,
+    state: Literal["running", "stopped"],
+    started_at: float,
+    report: dict[str, Any],
+) -> None:
+    """Store a runner's latest status report."""
+    conn.execute(
+        """
+        INSERT INTO runner_status
+               (runner_id, host, pid, state, started_at, reported_at, report)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (runner_id) DO UPDATE SET
+               host = excluded.host, pid = excluded.pid, state = excluded.state,
+               started_at = excluded.started_at, reported_at = excluded.reported_at,
+               report = excluded.report
+        """,
+        (
+            runner,
+            socket.gethostname(),
+            os.getpid(),
+            state,
+            started_at,
+            time.time(),
+            json.dumps(report, ensure_ascii=False, default=str),
+        ),
+    )
+
+
+def statuses(conn: Conn) -> list[dict[str, Any]]:
+    """Every runner's latest status report, most recent first."""
+    rows: list[tuple[Any, ...]] = conn.execute(
+        """
+        SELECT runner_id, host, pid, state, started_at, reported_at, report
+          FROM runner_status ORDER BY reported_at DESC
+        """
+    ).fetchall()
+    return [
+        {
+            "runner": runner,
+            "host": host,
+            "pid": pid,
+            "state": state,
+            "started_at": utc(started),
+            "reported_at": utc(reported),
+            **json.loads(report),
+        }
+        for runner, host, pid, state, started, reported, report in rows
+    ]
+
+
+class Polling:
+    """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
+
+    listening = False
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+@watched(lambda queue: queue._store._damage)
+class AlarmQueue:
+    """The runner's side of the alarms of one Store: claim, fail, release, report.
+
+    Each method is one short transaction on the calling thread's connection.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def listen(self, wake: Callable[[], None]) -> AlarmListener:
+        """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
+
+        On PostgreSQL a connection of its own LISTENs for the NOTIFY such a commit
+        sends; on SQLite nothing tells, and the listener is never ``listening``.
+        """
+        return self._store._db.listen_alarms(wake)
+
+    def next_due(self) -> float | None:
+        """When the earliest pending alarm becomes claimable (one indexed read)."""
+        with self._store._reading() as conn:
+            return next_due(conn)
+
+    def claim(self, owner: str, now: float, lease: float) -> Claim | None:
+        """Lease the earliest claimable alarm to ``owner``, or return None."""
+        with self._store._writing() as conn:
+            return claim(self._store._db, conn, owner, now, lease)
+
+    def release(self, claim: Claim, due_at: float) -> bool:
+        """Give a claim back, due again at ``due_at``, without counting an attempt."""
+        with self._store._writing() as conn:
+            return release(conn, claim, due_at)
+
+    def fail(self, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
+        """Record a failed delivery; dead when ``retry_at`` is None."""
+        with self._store._writing() as conn:
+            return fail(conn, claim, error, retry_at)
+
+    def reclaim_dead_owners(self, now: float) -> int:
+        """Free the leases of dead runner processes on this host."""
+        with self._store._writing() as conn:
+            return reclaim_dead_owners(conn, now)
+
+    def counts(self, now: float) -> dict[str, int]:
+        """Pending, due and dead alarms of the database."""
+        with self._store._reading() as conn:
+            return counts(conn, now)
+
+    def record_status(
+        self,
+        runner: str,
+        *,
+        state: Literal["running", "stopped"],
+        started_at: float,
+        report: dict[str, Any],
+    ) -> None:
+        """Store a runner's status report, for ``effectful-durable status``."""
+        with self._store._writing() as conn:
+            record_status(conn, runner, state=state, started_at=started_at, report=report)
