@@ -13,7 +13,7 @@ import pydantic
 import pydantic_core
 
 from ..errors import StateSerializationError
-from ..store.rows import storable
+from ..store.rows import StorableJSON
 
 logger = logging.getLogger("effectful_durable.state")
 
@@ -124,9 +124,7 @@ def _serializers(cls: type, per_conversation: bool) -> _Serializers:
     return found
 
 
-# What json.dumps(..., sort_keys=True, separators=(",", ":")) builds on every call.
-_STATE_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-_STATE_JSON_ASCII = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+_STATE_JSON = StorableJSON(sort_keys=True)
 
 
 _CONVERSATION_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -169,10 +167,7 @@ def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
             raise StateSerializationError(
                 _owner(agent), name, type(value).__qualname__, _one_line(e)
             ) from e
-    text = _STATE_JSON.encode(values)
-    if storable(text):
-        return text
-    return _STATE_JSON_ASCII.encode(values)  # lone surrogates
+    return _STATE_JSON(values)
 
 
 def restore_state(

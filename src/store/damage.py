@@ -198,13 +198,19 @@ class DamageWatch:
             no_checkpoint_on_close(conn)
         return DatabaseCorruptError(self.path, self.found, during)
 
+    def translated(self, error: BaseException, during: str) -> BaseException:
+        """What to raise for ``error`` met inside :meth:`watching` (``error`` if not damage)."""
+        if not isinstance(error, _WATCHED):
+            return error
+        return self.error(error, getattr(self._doing, "name", None) or during)
+
     @contextlib.contextmanager
     def watching(self, during: str) -> Iterator[None]:
         """Translate damage reported inside the block (named after the method running)."""
         try:
             yield
         except _WATCHED as e:
-            translated = self.error(e, getattr(self._doing, "name", None) or during)
+            translated = self.translated(e, during)
             if translated is e:
                 raise
             raise translated from e

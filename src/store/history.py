@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import StateSerializationError
-from .rows import storable
+from .rows import StorableJSON
 
 type Message = Mapping[str, Any]
 
@@ -267,9 +267,7 @@ def check_messages(
         )
 
 
-# What json.dumps(message, separators=(",", ":"), ...) builds on every call.
-_MESSAGE_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-_MESSAGE_JSON_ASCII = json.JSONEncoder(separators=(",", ":"))
+_MESSAGE_JSON = StorableJSON()
 
 
 def message_json(agent_id: str, message: Message) -> str:
@@ -279,9 +277,7 @@ def message_json(agent_id: str, message: Message) -> str:
         StateSerializationError: It holds a value JSON cannot hold, or nests too deep.
     """
     try:
-        text = _MESSAGE_JSON.encode(message)
-        if not storable(text):  # a lone surrogate: store it as an escape
-            text = _MESSAGE_JSON_ASCII.encode(message)
+        text: str = _MESSAGE_JSON(message)
     except (TypeError, ValueError, RecursionError) as e:
         owner = f"agent {agent_id!r} message {message.get('id')!r}"
         raise StateSerializationError(

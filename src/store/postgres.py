@@ -168,7 +168,8 @@ class PostgresDatabase:
             raise DatabaseUnavailableError(self.location, _reason(e)) from e
 
     @contextmanager
-    def _transaction(self, begin: str) -> Iterator[PostgresConn]:
+    def _transaction(self, begin: str | None) -> Iterator[PostgresConn]:
+        """A pooled connection in a transaction started by ``begin`` (None: autocommit)."""
         if self._closed:
             msg = f"Store({self.location!r}) is closed; open a new Store to use it"
             raise DurableError(msg)
@@ -181,6 +182,9 @@ class PostgresDatabase:
                 conn = PostgresConn(raw)
                 self._local.conn = conn
                 try:
+                    if begin is None:
+                        yield conn
+                        return
                     raw.execute(begin)
                     try:
                         yield conn
@@ -207,6 +211,10 @@ class PostgresDatabase:
     def writing(self) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises."""
         return self._transaction("BEGIN")
+
+    def autocommit(self) -> Any:
+        """A pooled connection whose statements each commit on their own."""
+        return self._transaction(None)
 
     def reading(self) -> Any:
         """One read-only snapshot (repeatable read), or this thread's open block."""
@@ -323,12 +331,6 @@ class PostgresDatabase:
             for kind, feature in _UNSUPPORTED_WRITES:
                 if isinstance(write, kind):
                     raise NotSupportedError(feature, "PostgreSQL")
-
-    def locked_version(self, conn: Conn, agent_id: str) -> int | None:
-        row = conn.execute(
-            "SELECT version FROM agents WHERE agent_id = ? FOR UPDATE", (agent_id,)
-        ).fetchone()
-        return None if row is None else int(row[0])
 
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         # Read committed lets two writers read the same max(number): one waits here.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import json.encoder
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,16 +22,55 @@ def utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-# What json.dumps(value, separators=(",", ":"), ...) builds on every call.
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=repr)
-_JSON_ASCII = json.JSONEncoder(separators=(",", ":"), default=repr)
+class StorableJSON:
+    """Compact JSON text of a value, in a form both databases store.
+
+    Non-ASCII characters stay as they are, unless the text holds a lone surrogate
+    (no UTF-8 form): then it is written with ``\\uXXXX`` escapes, which read back
+    the same. ``json.JSONEncoder.encode`` builds its C encoder anew on every call,
+    a few microseconds a message; this builds the two once.
+
+    Args:
+        sort_keys: Write object keys in sorted order.
+        default: Called for values JSON has no form for; by default they raise TypeError.
+    """
+
+    def __init__(self, *, sort_keys: bool = False, default: Any = None) -> None:
+        self._utf8 = _encoder(ensure_ascii=False, sort_keys=sort_keys, default=default)
+        self._ascii = _encoder(ensure_ascii=True, sort_keys=sort_keys, default=default)
+
+    def __call__(self, value: Any) -> str:
+        """The JSON text of ``value``.
+
+        Raises:
+            TypeError, ValueError, RecursionError: As :func:`json.dumps` does
+                (a cycle shows as RecursionError).
+        """
+        text = self._utf8(value)
+        return text if storable(text) else self._ascii(value)
 
 
-def dumps(value: Any) -> str:
-    text = _JSON.encode(value)
-    if storable(text):
-        return text
-    return _JSON_ASCII.encode(value)
+def _encoder(*, ensure_ascii: bool, sort_keys: bool, default: Any) -> Callable[[Any], str]:
+    """``json.JSONEncoder(...).encode``, with its C encoder made once where Python has one."""
+    encoder = json.JSONEncoder(
+        ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=(",", ":"), default=default
+    )
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator: the pure-Python encoder, as json.dumps uses
+        return encoder.encode
+    encode_string = (
+        json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    )
+    # As JSONEncoder.iterencode builds it, without the cycle check's markers dict.
+    iterencode = make(None, encoder.default, encode_string, None, ":", ",", sort_keys, False, True)
+
+    def encode(value: Any) -> str:
+        return "".join(iterencode(value, 0))
+
+    return encode
+
+
+dumps = StorableJSON(default=repr)
 
 
 def storable(text: str) -> bool:

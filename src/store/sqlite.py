@@ -29,13 +29,13 @@ from . import conversations as _conversations
 from .alarm_queue import Polling
 from .alarms import AlarmPart
 from .backend import Conn, Rows
-from .connection import Durability, connect, quarantine, read_transaction, write_transaction
+from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
 from .memory import MemoryPart
 from .parts import TurnWrite, VersionedPart
 from .records import Compaction
-from .translate import translated
+from .translate import translate, translated
 from .workspace_cache import WorkspaceCache
 from .workspace_log import WorkspacePart
 
@@ -126,21 +126,13 @@ class SQLiteDatabase:
             self._local.conn = conn
         return conn
 
-    @contextmanager
-    def writing(self) -> Iterator[apsw.Connection]:
+    def writing(self) -> _Write:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection."""
-        self.damage.check_writable("a write")
-        try:
-            with self.damage.watching("a write"), write_transaction(self.connection()) as conn:
-                yield conn
-        except StorageError:
-            self._reconnect()
-            raise
-        except apsw.BusyError as e:
-            raise DatabaseBusyError(self.path, self.busy_timeout) from e
-        except apsw.ReadOnlyError as e:
-            msg = f"{self.path} is open read-only; open Store({self.path!r}) to change it"
-            raise DurableError(msg) from e
+        return _Write(self, transaction=True)
+
+    def autocommit(self) -> _Write:
+        """This thread's connection, each statement a transaction of its own."""
+        return _Write(self, transaction=False)
 
     @contextmanager
     def reading(self) -> Iterator[apsw.Connection]:
@@ -178,18 +170,9 @@ class SQLiteDatabase:
 
     # -- the agents' locks -------------------------------------------------------
 
-    @contextmanager
-    def agent_lock(self, agent_id: str, *, wait: float) -> Iterator[None]:
+    def agent_lock(self, agent_id: str, *, wait: float) -> _Held:
         """Hold the agent against every other thread and process (locks.py)."""
-        try:
-            self._locks.acquire(agent_id, wait=wait)
-        except AgentBusy as busy:
-            holder = self._describe_holder(agent_id, busy)
-            raise AgentInUseError(agent_id, holder) from None
-        try:
-            yield
-        finally:
-            self._locks.release(agent_id)
+        return _Held(self, agent_id, wait)
 
     def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
         if busy.holder != "another process":
@@ -220,11 +203,6 @@ class SQLiteDatabase:
 
     def check_writes(self, writes: Sequence[TurnWrite]) -> None:
         """SQLite carries every part."""
-
-    def locked_version(self, conn: Conn, agent_id: str) -> int | None:
-        # BEGIN IMMEDIATE already holds every other writer off.
-        row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
-        return None if row is None else int(row[0])
 
     def serialize(self, conn: Conn, scope: str, key: str) -> None:
         """Nothing to do: SQLite has one writer at a time."""
@@ -316,3 +294,82 @@ class SQLiteDatabase:
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
         return facts
+
+
+class _Write:
+    """A write on the thread's connection: one transaction, or statements that each commit.
+
+    The errors of the block, of its BEGIN and of its COMMIT come out as the Store's:
+    an I/O error as StorageError (the connection is then replaced), damage as
+    DatabaseCorruptError, a lock not obtained in time as DatabaseBusyError. A
+    class, not stacked generator context managers: it runs twice in every turn.
+    """
+
+    __slots__ = ("_conn", "_db", "_nested", "_transaction")
+
+    def __init__(self, db: SQLiteDatabase, *, transaction: bool) -> None:
+        self._db = db
+        self._transaction = transaction
+
+    def __enter__(self) -> apsw.Connection:
+        db = self._db
+        db.damage.check_writable("a write")
+        conn = self._conn = db.connection()
+        # Autocommit statements inside this thread's open write join it; it translates.
+        self._nested = not self._transaction and conn.in_transaction
+        if self._transaction:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except BaseException as error:
+                raise self._translated(error) from error
+        return conn
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        raised = error
+        if self._transaction:
+            try:
+                if error is None:
+                    self._conn.execute("COMMIT")
+                elif self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+            except BaseException as failure:
+                raised = failure
+        if raised is None or self._nested:
+            return
+        ours = self._translated(raised)
+        if ours is not raised:
+            raise ours from raised
+        if raised is not error:
+            raise raised
+
+    def _translated(self, error: BaseException) -> BaseException:
+        db = self._db
+        driver = translate(error, db.path, self._conn) if isinstance(error, apsw.Error) else None
+        ours = driver or db.damage.translated(error, "a write")
+        if isinstance(ours, StorageError):
+            db._reconnect()
+        elif isinstance(ours, apsw.BusyError):
+            ours = DatabaseBusyError(db.path, db.busy_timeout)
+        elif isinstance(ours, apsw.ReadOnlyError):
+            msg = f"{db.path} is open read-only; open Store({db.path!r}) to change it"
+            ours = DurableError(msg)
+        return ours
+
+
+class _Held:
+    """An agent's lock held for a ``with`` block (locks.py)."""
+
+    __slots__ = ("_agent_id", "_db", "_wait")
+
+    def __init__(self, db: SQLiteDatabase, agent_id: str, wait: float) -> None:
+        self._db, self._agent_id, self._wait = db, agent_id, wait
+
+    def __enter__(self) -> None:
+        try:
+            self._db._locks.acquire(self._agent_id, wait=self._wait)
+        except AgentBusy as busy:
+            holder = self._db._describe_holder(self._agent_id, busy)
+            raise AgentInUseError(self._agent_id, holder) from None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._db._locks.release(self._agent_id)

@@ -81,6 +81,17 @@ class TurnProtocol(StoreBase):
         """
         arguments_json = dumps(arguments)
         now = time.time()
+        if step is None:
+            # The common case: no earlier handoff to read, so one statement, in a
+            # transaction of its own, starts the turn. A conflict means there is one.
+            with self._db.autocommit() as conn:
+                # fetchall: the statement (and so its commit) runs to its end here.
+                rows = conn.execute(
+                    _HANDOFF_INSERT,
+                    (agent_id, conversation, template, arguments_json, _HOST, os.getpid(), now),
+                ).fetchall()
+            if rows:
+                return TurnStart(int(rows[0][0]), None, None)
         with self._writing() as conn:
             version = current_version(conn, agent_id) or 0
             row = conn.execute(
@@ -180,7 +191,7 @@ class TurnProtocol(StoreBase):
         """
         new = base_version + 1
         with self._writing() as conn:
-            self._check_base(conn, agent_id, base_version)
+            _advance(conn, agent_id, base_version, new if compaction is None else new + 1)
             self._write_version(
                 conn,
                 agent_id,
@@ -227,7 +238,7 @@ class TurnProtocol(StoreBase):
             The new version.
         """
         with self._writing() as conn:
-            self._check_base(conn, agent_id, base_version)
+            _advance(conn, agent_id, base_version, base_version + 1)
             self._write_compaction(conn, agent_id, base_version + 1, compaction, conversation)
         return base_version + 1
 
@@ -258,12 +269,6 @@ class TurnProtocol(StoreBase):
                     (now, *step),
                 )
 
-    def _check_base(self, conn: Conn, agent_id: str, base_version: int) -> None:
-        current = self._db.locked_version(conn, agent_id) or 0
-        if current != base_version:
-            holder = f"a writer that committed version {current} during this turn"
-            raise AgentInUseError(agent_id, holder)
-
     def _write_version(
         self,
         conn: Conn,
@@ -290,13 +295,6 @@ class TurnProtocol(StoreBase):
             )
             for position, message in change.added
         ]
-        conn.execute(
-            """
-            INSERT INTO agents VALUES (?1, ?2, ?3, ?3)
-            ON CONFLICT (agent_id) DO UPDATE SET version = ?2, updated_at = ?3
-            """,
-            (agent_id, version, time.time()),
-        )
         _conversations.ensure(conn, agent_id, conversation, version)
         for low, high in change.removed:
             conn.execute(
@@ -395,6 +393,40 @@ class TurnProtocol(StoreBase):
             ),
         )
 
+
+def _advance(conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+    """Move the agent from ``base_version`` to ``version``, fenced: no other writer moved it.
+
+    The agents row stays locked until the transaction ends.
+
+    Raises:
+        AgentInUseError: Another writer committed since ``base_version``.
+    """
+    if base_version == 0:
+        conn.execute(
+            "INSERT INTO agents VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING",
+            (agent_id, version, time.time()),
+        )
+    else:
+        conn.execute(
+            "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ? AND version = ?",
+            (version, time.time(), agent_id, base_version),
+        )
+    if conn.changes() != 1:
+        current = current_version(conn, agent_id) or 0
+        holder = f"a writer that committed version {current} during this turn"
+        raise AgentInUseError(agent_id, holder)
+
+
+# A turn's handoff when no earlier one is there: a conflict returns no row.
+_HANDOFF_INSERT = """
+    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+        status, host, pid, started_at)
+    VALUES (?1, ?2, coalesce((SELECT version FROM agents WHERE agent_id = ?1), 0), ?3, ?4,
+        'running', ?5, ?6, ?7)
+    ON CONFLICT (agent_id, conversation) DO NOTHING
+    RETURNING base_version
+"""
 
 HANDOFF_SELECT = """
     SELECT agent_id, base_version, template, arguments, status, error, interrupted,
