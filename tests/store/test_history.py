@@ -1,9 +1,11 @@
 """plan_change: the rows a commit adds and removes reproduce the new history exactly."""
 
+import gc
 import itertools
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -166,6 +168,29 @@ class TestDecodingStoredMessages:
     def test_escaped_lone_surrogate_still_decodes(self) -> None:
         """pydantic-core refuses an escaped lone surrogate, which json accepts."""
         assert _decode_messages(iter(['{"text":"\\ud800"}'])) == [{"text": "\ud800"}]
+
+    def test_the_collector_is_as_it_was_after_decoding(self) -> None:
+        """Decoding holds off the garbage collector and leaves it as it found it."""
+        bodies = ['{"id":"a"}', '{"id":"b"}']
+        seen: list[bool] = []
+
+        def watched() -> Any:
+            for body in bodies:
+                seen.append(gc.isenabled())
+                yield body
+
+        assert gc.isenabled()
+        _decode_messages(watched())
+        assert seen == [False, False] and gc.isenabled()
+        with pytest.raises(ValueError):
+            _decode_messages(iter(["{not json"]))
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            _decode_messages(iter(bodies))
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
 
     def test_rows_with_positions_decode_in_order(self) -> None:
         """(position, body) rows give their positions and messages in the rows' order."""
