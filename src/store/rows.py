@@ -138,14 +138,13 @@ def _collector_paused() -> Iterator[None]:
     on, the new containers counted as pending make it walk the whole heap, once or
     more during a 10,000-turn load (about a third of the load's time).
     """
-    if not gc.isenabled():
-        yield
-        return
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
 
 
 def decode_positioned(
