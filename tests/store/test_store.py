@@ -160,10 +160,20 @@ class TestTransactions:
     def test_stale_base_version_is_refused(self, store_url: str) -> None:
         """A commit based on an outdated version raises instead of overwriting."""
         store = Store(store_url)
-        change, _ = plan_change(ActiveHistory(), [{"id": "a", "role": "user"}])
+        first = {"id": "a", "role": "user"}
+        change, after = plan_change(ActiveHistory(), [first])
         store.commit_turn("a", base_version=0, template="t", change=change, state=None)
         with pytest.raises(AgentInUseError, match="committed version 1"):
             store.commit_turn("a", base_version=0, template="t", change=change, state=None)
+        later, _ = plan_change(after, [first, {"id": "b", "role": "user"}])
+        store.commit_turn("a", base_version=1, template="t", change=later, state=None)
+        with pytest.raises(AgentInUseError, match="committed version 2"):
+            store.commit_turn("a", base_version=1, template="t", change=later, state=None)
+        reopened = Store(store_url)
+        assert [v.version for v in reopened.versions("a")] == [1, 2]
+        loaded = reopened.load_agent("a")
+        assert loaded.version == 2
+        assert loaded.history.messages == [first, {"id": "b", "role": "user"}]
 
     def test_closed_store_says_so(self, store_url: str) -> None:
         """Using a closed store raises a DurableError naming the file."""
