@@ -22,8 +22,9 @@ message and a ~700-byte answer from the offline ``FakeLLM`` under effectful's
 ``--agents 50`` plays 50 bots per arm round-robin in one database instead (N turns
 each): what switching agents costs. ``--profile`` splits the handler's time into
 the handoff write at turn start, planning the change, the commit and the rest, and
-plays a third arm under a handler that only calls ``fwd()``: what effectful charges
-for any handler in that place, the floor of the handler's time.
+plays two more arms: under a handler that only calls ``fwd()`` (what effectful charges
+for any handler in that place) and under ``TwoWrites``, which makes only the writes
+every turn must make (the floor of the handler's time).
 
 Run: ``.venv/bin/python bench/bench_persistence.py [--turns 100,1000,5000] [--quick]``.
 No assertions: targets are in bench/README.md.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -52,7 +54,8 @@ from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistenceHandler, PersistentAgent
+from effectful_durable import PersistenceHandler, PersistentAgent, Store
+from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 
 QUESTION = "please tell me more about the durable state of agents and how it is kept; "
@@ -77,6 +80,35 @@ class PassThrough(ObjectInterpretation):
     @implements(Template.__apply__)
     def _apply(self, template, *args, **kwargs):
         return fwd()
+
+
+class TwoWrites(ObjectInterpretation):
+    """Only what the design makes every turn pay: the agent's lock, the handoff row
+    committed before the model is called, and one commit of the turn's new messages.
+
+    No planning, no fields, no bookkeeping: the floor under PersistenceHandler's time.
+    """
+
+    def __init__(self, db: Path) -> None:
+        self.store = Store(db)
+        self.written: dict[str, int] = {}  # messages committed, per agent
+
+    @implements(Template.__apply__)
+    def _apply(self, template, *args, **kwargs):
+        history = template.__history__
+        agent_id = f"floor-{id(history)}"
+        with self.store.agent_lock(agent_id):
+            start = self.store.begin_turn(agent_id, template="ask", arguments=list(args))
+            result = fwd()
+            written = self.written.get(agent_id, 0)
+            keys = list(itertools.islice(reversed(history), len(history) - written))
+            added = [history[key] for key in reversed(keys)]
+            change = HistoryChange([(float(written + i), m) for i, m in enumerate(added)], [], 0)
+            self.store.commit_turn(
+                agent_id, base_version=start.version, template="ask", change=change, state=None
+            )
+            self.written[agent_id] = written + len(added)
+        return result
 
 
 class Below(ObjectInterpretation):
@@ -160,8 +192,11 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
         PROFILE.wrap(persistence.store, "begin_turn", "begin")
         PROFILE.wrap(persistence.store, "commit_turn", "commit")
         PROFILE.wrap(persistence_module, "_plan", "plan")
-    # With --profile, a third arm: the same turns under a handler that only forwards.
-    arms = {"plain": {}, "durable": persistence, **({"pass": PassThrough()} if PROFILE else {})}
+    # With --profile, two more arms: the same turns under a handler that only
+    # forwards, and under one that only makes the two writes every turn must make.
+    floor = TwoWrites(db.with_suffix(".floor.db")) if PROFILE else None
+    extra = {"pass": PassThrough(), "floor": floor} if floor else {}
+    arms = {"plain": {}, "durable": persistence, **extra}
     bots = {arm: [Bot(agent_id=f"{arm}-{j}") for j in range(agents)] for arm in arms}
     times: dict[str, list[float]] = {
         f"{kind}{arm}": [] for arm in arms for kind in ("", "below_", "gc_")
@@ -188,6 +223,8 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     gc.callbacks.remove(gc_clock)
     print(file=sys.stderr)
     persistence.close()
+    if floor is not None:
+        floor.store.close()
     return times
 
 
@@ -319,8 +356,9 @@ def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
         parts = {part: values[-turns:] for part, values in PROFILE.parts.items()}
         rest = [o - sum(p) for o, *p in zip(own, *parts.values(), strict=True)]
         profile = {f"p_{part}": median(v) * ms for part, v in [*parts.items(), ("rest", rest)]}
-        passing = [a - b - f for a, b, f in zip(t["pass"], t["below_pass"], floor, strict=True)]
-        profile["p_pass"] = median(passing) * ms
+        for arm in ("pass", "floor"):
+            arm_own = [a - b - f for a, b, f in zip(t[arm], t[f"below_{arm}"], floor, strict=True)]
+            profile[f"p_{arm}"] = median(arm_own) * ms
         profile["gc_pass"] = sum(t["gc_pass"]) / turns * ms
     return {
         **profile,
@@ -374,6 +412,7 @@ PROFILE_COLUMNS = [
     ("commit", "{p_commit:>6.3f}"),
     ("rest", "{p_rest:>6.3f}"),
     ("pass-through handler", "{p_pass:>20.3f}"),
+    ("two writes only", "{p_floor:>15.3f}"),
     ("gc ms pass-through", "{gc_pass:>18.2f}"),
 ]
 
