@@ -251,10 +251,12 @@ def child_load(db: str, agent_id: str, what: str) -> None:
     * ask: ``persistence.load(bot)`` for a new ``Bot`` object with that id
       (read, then restore history and state into the object: ``restore_ms``), then
       its first ``ask()`` under persistence minus the median first ``ask()`` of 3
-      new Bots without persistence holding the same history in memory
-      (``first_turn_extra_ms``; effectful's model call is itself O(history), so an
-      empty Bot would be the wrong baseline). Compare it with the overhead of an
-      ordinary turn: the first turn after a load should cost no more;
+      new Bots without persistence holding the same history in memory, freshly
+      decoded from JSON as a load leaves it (``first_turn_extra_ms``; effectful's
+      model call is itself O(history), so an empty Bot would be the wrong
+      baseline, and so would one holding the loaded Bot's messages, which its
+      turn has just brought into the CPU's caches). Compare it with the overhead
+      of an ordinary turn: the first turn after a load should cost no more;
     * ask-warm: the same in a process that has already written to the database (a
       turn of another agent through the same handler, before the load): the first
       write of a process pays costs that are not the load's, once per process and
@@ -300,12 +302,15 @@ def child_load(db: str, agent_id: str, what: str) -> None:
             first = time.perf_counter() - start
             # The baseline is the first ask() of new plain Bots too: effectful's
             # first call on an agent object builds its bound template, on either side.
-            loaded = list(fresh.__history__.items())[:-2]
+            # Each gets its history as a load leaves it: objects just decoded, which
+            # no turn has touched yet (the loaded ones are warm from the turn above).
+            loaded = json.dumps(list(fresh.__history__.items())[:-2])
             del fresh
             base = []
             for k in range(3):
+                gc.collect()
                 plain = Bot(agent_id=f"baseline-{k}")
-                plain.__history__.update(loaded)
+                plain.__history__.update(json.loads(loaded))
                 start = time.perf_counter()
                 plain.ask(q)
                 base.append(time.perf_counter() - start)
