@@ -96,7 +96,7 @@ class TwoWrites(ObjectInterpretation):
     @implements(Template.__apply__)
     def _apply(self, template, *args, **kwargs):
         history = template.__history__
-        agent_id = f"floor-{id(history)}"
+        agent_id = f"writes-{id(history)}"
         with self.store.agent_lock(agent_id):
             start = self.store.begin_turn(agent_id, template="ask", arguments=list(args))
             result = fwd()
@@ -194,8 +194,8 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
         PROFILE.wrap(persistence_module, "_plan", "plan")
     # With --profile, two more arms: the same turns under a handler that only
     # forwards, and under one that only makes the two writes every turn must make.
-    floor = TwoWrites(db.with_suffix(".floor.db")) if PROFILE else None
-    extra = {"pass": PassThrough(), "floor": floor} if floor else {}
+    two_writes = TwoWrites(db.with_suffix(".writes.db")) if PROFILE else None
+    extra = {"pass": PassThrough(), "writes": two_writes} if two_writes else {}
     arms = {"plain": {}, "durable": persistence, **extra}
     bots = {arm: [Bot(agent_id=f"{arm}-{j}") for j in range(agents)] for arm in arms}
     times: dict[str, list[float]] = {
@@ -223,8 +223,8 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     gc.callbacks.remove(gc_clock)
     print(file=sys.stderr)
     persistence.close()
-    if floor is not None:
-        floor.store.close()
+    if two_writes is not None:
+        two_writes.store.close()
     return times
 
 
@@ -361,7 +361,7 @@ def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
         parts = {part: values[-turns:] for part, values in PROFILE.parts.items()}
         rest = [o - sum(p) for o, *p in zip(own, *parts.values(), strict=True)]
         profile = {f"p_{part}": median(v) * ms for part, v in [*parts.items(), ("rest", rest)]}
-        for arm in ("pass", "floor"):
+        for arm in ("pass", "writes"):
             arm_own = [a - b - f for a, b, f in zip(t[arm], t[f"below_{arm}"], floor, strict=True)]
             profile[f"p_{arm}"] = median(arm_own) * ms
         profile["gc_pass"] = sum(t["gc_pass"]) / turns * ms
@@ -417,7 +417,7 @@ PROFILE_COLUMNS = [
     ("commit", "{p_commit:>6.3f}"),
     ("rest", "{p_rest:>6.3f}"),
     ("pass-through handler", "{p_pass:>20.3f}"),
-    ("two writes only", "{p_floor:>15.3f}"),
+    ("two writes only", "{p_writes:>15.3f}"),
     ("gc ms pass-through", "{gc_pass:>18.2f}"),
 ]
 
