@@ -101,6 +101,7 @@ class TwoWrites(ObjectInterpretation):
             start = self.store.begin_turn(agent_id, template="ask", arguments=list(args))
             result = fwd()
             written = self.written.get(agent_id, 0)
+            # Only the tail: a floor that copied the whole history would grow with it.
             keys = list(itertools.islice(reversed(history), len(history) - written))
             added = [history[key] for key in reversed(keys)]
             change = HistoryChange([(float(written + i), m) for i, m in enumerate(added)], [], 0)
