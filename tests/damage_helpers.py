@@ -69,7 +69,7 @@ class Worker(PersistentAgent, StateTools, SQLTools, AlarmTools, RecallTools):
 
 
 def _reply(call: FakeCall) -> Any:
-    text = call.last_user_text
+    text = call.last_user_text.removeprefix("Answer: ")
     if "Summarise the conversation" in text:
         return "SUMMARY: items were added and counted"
     if call.messages[-1]["role"] == "tool":
