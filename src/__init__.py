@@ -15,6 +15,7 @@ from .agents import (
 from .errors import (
     AgentInUseError,
     AlarmLeaseLostError,
+    DamagedRowError,
     DatabaseBusyError,
     DatabaseCorruptError,
     DatabaseUnavailableError,
@@ -64,6 +65,7 @@ __all__ = [
     "ConversationInfo",
     "ConfigError",
     "DatabaseBusyError",
+    "DamagedRowError",
     "DatabaseCorruptError",
     "DatabaseUnavailableError",
     "DiskFullError",

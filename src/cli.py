@@ -288,6 +288,18 @@ def _check(store: Store, args: argparse.Namespace) -> int:
             f"{store.path} failed PRAGMA integrity_check: {problems[0]}{more}. It is "
             f"damaged: put back a copy made with `{PROG} backup`"
         )
+    damaged = facts.get("damaged_rows") or []
+    if damaged:
+        agents = sorted({str(row["agent_id"]) for row in damaged if row["agent_id"] is not None})
+        first = damaged[0]
+        where = f"agent {first['agent_id']!r}, version {first['version']}"
+        return _fail(
+            f"{store.path}: {len(damaged)} row(s) fail their checksums, of agents "
+            f"{', '.join(map(repr, agents)) or '(none named)'}; the first: {first['table']} "
+            f"({where}). They were damaged, or changed by another program. Roll each agent "
+            f"back to a version before its first damaged one (`{PROG} rollback`), or put "
+            f"back a copy made with `{PROG} backup`"
+        )
     return 0
 
 

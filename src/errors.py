@@ -58,6 +58,57 @@ class DatabaseCorruptError(DurableError):
         super().__init__(msg)
 
 
+class DamagedRowError(DatabaseCorruptError):
+    """One stored row fails its checksum: it was damaged, or changed by another program.
+
+    Every row effectful-durable writes carries a CRC-32 of its values (the agent,
+    conversation and versions it belongs to included); a row whose values no
+    longer match it is refused when it is read, never returned. Only what needs
+    that row is refused: other agents, and the agent's other versions, read and
+    write as before. ``table``, ``agent_id``, ``conversation`` and ``version``
+    say where the row claims to belong (``None`` where its table has no such
+    column).
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(
+        self,
+        path: str,
+        table: str,
+        agent_id: str | None,
+        conversation: str | None,
+        version: int | None,
+    ) -> None:
+        self.table = table
+        self.agent_id = agent_id
+        self.conversation = conversation
+        self.version = version
+        where = ", ".join(
+            f"{name} {value!r}"
+            for name, value in (
+                ("agent", agent_id),
+                ("conversation", conversation),
+                ("version", version),
+            )
+            if value is not None
+        )
+        super().__init__(path, f"a row of {table} ({where}) fails its checksum")
+        back = (
+            f"Roll agent {agent_id!r} back to a version before {version} "
+            "(Store.rollback, or `effectful-durable rollback`), or put back a copy made "
+            "with Store.backup"
+            if agent_id is not None and version is not None
+            else "Put back a copy made with Store.backup"
+        )
+        self.args = (
+            f"{path}: a row of {table} ({where}) fails its checksum: the file was damaged "
+            "there, or a program other than effectful-durable changed that row, and what "
+            f"needed it was not done. Other agents are not affected. {back}; "
+            "`effectful-durable check` lists every such row.",
+        )
+
+
 class SchemaTooNewError(DurableError):
     """The database was written by a newer effectful-durable than this one."""
 

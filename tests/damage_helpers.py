@@ -32,6 +32,7 @@ from effectful.ops.types import NotHandled
 from effectful_durable import (
     AlarmTools,
     CompactionHandler,
+    DamagedRowError,
     DatabaseCorruptError,
     DurableError,
     NotFoundError,
@@ -255,23 +256,70 @@ CLI_COMMANDS = [
 ]
 
 
-def read_everything(store: Store) -> None:
-    """Every read of the Store API over every agent (its latest versions)."""
-    store.check()
-    store.handoffs()
-    store.workflows()
-    store.alarms(include_ended=True)
-    for agent in store.agents():
+type Transcript = dict[str, object]
+
+
+def read_everything(store: Store) -> Transcript:
+    """Every read of the Store API over every agent (each of its versions); what each returned.
+
+    A read refused with a DurableError shows as ``REFUSED`` and the others go on:
+    a refusal must be narrow, and every read that answers must answer right.
+    """
+    out: Transcript = {}
+
+    def read(label: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out[label] = call(*args, **kwargs)
+        except REFUSALS:
+            out[label] = REFUSED
+        return out[label]
+
+    facts = store.check()
+    out["check"] = (facts["integrity"], facts.get("damaged_rows"))
+    read("handoffs", store.handoffs)
+    read("workflows", store.workflows)
+    read("alarms", store.alarms, include_ended=True)
+    agents = read("agents", store.agents)
+    for agent in [] if agents is REFUSED else agents:
         agent_id = agent.agent_id
-        for info in store.versions(agent_id):
-            store.history(agent_id, info.version, include_compacted=True)
-            store.state(agent_id, info.version)
-            store.memory(agent_id, info.version)
-            store.memory_notes(agent_id, info.version)
-        for conversation in store.conversations(agent_id):
-            store.history(agent_id, conversation=conversation.conversation)
-        store.search_compacted(agent_id, "apples")
-        store.sql(agent_id, "SELECT * FROM items ORDER BY id")
+        versions = read(f"versions {agent_id}", store.versions, agent_id)
+        for info in [] if versions is REFUSED else versions:
+            v = info.version
+            read(
+                f"history {agent_id} {v}",
+                store.history,
+                agent_id,
+                v,
+                include_compacted=True,
+            )
+            read(f"state {agent_id} {v}", store.state, agent_id, v)
+            read(f"memory {agent_id} {v}", store.memory, agent_id, v)
+            read(f"notes {agent_id} {v}", store.memory_notes, agent_id, v)
+        conversations = read(f"conversations {agent_id}", store.conversations, agent_id)
+        for conversation in [] if conversations is REFUSED else conversations:
+            c = conversation.conversation
+            read(f"history {agent_id} @{c}", store.history, agent_id, conversation=c)
+        read(f"search {agent_id}", store.search_compacted, agent_id, "apples")
+        read(f"sql {agent_id}", store.sql, agent_id, "SELECT * FROM items ORDER BY id")
+    return out
+
+
+REFUSED = "(refused)"
+
+
+def found_damage(transcript: Transcript) -> bool:
+    """Whether a read was refused, or ``check`` reported damage."""
+    integrity, damaged_rows = transcript["check"]  # type: ignore[misc]
+    return integrity != "ok" or bool(damaged_rows) or REFUSED in transcript.values()
+
+
+def wrong_reads(transcript: Transcript, baseline: Transcript) -> list[str]:
+    """The reads that answered with something else than they did on the undamaged file."""
+    return [
+        label
+        for label, value in transcript.items()
+        if label != "check" and value is not REFUSED and value != baseline.get(label, REFUSED)
+    ]
 
 
 _parser = functools.cache(cli_module._parser)
@@ -292,19 +340,20 @@ def cli(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def probe(db_path: Path, states: set[str]) -> Outcome:
+def probe(db_path: Path, states: set[str], baseline: Transcript | None = None) -> Outcome:
     """Open the damaged database every way a user can; report the outcome and any broken promise.
 
     Read-only commands (the CLI's reads) must never change a byte, and a failed
     one prints one error line. Then the Store reads everything and a turn is
-    tried. A refusal must be a clear DurableError that leaves the file's bytes as
-    they were. What opens must hold a committed state and pass
-    ``integrity_check`` after the turn, unless ``check`` (integrity_check)
-    reports the damage: damage in a page no read touches is found by it only.
+    tried. A refusal of the whole file must be a clear DurableError that leaves
+    the file's bytes as they were; a refusal of one row (DamagedRowError) leaves
+    every other read answering. With a ``baseline`` (what every read returned
+    from the undamaged file), a read that answers differently is a wrong value
+    returned; without one, what opens must hold a committed state, unless the
+    damage was found (a refused read, ``check``).
     """
     outcome = Outcome()
     before = file_hashes(db_path)
-    check_failed = False
     for command in CLI_COMMANDS:
         argv = [command[0], str(db_path), *command[1:]]
         try:
@@ -319,24 +368,30 @@ def probe(db_path: Path, states: set[str]) -> Outcome:
             elif "damaged" in lines[0] and "backup" not in lines[0]:
                 outcome.problems.append(f"cli {command[0]} does not say what to do: {err!r}")
             outcome.errors.append(lines[-1] if lines else "")
-            check_failed |= command[0] == "check" and "integrity_check" in err
     if file_hashes(db_path) != before:
         outcome.problems.append("a read-only command changed the files")
     wrote = False
     try:
         with Store(db_path) as store:
-            read_everything(store)
-            try:
-                held = fingerprint(db_path)
-            except UnicodeDecodeError:  # a changed value in a column no read returns
-                outcome.kind = "wrong"
-            except apsw.Error as e:  # a page no read of ours touched
-                if not check_failed:
-                    outcome.problems.append(f"damage unseen by reads and check: {e}")
+            transcript = read_everything(store)
+            found = found_damage(transcript)
+            if found:
                 outcome.kind = "refused"
-            else:
-                if held not in states:
+            if baseline is not None:
+                wrong = wrong_reads(transcript, baseline)
+                if wrong:
                     outcome.kind = "wrong"
+                    outcome.errors.append(f"wrong: {', '.join(wrong[:3])}")
+            elif not found:
+                try:
+                    held = fingerprint(db_path)
+                except UnicodeDecodeError:  # a changed value in a column no read returns
+                    outcome.kind = "wrong"
+                except apsw.Error as e:  # a page no read of ours touched
+                    outcome.problems.append(f"damage unseen by reads and check: {e}")
+                else:
+                    if held not in states:
+                        outcome.kind = "wrong"
             start = store.begin_turn("w1", template="ask", arguments={"question": "probe"})
             wrote = True
             message = {"id": "probe-message", "role": "user", "content": "probe"}
@@ -344,8 +399,11 @@ def probe(db_path: Path, states: set[str]) -> Outcome:
             store.commit_turn(
                 "w1", base_version=start.version, template="ask", change=change, state=None
             )
+    except DamagedRowError as e:  # one row: the turn that needs it fails, as a turn does
+        outcome.kind = "wrong" if outcome.kind == "wrong" else "refused"
+        outcome.errors.append(str(e))
     except REFUSALS as e:
-        outcome.kind = "refused"
+        outcome.kind = "wrong" if outcome.kind == "wrong" else "refused"
         outcome.errors.append(str(e))
         if "backup" not in str(e):
             outcome.problems.append(f"the refusal does not say what to do: {e}")
@@ -358,9 +416,7 @@ def probe(db_path: Path, states: set[str]) -> Outcome:
         outcome.problems.append(f"an unexpected DurableError: {type(e).__name__}: {e}")
     except Exception as e:
         outcome.problems.append(f"Store raised {type(e).__name__}: {e}")
-    if check_failed:
-        outcome.kind = "refused" if outcome.kind == "recovered" else outcome.kind
-    elif outcome.kind == "recovered" and not outcome.problems:
+    if outcome.kind == "recovered" and not outcome.problems:
         with Store(db_path) as store:
             integrity = store.check()["integrity"]
         if integrity != "ok":

@@ -35,13 +35,12 @@ import errno as errnos
 import json
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
 import apsw
-
-from effectful_durable.store import checksums
 
 # EFFECTFUL_DURABLE_FAULT_SWEEP=full makes the sweeps try every call (scripts/faults.sh).
 FULL = os.environ.get("EFFECTFUL_DURABLE_FAULT_SWEEP") == "full"
@@ -161,8 +160,13 @@ class FaultVFS(apsw.VFS):
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        checksums.forget(self.name)
         self.unregister()
+
+    def xSleep(self, microseconds: int) -> int:
+        # The default VFS would sleep holding the GIL (apsw calls it from Python),
+        # so a thread waiting out the busy timeout would stall the one holding the lock.
+        time.sleep(microseconds / 1_000_000)
+        return microseconds
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[Counter[str]]:
@@ -315,7 +319,22 @@ class FaultVFS(apsw.VFS):
                 unsynced.synced_size = os.path.getsize(path) if os.path.exists(path) else 0
 
 
-class _File(checksums.PythonVFSFile):
+class _PythonVFSFile(apsw.VFSFile):
+    """A file of a VFS written in Python: a failed lock is "busy", as SQLite treats it."""
+
+    def xLock(self, level: int) -> None:
+        # A read-only connection closing a WAL database asks for an exclusive lock,
+        # which the default VFS refuses with an I/O error that SQLite ignores; apsw
+        # would raise it from close(). A BusyError it clears, as SQLite does.
+        try:
+            super().xLock(level)
+        except apsw.BusyError:
+            raise
+        except apsw.Error:
+            raise apsw.BusyError from None
+
+
+class _File(_PythonVFSFile):
     def __init__(
         self, vfs: FaultVFS, name: str | apsw.URIFilename | None, flags: list[int]
     ) -> None:

@@ -22,7 +22,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, Store, ephemeral
-from effectful_durable.store.checksums import checksum_vfs
+from effectful_durable.store import row_checks
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 
@@ -157,12 +157,15 @@ def commit_writes(store: Store, agent_id: str, *writes: Any) -> int:
 
 
 def writable_connection(db_path: Path | str) -> apsw.Connection:
-    """A plain connection for a test that edits our database: it keeps the page checksums.
+    """A plain connection for a test that edits our database as the Store would.
 
-    A page written to the file through any other VFS fails its checksum when the
-    Store reads it (store/checksums.py).
+    It keeps the rows' checksums (store/row_checks.py): a row changed through any
+    other connection fails its checksum when the Store reads it.
     """
-    return apsw.Connection(str(db_path), vfs=checksum_vfs())
+    conn = apsw.Connection(str(db_path))
+    row_checks.register(conn)
+    row_checks.install(conn, str(db_path))
+    return conn
 
 
 def is_postgres(db: Path | str) -> bool:
@@ -189,16 +192,18 @@ def persisted_rows(db_path: Path | str, sql: str, *params: Any) -> list[tuple[An
         conn.close()
 
 
-def edit_rows(db: Path | str, sql: str, *params: Any) -> None:
+def edit_rows(db: Path | str, sql: str, *params: Any, foreign: bool = False) -> None:
     """Change the database by hand: one statement, written as for ``persisted_rows``, in a
-    transaction of an independent connection (on SQLite one that keeps the page checksums)."""
+    transaction of an independent connection. On SQLite that connection keeps the rows'
+    checksums, unless ``foreign``: then it is another program's, and the rows it changes
+    fail their checksums."""
     if is_postgres(db):
         import psycopg
 
         with psycopg.connect(str(db)) as pg:
             pg.execute(*_for_psycopg(sql, params))
         return
-    conn = writable_connection(db)
+    conn = apsw.Connection(str(db)) if foreign else writable_connection(db)
     try:
         with conn:
             conn.execute(sql, params)

@@ -4,10 +4,12 @@ One database is built (three agents' turns, a compaction, memory, a SQL table,
 alarms, two conversations, a failed turn; checkpointed halfway, the later commits
 in the WAL) and copies of it are damaged in every way listed below. Each copy is
 then opened every way a user can (the command line's reads, ``Store`` with every
-read of every agent, a turn). The promise, for each copy: it opens at a committed
-state (``integrity_check`` ok, every row equal to what some commit held), or it
-is refused with a DurableError that says to restore a backup, leaving the file's
-bytes as they were; never a traceback, never a raw apsw error.
+read of every agent, a turn). The promise, for each copy: every read answers
+as it did before the damage (the WAL's cases: the file holds a state some commit
+held), or is refused with a DurableError that says what to do; a refusal of the
+whole file leaves its bytes as they were, a row that fails its checksum refuses
+only the reads that need it; never a traceback, never a raw apsw error, never a
+wrong value returned.
 
 ``EFFECTFUL_DURABLE_DAMAGE=full`` tries 25 times as many sampled cases, and a
 truncation point every 97 bytes (about 8,000 cases: minutes instead of seconds).
@@ -31,13 +33,16 @@ from tests.damage_helpers import (
     FRAME_HEADER,
     WAL_HEADER,
     Outcome,
+    Transcript,
     Worker,
     build,
     case_path,
     checkpointed,
     committed_states,
+    found_damage,
     frames,
     probe,
+    read_everything,
     restore,
 )
 from tests.helpers import persisted
@@ -56,6 +61,11 @@ class Built:
     states: set[str]
     rows: list[tuple[object, ...]]  # w1's SQL table as committed
     workspace: str  # the key of w1's workspace file in the Files
+    reads: Transcript  # what every read returns from ``flat``
+
+    def probe(self, db_path: Path) -> Outcome:
+        """Probe a damaged copy of ``flat``: each read must answer as from ``flat``, or refuse."""
+        return probe(db_path, self.states, self.reads)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +77,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         rows = store.sql("w1", "SELECT * FROM items ORDER BY id").rows
     name = "-workspaces/" + os.path.basename(workspace_path(str(path), "w1"))
     assert name in flat
-    return Built(live, flat, committed_states(live), rows, name)
+    with case_path(tmp_path_factory.mktemp("baseline")) as flat_path:
+        restore(flat, flat_path)
+        with Store(flat_path) as store:
+            reads = read_everything(store)
+    assert not found_damage(reads)
+    return Built(live, flat, committed_states(live), rows, name, reads)
 
 
 def changed(files: Files, name: str, data: bytes | None) -> Files:
@@ -143,7 +158,9 @@ class TestMainFile:
         if FULL:
             points |= set(range(1, size, 97))
         cases = {f"truncated to {n}": truncated("", n) for n in sorted(points)}
-        counts = run_cases(tmp_path, built.flat, cases, lambda p: probe(p, built.states))
+        counts = run_cases(
+            tmp_path, built.flat, cases, lambda p: probe(p, built.states, built.reads)
+        )
         assert counts["wrong"] == 0
 
     def test_empty_file_is_a_new_database(self, built: Built, tmp_path: Path) -> None:
@@ -163,14 +180,18 @@ class TestMainFile:
             for i in range(100)
             for m in ((0xFF, 0x01) if FULL else (0xFF,))
         }
-        counts = run_cases(tmp_path, built.flat, cases, lambda p: probe(p, built.states))
+        counts = run_cases(
+            tmp_path, built.flat, cases, lambda p: probe(p, built.states, built.reads)
+        )
         assert counts["wrong"] == 0
 
     def test_zeroed_pages(self, built: Built, tmp_path: Path) -> None:
         """Each page but the first overwritten with zeros: recovered or refused."""
         pages = len(built.flat[""]) // PAGE
         cases = {f"page {k + 1} zeroed": zeroed("", k * PAGE, PAGE) for k in range(1, pages)}
-        counts = run_cases(tmp_path, built.flat, cases, lambda p: probe(p, built.states))
+        counts = run_cases(
+            tmp_path, built.flat, cases, lambda p: probe(p, built.states, built.reads)
+        )
         assert counts["wrong"] == 0
 
     def test_flipped_bytes_in_data_pages(self, built: Built, tmp_path: Path) -> None:
@@ -178,7 +199,9 @@ class TestMainFile:
         size = len(built.flat[""])
         offsets = sample(range(PAGE, size), 100, 2)
         cases = {f"byte {i} flipped": flipped("", i) for i in offsets}
-        counts = run_cases(tmp_path, built.flat, cases, lambda p: probe(p, built.states))
+        counts = run_cases(
+            tmp_path, built.flat, cases, lambda p: probe(p, built.states, built.reads)
+        )
         assert counts["wrong"] == 0
 
 

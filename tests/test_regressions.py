@@ -157,7 +157,9 @@ class TestDamagedFiles:
     def test_damaged_value_is_a_durable_error(self, store_url: str, body: str) -> None:
         """A stored message that no longer decodes is a DurableError, not a driver error."""
         two_turns(store_url)
-        edit_rows(store_url, f"UPDATE messages SET body = {body} WHERE role = 'user'")
+        edit_rows(
+            store_url, f"UPDATE messages SET body = {body} WHERE role = 'user'", foreign=True
+        )
         with Store(store_url) as store, pytest.raises(DurableError, match="damaged"):
             store.history("h")
 

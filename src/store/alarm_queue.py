@@ -79,7 +79,7 @@ def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Cla
         conn,
         """
         SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts
-          FROM alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
+          FROM checked_alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
         """,
         (now,),
     ).fetchone()
@@ -210,7 +210,7 @@ def statuses(conn: Conn) -> list[dict[str, Any]]:
     rows: list[tuple[Any, ...]] = conn.execute(
         """
         SELECT runner_id, host, pid, state, started_at, reported_at, report
-          FROM runner_status ORDER BY reported_at DESC
+          FROM checked_runner_status ORDER BY reported_at DESC
         """
     ).fetchall()
     return [

@@ -358,7 +358,7 @@ def insert(
 _SELECT = """
     SELECT alarm_id, agent_id, action, status, fire_at, every, cron, timezone, attempts,
            deliveries, last_error, lease_owner, created_in, ended_in, created_at, due_at
-      FROM alarms
+      FROM checked_alarms
 """
 
 
@@ -414,7 +414,11 @@ def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[Ala
         )
     else:
         where.append("ended_in IS NULL")
-    sql = _SELECT.replace("FROM alarms", "FROM alarms AS a") + " WHERE " + " AND ".join(where)
+    sql = (
+        _SELECT.replace("FROM checked_alarms", "FROM checked_alarms AS a")
+        + " WHERE "
+        + " AND ".join(where)
+    )
     rows: list[tuple[Any, ...]] = conn.execute(
         sql + " ORDER BY fire_at, alarm_id", params
     ).fetchall()
@@ -455,7 +459,7 @@ def pending_count(conn: Conn, agent_id: str) -> int:
 def current_version(conn: Conn, agent_id: str) -> int:
     """The agent's version (0 before its first commit): out-of-turn changes belong to it."""
     row: tuple[Any, ...] | None = conn.execute(
-        "SELECT version FROM agents WHERE agent_id = ?", (agent_id,)
+        "SELECT version FROM checked_agents WHERE agent_id = ?", (agent_id,)
     ).fetchone()
     return 0 if row is None else int(row[0])
 
@@ -531,7 +535,7 @@ class AlarmPart:
                                 updated_at)
             SELECT alarm_id, ?3, agent_id, action, fire_at, fire_at, every, cron, timezone,
                    'pending', deliveries, created_at, ?4
-              FROM alarms AS a
+              FROM checked_alarms AS a
              WHERE agent_id = ?1 AND created_in <= ?2 AND ended_in > ?2
                AND NOT EXISTS (SELECT 1 FROM alarms AS b
                                 WHERE b.alarm_id = a.alarm_id AND b.ended_in IS NULL)
@@ -543,7 +547,7 @@ class AlarmPart:
         """Copy the alarms pending at ``version`` to the new agent, under new ids."""
         rows: list[tuple[Any, ...]] = conn.execute(
             """
-            SELECT action, fire_at, every, cron, timezone, created_at FROM alarms
+            SELECT action, fire_at, every, cron, timezone, created_at FROM checked_alarms
              WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
              ORDER BY fire_at
             """,

@@ -5,7 +5,6 @@ Every pragma effectful-durable sets lives in this module.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from collections.abc import Iterator
@@ -17,8 +16,8 @@ import apsw
 import apsw.bestpractice
 
 from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
-from .checksums import MAGIC, RESERVE, checksum_vfs, page_size_of, take_failure
-from .damage import CORRUPTION, header_problem, no_checkpoint_on_close
+from . import row_checks
+from .damage import CORRUPTION, MAGIC, header_problem, no_checkpoint_on_close, page_size_of
 from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .translate import translate, translated
 
@@ -103,6 +102,7 @@ def connect(
                     f"migrate it to schema {SCHEMA_VERSION}"
                 )
                 raise DurableError(msg)
+            row_checks.install(conn, path)
             return conn
         conn.pragma("journal_mode", "wal")
         conn.pragma("journal_size_limit", WAL_SIZE_LIMIT)
@@ -110,10 +110,11 @@ def connect(
         apsw.bestpractice.connection_enable_foreign_keys(conn)
         if version < SCHEMA_VERSION:
             _migrate(conn, path)
+        row_checks.install(conn, path)
     except CORRUPTION as e:
         no_checkpoint_on_close(conn)  # a refused file is left exactly as it was
         conn.close()
-        raise DatabaseCorruptError(path, take_failure() or f"SQLite reports: {e}") from e
+        raise DatabaseCorruptError(path, f"SQLite reports: {e}") from e
     except BaseException as error:
         ours = translate(error, path, conn) if isinstance(error, apsw.Error) else None
         no_checkpoint_on_close(conn)
@@ -173,25 +174,14 @@ def _open(path: str, readonly: bool) -> apsw.Connection:
         if readonly
         else apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     )
-    new = not readonly and (not os.path.exists(path) or os.path.getsize(path) == 0)
     try:
         with translated(path):  # opening reads the header
-            conn = apsw.Connection(path, flags=flags, vfs=checksum_vfs())
+            conn = apsw.Connection(path, flags=flags)
     except apsw.CantOpenError as e:
         msg = f"cannot open database {path}: {e}. Pass the path of a file you may read."
         raise DurableError(msg) from e
-    if new:
-        reserve_checksum_bytes(conn)
+    row_checks.register(conn)
     return conn
-
-
-def reserve_checksum_bytes(conn: apsw.Connection) -> None:
-    """Make every page of ``conn``'s database keep room for its checksum (checksums.py).
-
-    Takes effect on a database with no pages yet, or at its next ``VACUUM``.
-    """
-    reserve = ctypes.c_int(RESERVE)
-    conn.file_control("main", apsw.SQLITE_FCNTL_RESERVE_BYTES, ctypes.addressof(reserve))
 
 
 def _identify(conn: apsw.Connection, path: str) -> int:

@@ -56,7 +56,7 @@ def state_at(conn: Conn, agent_id: str, conversation: str, version: int) -> str 
     """The JSON values of the conversation's fields at ``version``, or None if it has none."""
     row = conn.execute(
         """
-        SELECT state FROM conversation_fields
+        SELECT state FROM checked_conversation_fields
          WHERE agent_id = ?1 AND conversation = ?2 AND added_in <= ?3
            AND (removed_in IS NULL OR removed_in > ?3)
         """,

@@ -90,7 +90,7 @@ def listed(conn: Conn, agent_id: str, version: int) -> list[ConversationInfo]:
                (SELECT max(v.version) FROM versions AS v
                  WHERE v.agent_id = c.agent_id AND v.conversation = c.conversation
                    AND v.version <= ?2)
-          FROM conversations AS c
+          FROM checked_conversations AS c
          WHERE c.agent_id = ?1 AND c.added_in <= ?2
            AND (c.removed_in IS NULL OR c.removed_in > ?2)
          ORDER BY c.conversation

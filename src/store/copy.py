@@ -108,7 +108,7 @@ def _count(conn: Conn, table: str) -> int:
 
 def _select(table: str, columns: Sequence[str]) -> str:
     names = ", ".join(columns)
-    return f"SELECT {names} FROM {table} ORDER BY {names}"
+    return f"SELECT {names} FROM checked_{table} ORDER BY {names}"
 
 
 def _copy_table(read: Conn, write: Conn, table: str, columns: Sequence[str]) -> int:

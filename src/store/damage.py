@@ -29,7 +29,6 @@ from typing import Any
 import apsw
 
 from ..errors import DatabaseCorruptError, DurableError
-from .checksums import RESERVE, page_size_of, take_failure
 from .migrations import schema_sql
 
 #: What SQLite raises for a file whose pages are malformed.
@@ -37,9 +36,22 @@ CORRUPTION: tuple[type[Exception], ...] = (apsw.CorruptError, apsw.NotADBError)
 #: What decoding a stored value raises when its bytes were damaged.
 DAMAGED_VALUE: tuple[type[Exception], ...] = (json.JSONDecodeError, UnicodeDecodeError)
 _DAMAGE: tuple[type[Exception], ...] = CORRUPTION + DAMAGED_VALUE
+#: The first 16 bytes of every SQLite database file.
+MAGIC = b"SQLite format 3\x00"
+# Files made with schema 3 reserve 4 bytes at the end of each page, where their
+# page checksums were; SQLite leaves reserved bytes alone.
+_SCHEMA3_RESERVE = 4
 # What our own queries raise on a file whose schema text was damaged (a column
 # renamed by a flipped byte, say): translated only once the schema is seen to differ.
 _WATCHED: tuple[type[Exception], ...] = (*_DAMAGE, apsw.SQLError)
+
+
+def page_size_of(header: bytes) -> int:
+    """The page size a database header names (its bytes 16-17), or 0 if it has none."""
+    if len(header) < 18:
+        return 0
+    size = int.from_bytes(header[16:18])
+    return 65536 if size == 1 else size
 
 
 def header_problem(path: str, application_id: int) -> str | None:
@@ -81,7 +93,10 @@ def _header_problem(header: bytes, size: int) -> str | None:
     pages = field(28)
     problems = [
         (header[18] not in (1, 2) or header[19] not in (1, 2), "its file format bytes are wrong"),
-        (header[20] not in (0, RESERVE), f"it says each page reserves {header[20]} bytes"),
+        (
+            header[20] not in (0, _SCHEMA3_RESERVE),
+            f"it says each page reserves {header[20]} bytes",
+        ),
         (header[21:24] != b"\x40\x20\x20", "its payload fractions are wrong"),
         (
             field(92) == field(24) and pages * page_size > size,
@@ -193,7 +208,7 @@ class DamageWatch:
                 return error
             self.found = f"{found} ({error})"
         else:
-            self.found = take_failure() or f"SQLite reports: {error}"
+            self.found = f"SQLite reports: {error}"
         for conn in list(self._connections):
             no_checkpoint_on_close(conn)
         return DatabaseCorruptError(self.path, self.found, during)

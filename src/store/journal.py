@@ -179,7 +179,7 @@ STEP_UPSERT = """
 STEP_SELECT = """
     SELECT workflow, number, step_key, agent_id, template, arguments, status, result,
            base_version, version, started_at, finished_at, conversation
-      FROM workflow_steps
+      FROM checked_workflow_steps
 """
 
 

@@ -34,8 +34,10 @@ class Maintenance(StoreBase):
     def check(self) -> dict[str, Any]:
         """An integrity check ("ok" when sound) and quick facts about the database.
 
-        On SQLite, ``PRAGMA integrity_check`` and the file's size; on PostgreSQL,
-        the schema version and row counts.
+        On SQLite, ``PRAGMA integrity_check``, ``damaged_rows`` (each row that fails
+        its checksum: its table and the agent, conversation and version it claims;
+        at most 1,000) and the file's size; on PostgreSQL, the schema version and
+        row counts.
         """
         return self._db.check()
 
@@ -70,7 +72,7 @@ class Maintenance(StoreBase):
                 INSERT INTO messages (agent_id, conversation, position, added_in,
                     removed_in, message_id, role, body)
                 SELECT agent_id, conversation, position, ?3, NULL, message_id, role, body
-                  FROM messages
+                  FROM checked_messages
                  WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2
                 """,
                 (agent_id, version, new),
@@ -118,13 +120,19 @@ class Maintenance(StoreBase):
                 )
                 raise DurableError(msg)
             now = time.time()
-            conn.execute("INSERT INTO agents VALUES (?, 1, ?, ?)", (new_agent_id, now, now))
+            conn.execute(
+                """
+                INSERT INTO agents (agent_id, version, created_at, updated_at)
+                VALUES (?, 1, ?, ?)
+                """,
+                (new_agent_id, now, now),
+            )
             conn.execute(
                 """
                 INSERT INTO messages (agent_id, conversation, position, added_in,
                     removed_in, message_id, role, body)
                 SELECT ?3, conversation, position, 1, NULL, message_id, role, body
-                  FROM messages
+                  FROM checked_messages
                  WHERE agent_id = ?1 AND added_in <= ?2
                    AND (removed_in IS NULL OR removed_in > ?2)
                 """,

@@ -120,7 +120,7 @@ class MemoryRows:
                 """
                 SELECT key, octet_length(value),
                        CASE WHEN ?5 < 0 OR octet_length(value) <= ?5 THEN value END
-                  FROM memory
+                  FROM checked_memory
                  WHERE agent_id = ?1 AND kind = ?2 AND removed_in IS NULL
                    AND key >= ?3 AND (CAST(?6 AS TEXT) IS NULL OR key < CAST(?6 AS TEXT))
                    AND substr(key, 1, length(?3)) = ?3
@@ -147,7 +147,7 @@ def memory_at(conn: Conn, agent_id: str, version: int, kind: Kind) -> list[tuple
     """``(key, JSON text)`` of every key (or note) ``version`` held, in key order."""
     rows: list[tuple[Any, ...]] = conn.execute(
         """
-        SELECT key, value FROM memory
+        SELECT key, value FROM checked_memory
          WHERE agent_id = ?1 AND kind = ?2 AND added_in <= ?3
            AND (removed_in IS NULL OR removed_in > ?3)
          ORDER BY key
@@ -166,7 +166,7 @@ def note_of(value: str) -> MemoryNote:
 def _active_value(conn: Conn, agent_id: str, kind: Kind, key: str) -> str | None:
     row = conn.execute(
         """
-        SELECT value FROM memory
+        SELECT value FROM checked_memory
          WHERE agent_id = ? AND kind = ? AND key = ? AND removed_in IS NULL
         """,
         (agent_id, kind, key),

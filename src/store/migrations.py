@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 
 APPLICATION_ID = 0x45464455  # "EFDU": PRAGMA application_id of every file we create
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE agents (
@@ -326,10 +326,41 @@ CREATE UNIQUE INDEX conversation_fields_active ON conversation_fields (agent_id,
     WHERE removed_in IS NULL;
 """
 
+# Schema 4 keeps a checksum per row (row_checks.py) instead of one per page: each
+# table gains crc, filled for the rows it holds (by the row_crc function that
+# every connection of ours registers). The columns are schema 3's, in order.
+_V3_COLUMNS: dict[str, str] = {
+    "agents": "agent_id, version, created_at, updated_at",
+    "versions": "agent_id, version, kind, conversation, template, state, added, removed, detail, "
+    "committed_at",
+    "messages": "agent_id, conversation, position, added_in, removed_in, message_id, role, body",
+    "handoffs": "agent_id, conversation, base_version, template, arguments, status, error, "
+    "interrupted, host, pid, started_at, ended_at",
+    "workflow_steps": "workflow, step_key, number, agent_id, conversation, template, arguments, "
+    "status, result, base_version, version, started_at, finished_at",
+    "compactions": "agent_id, version, summary_id, first_position, last_position, messages, "
+    "summarizer",
+    "conversations": "agent_id, conversation, added_in, removed_in, created_at",
+    "conversation_fields": "agent_id, conversation, added_in, removed_in, state",
+    "retention": "agent_id, kept_from, state, pruned_at",
+    "memory": "agent_id, kind, key, added_in, removed_in, value",
+    "workspace_log": "agent_id, version, seq, ddl, changeset",
+    "alarms": "alarm_id, created_in, agent_id, action, fire_at, due_at, every, cron, timezone, "
+    "status, ended_in, attempts, deliveries, last_error, lease_owner, lease_token, created_at, "
+    "updated_at",
+    "runner_status": "runner_id, host, pid, state, started_at, reported_at, report",
+}
+_V4 = "".join(
+    f"ALTER TABLE {table} ADD COLUMN crc INTEGER;\n"
+    f"UPDATE {table} SET crc = row_crc('{table}', {columns});\n"
+    for table, columns in _V3_COLUMNS.items()
+)
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
     _V3,
+    _V4,
 )
 
 

@@ -56,11 +56,11 @@ class VersionedRows:
              WHERE agent_id = ?1 AND removed_in IS NULL AND added_in > ?2"""
         self._restore = f"""
             INSERT INTO {table} (agent_id, {names}, added_in)
-            SELECT agent_id, {names}, ?3 FROM {table}
+            SELECT agent_id, {names}, ?3 FROM checked_{table}
              WHERE agent_id = ?1 AND added_in <= ?2 AND removed_in > ?2"""
         self._copy = f"""
             INSERT INTO {table} (agent_id, {names}, added_in)
-            SELECT ?3, {names}, 1 FROM {table}
+            SELECT ?3, {names}, 1 FROM checked_{table}
              WHERE agent_id = ?1 AND added_in <= ?2
                AND (removed_in IS NULL OR removed_in > ?2)"""
         self._prune = f"DELETE FROM {table} WHERE agent_id = ? AND removed_in <= ?"

@@ -481,12 +481,16 @@ class PostgresRows:
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
+# The shared SQL reads rows through SQLite's checked_<table> views (row_checks.py);
+# PostgreSQL checks its own pages, so here they are the tables themselves.
+_CHECKED = re.compile(r"\bchecked_(?=\w)")
 
 
 @functools.lru_cache(maxsize=512)
 def _rewritten(sql: str) -> tuple[str, bool]:
-    """``sql`` with ``?N`` as ``%(N)s`` (numbered) or ``?`` as ``%s``, and ``%`` escaped."""
-    sql = sql.replace("%", "%%")
+    """``sql`` with ``?N`` as ``%(N)s`` (numbered) or ``?`` as ``%s``, ``%`` escaped, and
+    the ``checked_`` views as their tables."""
+    sql = _CHECKED.sub("", sql.replace("%", "%%"))
     if _NUMBERED.search(sql):
         return _NUMBERED.sub(r"%(\1)s", sql), True
     return sql.replace("?", "%s"), False

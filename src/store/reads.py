@@ -27,7 +27,7 @@ class StoreReads(StoreBase):
                 SELECT agent_id, version, created_at, updated_at,
                        (SELECT count(*) FROM messages AS m
                          WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
-                  FROM agents AS a ORDER BY agent_id
+                  FROM checked_agents AS a ORDER BY agent_id
                 """
             ).fetchall()
         return [
@@ -70,7 +70,7 @@ class StoreReads(StoreBase):
             if not include_compacted:
                 bodies = conn.execute(
                     """
-                    SELECT body FROM messages
+                    SELECT body FROM checked_messages
                      WHERE agent_id = ?1 AND conversation = ?3 AND added_in <= ?2
                        AND (removed_in IS NULL OR removed_in > ?2)
                      ORDER BY position
@@ -80,11 +80,11 @@ class StoreReads(StoreBase):
                 return decode_messages(body for (body,) in bodies)
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
-                SELECT m.body, c.version, s.messages FROM messages AS m
+                SELECT m.body, c.version, s.messages FROM checked_messages AS m
                   LEFT JOIN compactions AS c
                     ON c.agent_id = m.agent_id AND c.version = m.removed_in
                    AND m.position BETWEEN c.first_position AND c.last_position
-                  LEFT JOIN compactions AS s
+                  LEFT JOIN checked_compactions AS s
                     ON s.agent_id = m.agent_id AND s.version = m.added_in
                    AND s.summary_id = m.message_id
                  WHERE m.agent_id = ?1 AND m.conversation = ?3 AND m.added_in <= ?2
@@ -170,7 +170,7 @@ class StoreReads(StoreBase):
                 """
                 SELECT version, kind, template, added, removed, state IS NOT NULL,
                        detail, committed_at, conversation
-                  FROM versions WHERE agent_id = ? ORDER BY version
+                  FROM checked_versions WHERE agent_id = ? ORDER BY version
                 """,
                 (agent_id,),
             ).fetchall()

@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING
 import apsw
 
 from ..errors import AgentInUseError, DurableError, NotFoundError
-from . import checksums
 from .backend import Conn
-from .connection import reserve_checksum_bytes
 from .parts import VersionedPart
 from .records import PruneResult
 
@@ -133,7 +131,7 @@ def prune_agent(
         conn.execute(
             """
             INSERT INTO retention (agent_id, kept_from, state, pruned_at)
-            VALUES (?1, ?2, (SELECT state FROM versions
+            VALUES (?1, ?2, (SELECT state FROM checked_versions
                               WHERE agent_id = ?1 AND version < ?2 AND state IS NOT NULL
                               ORDER BY version DESC LIMIT 1), ?3)
             ON CONFLICT (agent_id) DO UPDATE
@@ -234,11 +232,7 @@ def checkpoint(conn: apsw.Connection) -> None:
 
 
 def vacuum(conn: apsw.Connection) -> None:
-    """Rebuild the file without its free pages, then empty the WAL that rebuild filled.
-
-    A file made before page checksums gains them (checksums.py).
-    """
-    reserve_checksum_bytes(conn)
+    """Rebuild the file without its free pages, then empty the WAL that rebuild filled."""
     conn.execute("VACUUM")
     checkpoint(conn)
 
@@ -252,7 +246,6 @@ def backup(conn: apsw.Connection, source: str, target: str) -> None:
 
     def write(partial: str) -> None:
         conn.execute("VACUUM INTO ?", (partial,))
-        checksums.seal(partial)
 
     publish(source, target, write)
 

@@ -16,7 +16,9 @@ from .backend import Conn
 
 
 def current_version(conn: Conn, agent_id: str) -> int | None:
-    row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+    row = conn.execute(
+        "SELECT version FROM checked_agents WHERE agent_id = ?", (agent_id,)
+    ).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -103,10 +105,10 @@ def state_at(conn: Conn, agent_id: str, version: int) -> str | None:
     state = conn.execute(
         """
         SELECT coalesce(
-            (SELECT state FROM versions
+            (SELECT state FROM checked_versions
               WHERE agent_id = ?1 AND version <= ?2 AND state IS NOT NULL
               ORDER BY version DESC LIMIT 1),
-            (SELECT state FROM retention WHERE agent_id = ?1))
+            (SELECT state FROM checked_retention WHERE agent_id = ?1))
         """,
         (agent_id, version),
     ).get

@@ -1,16 +1,20 @@
--- effectful-durable database schema, version 3.
+-- effectful-durable database schema, version 4.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
 -- PRAGMA application_id marks the file as ours; PRAGMA user_version is the
--- schema version. Times are Unix seconds; payloads are JSON text.
+-- schema version. Times are Unix seconds; payloads are JSON text. Every table
+-- ends with crc, the CRC-32 of the row's other values, kept by effectful-durable's
+-- connections and checked when the row is read (store/row_checks.py): a row
+-- another program changed or inserted is refused when read, and only that row.
 
 -- One row per durable agent: its id and last committed version.
 CREATE TABLE agents (
     agent_id   TEXT PRIMARY KEY NOT NULL,
     version    INTEGER NOT NULL CHECK (version >= 1),
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    crc        INTEGER
 ) STRICT;
 
 -- One row per committed version: a turn, a rollback, a fork, a compaction or
@@ -30,6 +34,7 @@ CREATE TABLE versions (
     removed      INTEGER NOT NULL,
     detail       TEXT,
     committed_at REAL NOT NULL,
+    crc          INTEGER,
     PRIMARY KEY (agent_id, version)
 ) STRICT, WITHOUT ROWID;
 
@@ -49,6 +54,7 @@ CREATE TABLE messages (
     message_id   TEXT NOT NULL,
     role         TEXT NOT NULL,
     body         TEXT NOT NULL,
+    crc          INTEGER,
     PRIMARY KEY (agent_id, conversation, position, added_in)
 ) STRICT;
 
@@ -73,6 +79,7 @@ CREATE TABLE handoffs (
     pid          INTEGER NOT NULL,
     started_at   REAL NOT NULL,
     ended_at     REAL,
+    crc          INTEGER,
     PRIMARY KEY (agent_id, conversation)
 ) STRICT;
 
@@ -97,6 +104,7 @@ CREATE TABLE workflow_steps (
     version      INTEGER,
     started_at   REAL NOT NULL,
     finished_at  REAL,
+    crc          INTEGER,
     PRIMARY KEY (workflow, step_key)
 ) STRICT;
 
@@ -115,6 +123,7 @@ CREATE TABLE compactions (
     last_position  REAL NOT NULL,
     messages       INTEGER NOT NULL,
     summarizer     TEXT NOT NULL,
+    crc            INTEGER,
     PRIMARY KEY (agent_id, version)
 ) STRICT, WITHOUT ROWID;
 
@@ -137,6 +146,7 @@ CREATE TABLE conversations (
     added_in     INTEGER NOT NULL,
     removed_in   INTEGER CHECK (removed_in > added_in),
     created_at   REAL NOT NULL,
+    crc          INTEGER,
     PRIMARY KEY (agent_id, conversation, added_in)
 ) STRICT;
 
@@ -153,6 +163,7 @@ CREATE TABLE conversation_fields (
     added_in     INTEGER NOT NULL,
     removed_in   INTEGER CHECK (removed_in > added_in),
     state        TEXT NOT NULL,
+    crc          INTEGER,
     PRIMARY KEY (agent_id, conversation, added_in)
 ) STRICT;
 
@@ -168,7 +179,8 @@ CREATE TABLE retention (
     agent_id  TEXT PRIMARY KEY NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
     kept_from INTEGER NOT NULL CHECK (kept_from >= 1),
     state     TEXT,
-    pruned_at REAL NOT NULL
+    pruned_at REAL NOT NULL,
+    crc       INTEGER
 ) STRICT, WITHOUT ROWID;
 
 -- Pruning finds the rows that only pruned versions showed through this index.
@@ -190,6 +202,7 @@ CREATE TABLE memory (
     added_in   INTEGER NOT NULL,
     removed_in INTEGER CHECK (removed_in > added_in),
     value      TEXT NOT NULL,
+    crc        INTEGER,
     PRIMARY KEY (agent_id, kind, key, added_in)
 ) STRICT;
 
@@ -211,6 +224,7 @@ CREATE TABLE workspace_log (
     seq       INTEGER NOT NULL,
     ddl       TEXT,
     changeset BLOB,
+    crc       INTEGER,
     CHECK ((ddl IS NULL) <> (changeset IS NULL)),
     PRIMARY KEY (agent_id, version, seq)
 ) STRICT;
@@ -242,6 +256,7 @@ CREATE TABLE alarms (
     lease_token TEXT,
     created_at  REAL NOT NULL,
     updated_at  REAL NOT NULL,
+    crc         INTEGER,
     PRIMARY KEY (alarm_id, created_in),
     CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
 ) STRICT;
@@ -260,6 +275,7 @@ CREATE TABLE runner_status (
     state       TEXT NOT NULL CHECK (state IN ('running', 'stopped')),
     started_at  REAL NOT NULL,
     reported_at REAL NOT NULL,
-    report      TEXT NOT NULL
+    report      TEXT NOT NULL,
+    crc         INTEGER
 ) STRICT;
 

@@ -8,8 +8,11 @@ holds the connections of one Store and the SQL that only SQLite speaks (FTS5,
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Literal
@@ -24,7 +27,7 @@ from ..errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from . import conversation_fields
+from . import conversation_fields, row_checks
 from . import conversations as _conversations
 from .alarm_queue import Polling
 from .alarms import AlarmPart
@@ -91,6 +94,8 @@ class SQLiteDatabase:
                 quarantine(self.path)
                 self.connection()
         self._locks = AgentLocks.for_database(self.path)
+        self._pid = os.getpid()
+        _open.add(self)
 
     @property
     def parts(self) -> Sequence[VersionedPart]:
@@ -98,7 +103,12 @@ class SQLiteDatabase:
         return (*PARTS, self._workspace_part)
 
     def close(self) -> None:
-        """Close every connection this database opened, in all threads."""
+        """Close every connection this database opened, in all threads.
+
+        When they were the file's last connections, SQLite copies the WAL into the
+        file and removes it: the file alone then holds every commit.
+        """
+        _open.discard(self)
         with self._connections_lock:
             self._closed = True
             self.workspaces.close()
@@ -254,7 +264,7 @@ class SQLiteDatabase:
         rows = conn.execute(
             """
             SELECT m.body FROM compacted_text AS t
-              JOIN messages AS m
+              JOIN checked_messages AS m
                 ON m.agent_id = t.agent_id AND m.position = t.position
                AND m.removed_in = t.version
              WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
@@ -276,10 +286,12 @@ class SQLiteDatabase:
         return found
 
     def check(self) -> dict[str, Any]:
-        """``PRAGMA integrity_check`` ("ok" when sound) and quick facts about the file."""
+        """``PRAGMA integrity_check`` ("ok" when sound), the rows that fail their
+        checksums (row_checks.py), and quick facts about the file."""
         conn = self.connection()
         facts: dict[str, Any] = {
             "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
+            "damaged_rows": [dataclasses.asdict(row) for row in row_checks.damaged_rows(conn)],
             "schema": conn.pragma("user_version"),
         }
         for table in (
@@ -294,6 +306,19 @@ class SQLiteDatabase:
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
         return facts
+
+
+# The databases this process opened and has not closed: a normal interpreter
+# exit closes them, so that a program that never called close() leaves one file.
+_open: weakref.WeakSet[SQLiteDatabase] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_databases() -> None:
+    for db in list(_open):
+        if db._pid == os.getpid():  # not a forked child's copy of its parent's
+            with suppress(apsw.Error):
+                db.close()
 
 
 class _Write:

@@ -44,7 +44,7 @@ class TurnProtocol(StoreBase):
                 return LoadedAgent(0, ActiveHistory(), None)
             rows = conn.execute(
                 """
-                SELECT position, body FROM messages
+                SELECT position, body FROM checked_messages
                  WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
                  ORDER BY position
                 """,
@@ -346,7 +346,11 @@ class TurnProtocol(StoreBase):
             conversation=conversation,
         )
         conn.execute(
-            "INSERT INTO compactions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            """
+            INSERT INTO compactions (agent_id, version, summary_id, first_position,
+                last_position, messages, summarizer)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            """,
             (
                 agent_id,
                 version,
@@ -404,7 +408,10 @@ def _advance(conn: Conn, agent_id: str, base_version: int, version: int) -> None
     """
     if base_version == 0:
         conn.execute(
-            "INSERT INTO agents VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING",
+            """
+            INSERT INTO agents (agent_id, version, created_at, updated_at)
+            VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING
+            """,
             (agent_id, version, time.time()),
         )
     else:
@@ -422,7 +429,7 @@ def _advance(conn: Conn, agent_id: str, base_version: int, version: int) -> None
 _HANDOFF_INSERT = """
     INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
         status, host, pid, started_at)
-    VALUES (?1, ?2, coalesce((SELECT version FROM agents WHERE agent_id = ?1), 0), ?3, ?4,
+    VALUES (?1, ?2, coalesce((SELECT version FROM checked_agents WHERE agent_id = ?1), 0), ?3, ?4,
         'running', ?5, ?6, ?7)
     ON CONFLICT (agent_id, conversation) DO NOTHING
     RETURNING base_version
@@ -431,7 +438,7 @@ _HANDOFF_INSERT = """
 HANDOFF_SELECT = """
     SELECT agent_id, base_version, template, arguments, status, error, interrupted,
            host, pid, started_at, ended_at, conversation
-      FROM handoffs
+      FROM checked_handoffs
 """
 
 

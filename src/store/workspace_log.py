@@ -56,7 +56,7 @@ def truth(conn: Conn, agent_id: str, held: int) -> Truth:
     """The agent's committed version, and the commit times of it and of version ``held``."""
     row = conn.execute(
         """
-        SELECT a.version, c.committed_at, h.committed_at FROM agents AS a
+        SELECT a.version, c.committed_at, h.committed_at FROM checked_agents AS a
           LEFT JOIN versions AS c ON c.agent_id = a.agent_id AND c.version = a.version
           LEFT JOIN versions AS h ON h.agent_id = a.agent_id AND h.version = ?2
          WHERE a.agent_id = ?1
@@ -81,7 +81,7 @@ def log(conn: Conn, agent_id: str, after: int, upto: int) -> list[Step]:
     """The steps of the versions after ``after`` up to ``upto``, in order."""
     rows = conn.execute(
         """
-        SELECT ddl, changeset FROM workspace_log
+        SELECT ddl, changeset FROM checked_workspace_log
          WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
         """,
         (agent_id, after, upto),

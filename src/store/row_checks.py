@@ -1,0 +1,226 @@
+"""Row checksums: a CRC-32 of every row of ours, kept by our connections and checked on read.
+
+SQLite keeps no checksum of what it stores, so a flipped byte inside a stored
+value that still reads as valid text would go unseen. Every table of ours
+(:data:`PAYLOAD`) ends with a ``crc`` column: the CRC-32 of the row's other
+values (:func:`row_crc`), the columns that say whose row it is and where it
+belongs (agent, conversation, position, versions) included, so a damaged key
+cannot move a valid row into another agent's history.
+
+Our connections keep it without the shared SQL naming it (:func:`install`):
+
+- a TEMP trigger per table computes ``crc`` after each INSERT, and after each
+  UPDATE of the other columns carries the row's old discrepancy over to the new
+  values (:func:`updated_crc`), so an update never blesses a damaged row;
+- a TEMP view per table, ``checked_<table>``, reads the table with its payload
+  column (:data:`PAYLOAD`) computed by :func:`checked`, which raises
+  :class:`~effectful_durable.DamagedRowError` for a row whose values no longer
+  match its checksum. The check runs for each row a query returns that selects
+  the payload column, never in a WHERE clause, so a damaged row of another
+  agent that a scan passes over refuses nothing. Reads that return a row's
+  values go through these views and select the payload column; statements
+  that only filter, count or delete use the tables.
+
+These objects live in each connection's TEMP schema, not in the file: any other
+SQLite program reads and writes the tables as it likes. A row it changes keeps
+its old checksum and is refused when read (a row it inserts has none, and is
+refused too), narrowly: that row, never the whole file. A file's pages may be
+checkpointed or rewritten by any program; ``PRAGMA integrity_check`` covers the
+b-trees, and :func:`damaged_rows` lists every row that fails its checksum.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from ..errors import DamagedRowError
+
+#: Our tables, each with the column its ``checked_`` view checks the row in:
+#: one that every read returning the row's values selects, and no WHERE clause names.
+PAYLOAD: dict[str, str] = {
+    "agents": "version",
+    "versions": "state",
+    "messages": "body",
+    "handoffs": "arguments",
+    "workflow_steps": "arguments",
+    "compactions": "summary_id",
+    "conversations": "created_at",
+    "conversation_fields": "state",
+    "retention": "state",
+    "memory": "value",
+    "workspace_log": "changeset",
+    "alarms": "action",
+    "runner_status": "report",
+}
+
+#: The columns that say where a row belongs, named in a DamagedRowError.
+_AGENT = ("agent_id",)
+_CONVERSATION = ("conversation",)
+_VERSION = ("version", "added_in", "created_in", "kept_from", "base_version")
+
+
+def row_crc(table: str, *values: Any) -> int:
+    """The checksum of a row of ``table`` holding ``values`` (its columns but ``crc``, in order).
+
+    Computed on the values as SQLite returns them, at C speed: their text joined
+    by a separator, as UTF-8 (a float's text is the shortest that reads back the
+    same; a blob's is its ``repr``).
+    """
+    return zlib.crc32("\x1f".join(map(str, values)).encode(), _SEEDS[table])
+
+
+_SEEDS: dict[str, int] = {table: zlib.crc32(table.encode()) for table in PAYLOAD}
+
+
+def updated_crc(table: str, width: int, old_crc: int | None, *values: Any) -> int | None:
+    """The checksum of a row updated from ``values[:width]`` to ``values[width:]``.
+
+    The old row's discrepancy (zero when it was sound) carries over, so a row
+    that was damaged, or changed by another program, stays refused after our
+    update; a row without a checksum keeps none.
+    """
+    if old_crc is None:
+        return None
+    old = row_crc(table, *values[:width])
+    return row_crc(table, *values[width:]) ^ old ^ old_crc
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A table's columns (but ``crc``) and where its payload and identity columns are."""
+
+    table: str
+    columns: tuple[str, ...]
+
+    def index(self, names: tuple[str, ...]) -> int | None:
+        return next((self.columns.index(n) for n in names if n in self.columns), None)
+
+    def where(self, values: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+        """The agent, conversation and version a row holding ``values`` claims."""
+        found = []
+        for names in (_AGENT, _CONVERSATION, _VERSION):
+            i = self.index(names)
+            found.append(None if i is None else values[i])
+        agent, conversation, version = found
+        return (
+            agent if isinstance(agent, str) else None,
+            conversation if isinstance(conversation, str) else None,
+            version if isinstance(version, int) else None,
+        )
+
+
+def shapes(conn: apsw.Connection) -> dict[str, TableShape]:
+    """The shape of each of our tables in ``conn``'s main database that carries a ``crc``."""
+    found: dict[str, TableShape] = {}
+    for table in PAYLOAD:
+        columns = tuple(
+            str(name)
+            for (name,) in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))
+        )
+        if columns and columns[-1] == "crc":
+            found[table] = TableShape(table, columns[:-1])
+    return found
+
+
+def register(conn: apsw.Connection) -> None:
+    """Give ``conn`` the functions that compute checksums (for the triggers and migrations)."""
+    functions: dict[str, Callable[..., Any]] = {"row_crc": row_crc, "updated_crc": updated_crc}
+    for name, function in functions.items():
+        conn.create_scalar_function(name, function, -1, deterministic=True)
+
+
+def install(conn: apsw.Connection, path: str) -> None:
+    """Create ``conn``'s TEMP triggers and ``checked_`` views over the tables that carry a crc.
+
+    Call after :func:`register`, once the schema is current; ``path`` is named in
+    the errors of the views.
+    """
+    found = shapes(conn)
+    conn.create_scalar_function("checked", _checker(path, found), -1, deterministic=True)
+    statements = []
+    for shape in found.values():
+        table, columns = shape.table, shape.columns
+        key = _row_key(conn, table)
+        new = ", ".join(f"NEW.{c}" for c in columns)
+        old = ", ".join(f"OLD.{c}" for c in columns)
+        statements.append(f"""
+            CREATE TEMP TRIGGER {table}_crc_insert AFTER INSERT ON main.{table}
+            BEGIN
+                UPDATE main.{table} SET crc = row_crc('{table}', {new}) WHERE {key};
+            END;
+            CREATE TEMP TRIGGER {table}_crc_update
+            AFTER UPDATE OF {", ".join(columns)} ON main.{table}
+            BEGIN
+                UPDATE main.{table}
+                   SET crc = updated_crc('{table}', {len(columns)}, OLD.crc, {old}, {new})
+                 WHERE {key};
+            END;""")
+        payload = columns.index(PAYLOAD[table])
+        shown = ", ".join(
+            f"checked('{table}', {payload}, crc, {', '.join(columns)}) AS {c}"
+            if c == PAYLOAD[table]
+            else c
+            for c in columns
+        )
+        statements.append(
+            f"CREATE TEMP VIEW checked_{table} AS SELECT {shown}, crc FROM main.{table};"
+        )
+    conn.execute("\n".join(statements))
+
+
+def _checker(path: str, found: dict[str, TableShape]) -> Callable[..., Any]:
+    def checked(table: str, payload: int, crc: int | None, *values: Any) -> Any:
+        if crc is None or crc != row_crc(table, *values):
+            raise DamagedRowError(path, table, *found[table].where(values))
+        return values[payload]
+
+    return checked
+
+
+def _row_key(conn: apsw.Connection, table: str) -> str:
+    """The WHERE clause that finds the NEW row of ``table``: its rowid, or its primary key."""
+    without_rowid = conn.execute(
+        "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
+    ).get
+    if not without_rowid:
+        return "rowid = NEW.rowid"
+    key = [
+        str(name)
+        for name, pk in conn.execute(
+            "SELECT name, pk FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk", (table,)
+        )
+        if pk
+    ]
+    return " AND ".join(f"{c} = NEW.{c}" for c in key)
+
+
+@dataclass(frozen=True)
+class DamagedRow:
+    """A row that fails its checksum: its table, where it claims to belong, and its rowid."""
+
+    table: str
+    agent_id: str | None
+    conversation: str | None
+    version: int | None
+
+
+def damaged_rows(conn: apsw.Connection, limit: int = 1000) -> list[DamagedRow]:
+    """Every row (at most ``limit``) of our tables whose values fail its checksum.
+
+    Reads every row of every table: for ``effectful-durable check``, not for turns.
+    """
+    found: list[DamagedRow] = []
+    for shape in shapes(conn).values():
+        columns = ", ".join(shape.columns)
+        for row in conn.execute(f"SELECT {columns}, crc FROM main.{shape.table}"):
+            values = tuple(row[:-1])
+            if row[-1] is None or row[-1] != row_crc(shape.table, *values):
+                found.append(DamagedRow(shape.table, *shape.where(values)))
+                if len(found) >= limit:
+                    return found
+    return found
