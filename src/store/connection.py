@@ -17,7 +17,14 @@ import apsw.bestpractice
 
 from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
 from . import row_checks
-from .damage import CORRUPTION, MAGIC, header_problem, no_checkpoint_on_close, page_size_of
+from .damage import (
+    CORRUPTION,
+    MAGIC,
+    header_problem,
+    no_checkpoint_on_close,
+    page_size_of,
+    read_header,
+)
 from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .translate import translate, translated
 
@@ -220,9 +227,7 @@ def _check_new(path: str) -> None:
     one and written over.
     """
     try:
-        with open(path, "rb") as file:
-            header = file.read(100)
-        size = os.path.getsize(path)
+        header, size = read_header(path)
     except OSError:
         return  # nothing there yet
     if size == 0:

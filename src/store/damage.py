@@ -54,6 +54,30 @@ def page_size_of(header: bytes) -> int:
     return 65536 if size == 1 else size
 
 
+def read_header(path: str) -> tuple[bytes, int]:
+    """The first 100 bytes of the file ``path`` (fewer if it is shorter) and its size.
+
+    Read through SQLite's own VFS, never Python's ``open()``: closing any descriptor
+    of a file drops every POSIX lock the process holds on it, so the process's
+    SQLite connections would lose theirs, and another program could then take the
+    file for unused and remove its WAL under them. SQLite keeps such a descriptor
+    open until its locks are released.
+
+    Raises:
+        OSError: The file cannot be read.
+    """
+    try:
+        file = apsw.VFSFile("", path, [apsw.SQLITE_OPEN_MAIN_DB | apsw.SQLITE_OPEN_READONLY, 0])
+        try:
+            size = file.xFileSize()
+            return (file.xRead(min(100, size), 0) if size else b""), size
+        finally:
+            file.xClose()
+    except apsw.Error as e:
+        msg = f"cannot read {path}: {e}"
+        raise OSError(msg) from e
+
+
 def header_problem(path: str, application_id: int) -> str | None:
     """What is wrong with the 100-byte header of our database file ``path``, or None.
 
@@ -69,9 +93,7 @@ def header_problem(path: str, application_id: int) -> str | None:
     try:
         if os.path.exists(wal) and os.path.getsize(wal):
             return None
-        size = os.path.getsize(path)
-        with open(path, "rb") as file:
-            header = file.read(100)
+        header, size = read_header(path)
         if os.path.exists(wal) and os.path.getsize(wal):
             return None  # a writer started meanwhile: its WAL may hold the first page
     except OSError:

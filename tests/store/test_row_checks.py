@@ -1,0 +1,176 @@
+"""Row checksums: a row another program changed is refused narrowly, and never blessed again."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from effectful_durable import DamagedRowError, DatabaseCorruptError, Store
+from effectful_durable.store.migrations import SCHEMA_VERSION
+from effectful_durable.store.row_checks import PAYLOAD, damaged_rows, row_crc
+from tests.helpers import commit_message, edit_rows, persisted_rows, writable_connection
+
+SCHEMA3 = Path(__file__).parent.parent / "fixtures" / "schema3.db"
+
+
+@pytest.fixture
+def two_agents(db_path: Path) -> Path:
+    """Agents a (versions 1-3) and b (versions 1-2), one message per version."""
+    with Store(db_path) as store:
+        for n in range(3):
+            commit_message(store, "a", f"a says {n}")
+        for n in range(2):
+            commit_message(store, "b", f"b says {n}")
+    return db_path
+
+
+def hand_edit(db_path: Path, sql: str) -> None:
+    """Change the file as another SQLite program would (no triggers of ours)."""
+    edit_rows(db_path, sql, foreign=True)
+
+
+def test_every_row_carries_its_checksum(two_agents: Path) -> None:
+    """Each row of every table we wrote holds the CRC of its other values."""
+    for table in PAYLOAD:
+        rows = persisted_rows(two_agents, f"SELECT * FROM {table}")
+        for *values, crc in rows:
+            assert crc == row_crc(table, *values), table
+    assert persisted_rows(two_agents, "SELECT count(*) FROM messages") == [(5,)]
+
+
+def test_a_hand_edit_refuses_that_agent_only(two_agents: Path) -> None:
+    """A body changed by another program: a's reads that need the row are refused, naming
+    it; b, and a's versions before it, read and write as before."""
+    hand_edit(
+        two_agents,
+        "UPDATE messages SET body = replace(body, 'says', 'said') "
+        "WHERE agent_id = 'a' AND added_in = 2",
+    )
+    with Store(two_agents) as store:
+        with pytest.raises(DamagedRowError) as caught:
+            store.history("a")
+        error = caught.value
+        assert isinstance(error, DatabaseCorruptError)
+        assert (error.table, error.agent_id, error.conversation, error.version) == (
+            "messages",
+            "a",
+            "default",
+            2,
+        )
+        assert "'a'" in str(error) and "checksum" in str(error) and "backup" in str(error)
+        with pytest.raises(DamagedRowError):
+            store.load_agent("a")
+        assert [m["content"] for m in store.history("a", 1)] == ["a says 0"]
+        assert [m["content"] for m in store.history("b")] == ["b says 0", "b says 1"]
+        assert commit_message(store, "b", "b goes on") == 3
+        [row] = store.check()["damaged_rows"]
+        assert row == {
+            "table": "messages",
+            "agent_id": "a",
+            "conversation": "default",
+            "version": 2,
+        }
+
+
+def test_rollback_repairs_the_agent_and_never_blesses_the_row(two_agents: Path) -> None:
+    """Rolling a back to before the damaged row makes it whole again; the row itself, which
+    the rollback marked removed, still fails (the update carried its discrepancy over)."""
+    hand_edit(
+        two_agents,
+        "UPDATE messages SET body = replace(body, 'says', 'said') "
+        "WHERE agent_id = 'a' AND added_in = 2",
+    )
+    with Store(two_agents) as store:
+        assert store.rollback("a", 1) == 4
+        assert [m["content"] for m in store.history("a")] == ["a says 0"]
+        assert commit_message(store, "a", "a goes on") == 5
+        assert [m["content"] for m in store.history("a")] == ["a says 0", "a goes on"]
+        with pytest.raises(DamagedRowError):
+            store.history("a", 2)  # that version held the changed row: still refused
+        assert [(r["table"], r["version"]) for r in store.check()["damaged_rows"]] == [
+            ("messages", 2)
+        ]
+
+
+def test_a_damaged_row_is_never_copied(two_agents: Path) -> None:
+    """Fork and rollback copy rows through the check: a damaged one is refused, nothing written."""
+    hand_edit(
+        two_agents,
+        "UPDATE messages SET body = replace(body, 'says', 'said') "
+        "WHERE agent_id = 'a' AND added_in = 2",
+    )
+    before = persisted_rows(two_agents, "SELECT count(*), sum(crc) FROM messages")
+    with Store(two_agents) as store:
+        with pytest.raises(DamagedRowError):
+            store.fork("a", 3, "a-copy")
+        assert "a-copy" not in [agent.agent_id for agent in store.agents()]
+    assert persisted_rows(two_agents, "SELECT count(*), sum(crc) FROM messages") == before
+
+
+def test_a_row_another_program_inserted_is_refused(two_agents: Path) -> None:
+    """A row with no checksum was not written by effectful-durable: refused when read."""
+    hand_edit(
+        two_agents,
+        "INSERT INTO messages (agent_id, conversation, position, added_in, "
+        "message_id, role, body) VALUES ('b', 'default', 9, 2, 'x', 'user', '{}')",
+    )
+    with Store(two_agents) as store:
+        with pytest.raises(DamagedRowError, match="agent 'b'"):
+            store.history("b")
+        assert len(store.history("a")) == 3
+
+
+def test_another_programs_delete_is_theirs_to_make(two_agents: Path) -> None:
+    """A row deleted by hand is gone: the agent loads what is there."""
+    hand_edit(two_agents, "DELETE FROM messages WHERE agent_id = 'a' AND added_in = 3")
+    with Store(two_agents) as store:
+        assert [m["content"] for m in store.history("a")] == ["a says 0", "a says 1"]
+        assert store.check()["damaged_rows"] == []
+
+
+def test_our_own_edits_keep_checksums(two_agents: Path) -> None:
+    """A connection of ours (triggers installed) keeps every checksum through inserts,
+    updates and upserts: nothing to report."""
+    conn = writable_connection(two_agents)
+    try:
+        conn.execute("UPDATE agents SET updated_at = updated_at + 1")
+        conn.execute("UPDATE messages SET role = 'user' WHERE agent_id = 'b'")
+        assert damaged_rows(conn) == []
+    finally:
+        conn.close()
+
+
+def test_schema3_file_is_migrated_in_place(tmp_path: Path) -> None:
+    """A file made by the last page-checksum release (schema 3) opens as schema 4, every
+    row checksummed, every agent readable as that release wrote it, and goes on."""
+    path = tmp_path / "state.db"
+    shutil.copy(SCHEMA3, path)
+    with Store(path) as store:
+        facts = store.check()
+        assert (facts["integrity"], facts["damaged_rows"], facts["schema"]) == (
+            "ok",
+            [],
+            SCHEMA_VERSION,
+        )
+        assert {a.agent_id: a.version for a in store.agents()} == {
+            "w1": 15,
+            "w1-copy": 1,
+            "w2": 4,
+            "w3": 2,
+        }
+        assert store.memory("w1") == {
+            "k10": "put apples",
+            "k13": "put side note",
+            "k8": "put figs",
+        }
+        assert [row[1] for row in store.sql("w1", "SELECT * FROM items ORDER BY id").rows] == [
+            "apples",
+            "plums",
+            "kiwis",
+            "limes",
+        ]
+        assert len(store.alarms(include_ended=True)) == 2
+        assert [s.status for s in store.steps("nightly")] == ["done", "done"]
+        assert len(store.history("w1", include_compacted=True)) > len(store.history("w1"))
+        assert commit_message(store, "w1", "after the migration") == 16
+    assert persisted_rows(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
