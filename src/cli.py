@@ -298,7 +298,9 @@ def _check(store: Store, args: argparse.Namespace) -> int:
             f"{', '.join(map(repr, agents)) or '(none named)'}; the first: {first['table']} "
             f"({where}). They were damaged, or changed by another program. Roll each agent "
             f"back to a version before its first damaged one (`{PROG} rollback`), or put "
-            f"back a copy made with `{PROG} backup`"
+            f"back a copy made with `{PROG} backup`. A row that only older versions hold "
+            f"stays listed, and reading those versions refused, until `{PROG} prune` "
+            "removes them"
         )
     return 0
 
@@ -629,7 +631,7 @@ def _parser() -> argparse.ArgumentParser:
     command("workflows", _workflows, "list the workflow journals and their step counts")
     sub = command("steps", _steps, "list a workflow's journal, step by step")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
-    command("check", _check, "run PRAGMA integrity_check and print quick facts")
+    command("check", _check, "check the file and every row's checksum; print quick facts")
     sub = command("sql", _sql, "run a read-only query on an agent's own SQL tables")
     agent(sub)
     sub.add_argument("query", metavar="QUERY", help="one SELECT statement")

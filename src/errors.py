@@ -69,7 +69,7 @@ class DamagedRowError(DatabaseCorruptError):
     say where the row claims to belong (``None`` where its table has no such
     column).
 
-    .. versionadded:: 0.4.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(
