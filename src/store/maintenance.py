@@ -12,6 +12,7 @@ import apsw
 from ..errors import DatabaseBusyError, DurableError, NotFoundError
 from . import conversation_fields, retention
 from . import conversations as _conversations
+from .backend import Conn
 from .base import StoreBase
 from .copy import copy_store
 from .ids import validate_agent_id, validate_conversation_id
@@ -23,6 +24,17 @@ from .translate import translated
 
 if TYPE_CHECKING:
     from .store import Store
+
+
+#: The tables whose rows a rollback or fork copies by their version marks, and
+#: the column that says from which version on a row is held.
+_VERSIONED: tuple[tuple[str, str], ...] = (
+    ("messages", "added_in"),
+    ("conversations", "added_in"),
+    ("conversation_fields", "added_in"),
+    ("memory", "added_in"),
+    ("alarms", "created_in"),
+)
 
 
 class Maintenance(StoreBase):
@@ -41,6 +53,13 @@ class Maintenance(StoreBase):
         """
         return self._db.check()
 
+    def _check_copied(self, conn: Conn, agent_id: str, version: int) -> None:
+        """Check every row a rollback or fork to ``version`` chooses from: they are
+        chosen on their version marks, and a damaged mark must refuse the copy, not
+        leave a row out of it."""
+        for table, added in _VERSIONED:
+            self._db.check_rows(conn, table, f"agent_id = ? AND {added} <= ?", (agent_id, version))
+
     def rollback(self, agent_id: str, version: int) -> int:
         """Commit a new version whose histories, state and memory equal those of ``version``.
 
@@ -58,6 +77,7 @@ class Maintenance(StoreBase):
         with self.agent_lock(agent_id), self._writing() as conn:
             current = self._checked_version(conn, agent_id, None)
             self._checked_version(conn, agent_id, version)
+            self._check_copied(conn, agent_id, version)
             new = current + 1
             conn.execute(
                 """
@@ -113,6 +133,7 @@ class Maintenance(StoreBase):
         validate_agent_id(new_agent_id)
         with self.agent_lock(new_agent_id), self._writing() as conn:
             version = self._checked_version(conn, agent_id, version)
+            self._check_copied(conn, agent_id, version)
             if current_version(conn, new_agent_id) is not None:
                 msg = (
                     f"cannot fork into {new_agent_id!r}: that agent already exists in "

@@ -225,6 +225,25 @@ class SQLiteDatabase:
         """Nothing tells: runners on SQLite poll."""
         return Polling()
 
+    def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
+        payload = row_checks.PAYLOAD[table]
+        conn.execute(f"SELECT count({payload}) FROM checked_{table} WHERE {where}", params)
+
+    def active_messages(
+        self, conn: Conn, agent_id: str, conversation: str
+    ) -> Iterator[tuple[float, str]]:
+        # Checked here rather than through checked_messages: a call from SQLite
+        # per row would double the cost of loading a long history.
+        rows = conn.execute(
+            """
+            SELECT position, added_in, message_id, role, body, crc FROM messages
+             WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
+             ORDER BY position
+            """,
+            (agent_id, conversation),
+        )
+        return row_checks.active_messages(rows, self.path, agent_id, conversation)
+
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
     ) -> None:
