@@ -81,6 +81,8 @@ class StoreReads(StoreBase):
                     (agent_id, version, conversation),
                 )
                 return decode_messages(body for (body,) in bodies)
+            # Which originals a compaction replaced is read from the compactions rows.
+            self._db.check_rows(conn, "compactions", "agent_id = ?", (agent_id,))
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT m.body, c.version, s.messages FROM checked_messages AS m

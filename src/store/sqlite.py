@@ -247,21 +247,10 @@ class SQLiteDatabase:
     def index_compacted(
         self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
     ) -> None:
-        # Index the text of the originals, for RecallTools: text blocks, plain
-        # content and tool-call arguments (of bodies SQLite's JSON functions read:
-        # not nested deeper than 1,000, sqlite.org/json1.html#jmini).
         conn.execute(
-            """
+            f"""
             INSERT INTO compacted_text (text, agent_id, position, version)
-            SELECT concat_ws(
-                       ' ',
-                       CASE json_type(body, '$.content')
-                       WHEN 'array' THEN (
-                           SELECT group_concat(json_extract(value, '$.text'), ' ')
-                             FROM json_each(body, '$.content'))
-                       ELSE json_extract(body, '$.content') END,
-                       json_extract(body, '$.tool_calls')),
-                   agent_id, position, removed_in
+            SELECT {_indexed_text("body")}, agent_id, position, removed_in
               FROM messages
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
                AND position BETWEEN ?3 AND ?4 AND json_valid(body)
@@ -281,11 +270,12 @@ class SQLiteDatabase:
         # Each word quoted: an FTS5 phrase, so that no word is read as an operator.
         query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
         rows = conn.execute(
-            """
+            f"""
             SELECT m.body FROM compacted_text AS t
               JOIN checked_messages AS m
                 ON m.agent_id = t.agent_id AND m.position = t.position
                AND m.removed_in = t.version
+               AND CASE WHEN json_valid(m.body) THEN t.text IS {_indexed_text("m.body")} END
              WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
              ORDER BY t.rank LIMIT ?3
             """,
@@ -308,8 +298,28 @@ class SQLiteDatabase:
         """``PRAGMA integrity_check`` ("ok" when sound), the rows that fail their
         checksums (row_checks.py), and quick facts about the file."""
         conn = self.connection()
+        integrity = [str(row[0]) for row in conn.execute("PRAGMA integrity_check")]
+        if not self.readonly:  # FTS5 checks its index against its text only as a write
+            try:
+                command = "VALUES ('integrity-check', 1)"
+                conn.execute(f"INSERT INTO compacted_text (compacted_text, rank) {command}")
+            except apsw.CorruptError as e:
+                integrity = [line for line in integrity if line != "ok"] + [str(e)]
+        unmatched = conn.execute(
+            f"""
+            SELECT count(*) FROM compacted_text AS t
+              LEFT JOIN messages AS m
+                ON m.agent_id = t.agent_id AND m.position = t.position
+               AND m.removed_in = t.version
+             WHERE CASE WHEN m.body IS NULL OR NOT json_valid(m.body) THEN 1
+                        ELSE t.text IS NOT {_indexed_text("m.body")} END
+            """
+        ).get
+        if unmatched:
+            integrity = [line for line in integrity if line != "ok"]
+            integrity.append(f"{unmatched} rows of compacted_text differ from their messages")
         facts: dict[str, Any] = {
-            "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
+            "integrity": "; ".join(integrity),
             "damaged_rows": [dataclasses.asdict(row) for row in row_checks.damaged_rows(conn)],
             "schema": conn.pragma("user_version"),
         }
@@ -325,6 +335,20 @@ class SQLiteDatabase:
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
         return facts
+
+
+def _indexed_text(body: str) -> str:
+    """The text of the message ``body`` that recall indexes: its text blocks, plain
+    content and tool-call arguments (of bodies SQLite's JSON functions read: not
+    nested deeper than 1,000, sqlite.org/json1.html#jmini)."""
+    return f"""concat_ws(
+        ' ',
+        CASE json_type({body}, '$.content')
+        WHEN 'array' THEN (
+            SELECT group_concat(json_extract(value, '$.text'), ' ')
+              FROM json_each({body}, '$.content'))
+        ELSE json_extract({body}, '$.content') END,
+        json_extract({body}, '$.tool_calls'))"""
 
 
 # The databases this process opened and has not closed: a normal interpreter
