@@ -47,7 +47,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools, Store
-from effectful_durable.store.workspace import SQLResult, WorkspaceTurn
+from effectful_durable.store.workspace.workspace import SQLResult, WorkspaceTurn
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 

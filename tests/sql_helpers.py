@@ -11,7 +11,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistentAgent, SQLLimits, SQLTools, Store
-from effectful_durable.store.workspace_cache import workspace_path
+from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import is_postgres, persisted
 

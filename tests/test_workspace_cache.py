@@ -24,7 +24,7 @@ from postgres_server import PostgresServer
 
 from effectful_durable import SQLWorkspaceError, Store
 from effectful_durable.store.copy import copy_store
-from effectful_durable.store.workspace_cache import WorkspaceCache
+from effectful_durable.store.workspace.cache import WorkspaceCache
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import persisted
 from tests.sql_helpers import Tracker, sql_turn, workspace_file

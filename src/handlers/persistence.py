@@ -27,7 +27,6 @@ from ..agents.state import conversation_fields, dump_state, reset_conversation_s
 from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
-from ..store.conversation_fields import ConversationFieldsWrite
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -36,7 +35,8 @@ from ..store.history import (
     plan_logged,
 )
 from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
-from ..store.parts import TurnWrite
+from ..store.parts.conversation_fields import ConversationFieldsWrite
+from ..store.parts.versioned import TurnWrite
 from .alarms import AlarmHandling
 from .conversations import ConversationHandling
 from .effectful_hooks import (

@@ -11,8 +11,8 @@ from effectful.ops.semantics import fwd
 from effectful.ops.syntax import ObjectInterpretation, implements
 
 from ..agents.sql_tools import SQLTools, workspace_execute, workspace_insert, workspace_query
-from ..store.sandbox import Refused, row_limits_text
-from ..store.workspace import SQLResult, WorkspaceTurn, jsonable
+from ..store.workspace.sandbox import Refused, row_limits_text
+from ..store.workspace.workspace import SQLResult, WorkspaceTurn, jsonable
 
 if TYPE_CHECKING:
     from ..store import Store

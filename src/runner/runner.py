@@ -31,7 +31,7 @@ from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
 from ..store.alarm_queue import Claim, Polling, runner_id
-from ..store.backend import AlarmListener
+from ..store.engine.seam import AlarmListener
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig
 

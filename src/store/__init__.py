@@ -1,7 +1,7 @@
 """The durable log on SQLite. Knows nothing about effectful."""
 
-from .connection import Durability, connect
-from .memory import MemoryNote
+from .engine.sqlite.connection import Durability, connect
+from .parts.memory import MemoryNote
 from .records import (
     AgentRecord,
     Compaction,

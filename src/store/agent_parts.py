@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any, cast
 import apsw
 
 from ..errors import DatabaseBusyError
-from . import alarms as _alarms
 from .alarm_queue import AlarmQueue, statuses
-from .alarms import AlarmInfo, Schedule
 from .base import StoreBase
 from .ids import validate_agent_id
-from .memory import KEY, NOTE, MemoryNote, memory_at, note_of
+from .parts import alarms as _alarms
+from .parts.alarms import AlarmInfo, Schedule
+from .parts.memory import KEY, NOTE, MemoryNote, memory_at, note_of
 from .rows import current_version
-from .workspace import SQLResult, WorkspaceTurn, read_sql
+from .workspace.workspace import SQLResult, WorkspaceTurn, read_sql
 
 if TYPE_CHECKING:
     from .store import Store

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .alarms import AlarmStatus, Schedule
-from .backend import AlarmListener, Conn, Database
-from .damage import watched
+from .engine.seam import AlarmListener, Conn, Database
+from .engine.sqlite.damage import watched
+from .parts.alarms import AlarmStatus, Schedule
 from .rows import legible, utc
 
 if TYPE_CHECKING:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from .backend import Conn
+from .engine.seam import Conn
 
 if TYPE_CHECKING:
-    from .backend import Database
+    from .engine.seam import Database
     from .records import AgentRecord
 
 

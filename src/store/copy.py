@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DurableError
-from .backend import Conn, Database
+from .engine.seam import Conn, Database
 from .history import HistoryChange
 from .records import Compaction
 

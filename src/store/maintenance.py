@@ -10,16 +10,17 @@ from typing import TYPE_CHECKING, Any, cast
 import apsw
 
 from ..errors import DatabaseBusyError, DurableError, NotFoundError
-from . import conversation_fields, retention
-from . import conversations as _conversations
+from . import retention
 from .base import StoreBase
 from .copy import copy_store
+from .engine.sqlite.translate import translated
 from .ids import validate_agent_id, validate_conversation_id
-from .parts import TurnWrite
+from .parts import conversation_fields
+from .parts import conversations as _conversations
+from .parts.versioned import TurnWrite
 from .reads import no_agent, no_conversation
 from .records import ForkedAgent, PruneResult
 from .rows import current_version, state_at
-from .translate import translated
 
 if TYPE_CHECKING:
     from .store import Store

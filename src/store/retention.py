@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import apsw
 
 from ..errors import AgentInUseError, DurableError, NotFoundError
-from .backend import Conn
-from .parts import VersionedPart
+from .engine.seam import Conn
+from .parts.versioned import VersionedPart
 from .records import PruneResult
 
 if TYPE_CHECKING:

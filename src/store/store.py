@@ -18,16 +18,16 @@ import apsw
 
 from ..errors import NotSupportedError
 from .agent_parts import PartMethods
-from .backend import Conn, Database, is_postgres_url
-from .connection import Durability
-from .damage import DamageWatch, watched
+from .engine.seam import Conn, Database, is_postgres_url
+from .engine.sqlite.connection import Durability
+from .engine.sqlite.damage import DamageWatch, watched
+from .engine.sqlite.database import SQLiteDatabase
 from .ids import validate_agent_id
 from .journal import WorkflowJournal
 from .maintenance import Maintenance
-from .memory import MemoryRows
+from .parts.memory import MemoryRows
 from .reads import StoreReads
 from .rows import current_version
-from .sqlite import SQLiteDatabase
 from .turns import TurnProtocol
 
 
@@ -110,7 +110,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             raise ValueError(msg)
         self._db: Database
         if is_postgres_url(self.path):
-            from .postgres import PostgresDatabase  # psycopg only when asked for
+            from .engine.postgres.database import PostgresDatabase  # psycopg only when asked for
 
             if on_unreadable != "refuse":
                 msg = "on_unreadable='quarantine' is for SQLite files, not PostgreSQL databases"

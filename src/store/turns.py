@@ -10,14 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import AgentInUseError
-from . import conversation_fields
-from . import conversations as _conversations
-from .backend import Conn
 from .base import StoreBase
+from .engine.seam import Conn
 from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION
 from .journal import STEP_UPSERT, step_number
-from .parts import TurnWrite
+from .parts import conversation_fields
+from .parts import conversations as _conversations
+from .parts.versioned import TurnWrite
 from .records import Compaction, Handoff, LoadedAgent, TurnStart
 from .rows import current_version, decode_positioned, dumps, legible, state_at, utc
 

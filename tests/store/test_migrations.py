@@ -7,8 +7,8 @@ import apsw
 import pytest
 
 from effectful_durable import DurableError, NotOurDatabaseError, SchemaTooNewError, Store
-from effectful_durable.store import row_checks
-from effectful_durable.store.migrations import (
+from effectful_durable.store.engine.sqlite import row_checks
+from effectful_durable.store.engine.sqlite.migrations import (
     APPLICATION_ID,
     MIGRATIONS,
     SCHEMA_VERSION,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .backend import Conn
+from ..engine.seam import Conn
 
 
 class TurnWrite(Protocol):

@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from ..errors import SQLWorkspaceError
-from .backend import Conn
-from .damage import CORRUPTION
+from ...errors import SQLWorkspaceError
+from ..engine.seam import Conn
+from ..engine.sqlite.damage import CORRUPTION
+from ..engine.sqlite.translate import translated
+from .cache import WorkspaceFiles, caught_up, materialize, set_aside
+from .log import Step, apply, merged, stamp_of, write_log
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
-from .translate import translated
-from .workspace_cache import WorkspaceFiles, caught_up, materialize, set_aside
-from .workspace_log import Step, apply, merged, stamp_of, write_log
-from .workspace_schema import Declaration, TableInfo, plan_migration, quote, tables
+from .schema import Declaration, TableInfo, plan_migration, quote, tables
 
 if TYPE_CHECKING:
-    from .backend import Database
+    from ..engine.seam import Database
 
 
 @dataclass(frozen=True)

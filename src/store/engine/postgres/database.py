@@ -39,7 +39,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
 
-from ..errors import (
+from ....errors import (
     AgentInUseError,
     DatabaseBusyError,
     DatabaseUnavailableError,
@@ -48,18 +48,18 @@ from ..errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from . import conversation_fields
-from . import conversations as _conversations
-from .alarms import AlarmPart
-from .backend import Conn, Rows, redacted
-from .memory import MemoryPart
-from .migrations import APPLICATION_ID
-from .parts import TurnWrite, VersionedPart
-from .postgres_listen import KEEPALIVES, NotifyListener
-from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
-from .records import Compaction
-from .workspace_cache import WorkspaceCache, user_cache_root
-from .workspace_log import WorkspacePart
+from ...parts import conversation_fields
+from ...parts import conversations as _conversations
+from ...parts.alarms import AlarmPart
+from ...parts.memory import MemoryPart
+from ...parts.versioned import TurnWrite, VersionedPart
+from ...records import Compaction
+from ...workspace.cache import WorkspaceCache, user_cache_root
+from ...workspace.log import WorkspacePart
+from ..seam import Conn, Rows, redacted
+from ..sqlite.migrations import APPLICATION_ID
+from .listen import KEEPALIVES, NotifyListener
+from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
 

@@ -25,9 +25,9 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .parts import TurnWrite, VersionedPart
-    from .records import Compaction
-    from .workspace_cache import WorkspaceCache
+    from ..parts.versioned import TurnWrite, VersionedPart
+    from ..records import Compaction
+    from ..workspace.cache import WorkspaceCache
 
 
 class Rows(Protocol):

@@ -15,7 +15,7 @@ from typing import Literal
 import apsw
 import apsw.bestpractice
 
-from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
+from ....errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
 from . import row_checks
 from .damage import (
     CORRUPTION,

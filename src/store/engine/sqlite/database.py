@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import apsw
 
-from ..errors import (
+from ....errors import (
     AgentInUseError,
     DatabaseBusyError,
     DatabaseCorruptError,
@@ -27,20 +27,21 @@ from ..errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from . import conversation_fields, row_checks
-from . import conversations as _conversations
-from .alarm_queue import Polling
-from .alarms import AlarmPart
-from .backend import Conn, Rows
+from ...alarm_queue import Polling
+from ...parts import conversation_fields
+from ...parts import conversations as _conversations
+from ...parts.alarms import AlarmPart
+from ...parts.memory import MemoryPart
+from ...parts.versioned import TurnWrite, VersionedPart
+from ...records import Compaction
+from ...workspace.cache import WorkspaceCache
+from ...workspace.log import WorkspacePart
+from ..seam import Conn, Rows
+from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
-from .memory import MemoryPart
-from .parts import TurnWrite, VersionedPart
-from .records import Compaction
 from .translate import translate, translated
-from .workspace_cache import WorkspaceCache
-from .workspace_log import WorkspacePart
 
 # Every part of an agent's record besides messages, fields and the SQL workspace
 # (whose part knows where this database's workspace files are): rollback and fork

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING
 
 import apsw
 
-from ..errors import SQLWorkspaceError
-from .damage import CORRUPTION, header_problem
+from ...errors import SQLWorkspaceError
+from ..engine.sqlite.damage import CORRUPTION, header_problem
+from .log import RESET, Step, Truth, apply, log, replayed, truth
 from .sandbox import SQLLimits, harden
-from .workspace_log import RESET, Step, Truth, apply, log, replayed, truth
 
 if TYPE_CHECKING:
-    from .backend import Database
+    from ..engine.seam import Database
 
 logger = logging.getLogger("effectful_durable.store")
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from .backend import Conn
-from .workspace_schema import quote, tables
+from ..engine.seam import Conn
+from .schema import quote, tables
 
 if TYPE_CHECKING:
-    from .workspace_cache import WorkspaceCache
+    from .cache import WorkspaceCache
 
 RESET = "-- reset"  # a DDL step that drops every table: snapshots start with it
 

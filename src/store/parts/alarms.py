@@ -29,12 +29,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from ..errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
-from .backend import Conn
-from .rows import storable, utc
+from ...errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
+from ..engine.seam import Conn
+from ..rows import storable, utc
 
 if TYPE_CHECKING:
-    from .alarm_queue import Claim
+    from ..alarm_queue import Claim
 
 #: Longest action text an alarm may carry.
 MAX_ACTION = 4000
