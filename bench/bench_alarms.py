@@ -55,7 +55,7 @@ from effectful_durable import (
     RunnerConfig,
     Store,
 )
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 from effectful_durable.testing import FakeCall, FakeLLM
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,7 +8,7 @@ import pytest
 
 from effectful_durable import Store
 from effectful_durable.cli import main
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 from tests.helpers import run_cli_in_fresh_python
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from effectful_durable import CompactionHandler, PersistenceHandler, RecallTools, Store
 from effectful_durable.cli import main
+from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.copy import TABLES
-from effectful_durable.store.parts.alarms import make_schedule
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, Keeper, persisted, persisted_rows, running
 from tests.sql_helpers import Builder, sql_turn

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from effectful_durable import DatabaseCorruptError, Store
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.damage_helpers import (

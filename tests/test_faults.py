@@ -45,7 +45,7 @@ from effectful_durable.agents.history import history_messages
 from effectful_durable.agents.state import dump_state
 from effectful_durable.runner import FakeClock
 from effectful_durable.store import Durability
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 from tests.alarms_app import delivered, make_agent, make_handlers

@@ -22,7 +22,7 @@ from alarms_app import delivered
 from helpers import integrity, persisted_rows
 
 from effectful_durable import Store
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 
 CHILD = Path(__file__).with_name("runner_child.py")
 KILLS = 20

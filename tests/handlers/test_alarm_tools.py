@@ -152,6 +152,6 @@ class TestPythonSchedule:
 def _schedule(delay: float):
     import time
 
-    from effectful_durable.store.parts.alarms import make_schedule
+    from effectful_durable.store.alarms import make_schedule
 
     return make_schedule(time.time(), delay=delay)

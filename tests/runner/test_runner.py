@@ -21,7 +21,7 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.runner import FakeClock
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 
 START = 1_800_000_000.0

@@ -14,7 +14,7 @@ from helpers import persisted_rows
 
 from effectful_durable import Store
 from effectful_durable.cli import main
-from effectful_durable.store.parts.alarms import make_schedule
+from effectful_durable.store.alarms import make_schedule
 
 TESTS = Path(__file__).parents[1]
 START_TIMEOUT = 120.0
