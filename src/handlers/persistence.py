@@ -27,6 +27,7 @@ from ..agents.state import conversation_fields, dump_state, reset_conversation_s
 from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
+from ..store.engine.seam import TurnWrite
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -36,7 +37,6 @@ from ..store.history import (
 )
 from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
 from ..store.parts.conversation_fields import ConversationFieldsWrite
-from ..store.parts.versioned import TurnWrite
 from .alarms import AlarmHandling
 from .conversations import ConversationHandling
 from .effectful_hooks import (

@@ -77,15 +77,17 @@ class PartMethods(StoreBase):
             latest = current_version(conn, agent_id)
         try:
             return read_sql(
-                self._db, agent_id, query, params, version=version, latest=version == latest,
-                readonly=self.readonly, busy_timeout=self.busy_timeout,
+                self._db, self._workspaces, agent_id, query, params, version=version,
+                latest=version == latest, readonly=self.readonly, busy_timeout=self.busy_timeout,
             )  # fmt: skip
         except apsw.BusyError as e:
             raise DatabaseBusyError(self._db.location, self.busy_timeout) from e
 
     def workspace_turn(self, agent_id: str, **options: Any) -> WorkspaceTurn:
         """Open the agent's SQL workspace for its running turn (its lock is held)."""
-        return WorkspaceTurn(self._db, agent_id, busy_timeout=self.busy_timeout, **options)
+        return WorkspaceTurn(
+            self._db, self._workspaces, agent_id, busy_timeout=self.busy_timeout, **options
+        )
 
     # -- alarms (SQL in alarms.py) ----------------------------------------------
 

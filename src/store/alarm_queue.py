@@ -227,15 +227,6 @@ def statuses(conn: Conn) -> list[dict[str, Any]]:
     ]
 
 
-class Polling:
-    """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
-
-    listening = False
-
-    def close(self) -> None:
-        """Nothing to stop."""
-
-
 @watched(lambda queue: queue._store._damage)
 class AlarmQueue:
     """The runner's side of the alarms of one Store: claim, fail, release, report.

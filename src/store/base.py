@@ -18,7 +18,9 @@ from .engine.seam import Conn
 
 if TYPE_CHECKING:
     from .engine.seam import Database
+    from .parts.versioned import VersionedPart
     from .records import AgentRecord
+    from .workspace.cache import WorkspaceCache
 
 
 class StoreBase:
@@ -29,6 +31,10 @@ class StoreBase:
         readonly: bool
         busy_timeout: float
         _db: Database
+        _workspaces: WorkspaceCache
+
+        @property
+        def _parts(self) -> tuple[VersionedPart, ...]: ...
 
         def _connection(self) -> apsw.Connection: ...
 

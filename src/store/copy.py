@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DurableError
 from .engine.seam import Conn, Database
-from .history import HistoryChange
-from .records import Compaction
 
 if TYPE_CHECKING:
     from .store import Store
@@ -162,17 +160,6 @@ def _index_compacted(conn: Conn, db: Database) -> int:
            AND m.position BETWEEN c.first_position AND c.last_position
         """
     ).fetchall()
-    nothing = HistoryChange(added=[], removed=[], removed_count=0)
-    for (
-        agent_id,
-        version,
-        summary_id,
-        first,
-        last,
-        messages,
-        summarizer,
-        conversation,
-    ) in compactions:
-        compaction = Compaction(nothing, summary_id, first, last, messages, summarizer)
-        db.index_compacted(conn, agent_id, version, compaction, conversation)
+    for agent_id, version, _, first, last, _, _, conversation in compactions:
+        db.index_compacted(conn, agent_id, version, first, last, conversation)
     return _count(conn, "compacted_text")

@@ -13,11 +13,11 @@ from ..errors import DatabaseBusyError, DurableError, NotFoundError
 from . import retention
 from .base import StoreBase
 from .copy import copy_store
+from .engine.seam import TurnWrite
 from .engine.sqlite.translate import translated
 from .ids import validate_agent_id, validate_conversation_id
 from .parts import conversation_fields
 from .parts import conversations as _conversations
-from .parts.versioned import TurnWrite
 from .reads import no_agent, no_conversation
 from .records import ForkedAgent, PruneResult
 from .rows import current_version, state_at
@@ -90,7 +90,7 @@ class Maintenance(StoreBase):
                 removed=removed,
                 detail={"to": version},
             )
-            for part in self._db.parts:
+            for part in self._parts:
                 part.rollback(conn, agent_id, version, new)
             conn.execute(
                 "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ?",
@@ -150,7 +150,7 @@ class Maintenance(StoreBase):
                 removed=0,
                 detail={"from": agent_id, "version": version},
             )
-            for part in self._db.parts:
+            for part in self._parts:
                 part.fork(conn, agent_id, version, new_agent_id)
         record = next(a for a in self.agents() if a.agent_id == new_agent_id)
         return ForkedAgent(
@@ -175,7 +175,7 @@ class Maintenance(StoreBase):
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
                 raise NotFoundError(no_agent(agent_id, self._db.location))
-            for part in self._db.parts:
+            for part in self._parts:
                 part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
             conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
@@ -229,7 +229,7 @@ class Maintenance(StoreBase):
             keep_versions=keep_versions,
             older_than=older_than,
             drop_compacted=drop_compacted,
-            parts=self._db.parts,
+            parts=self._parts,
         )
 
     def vacuum(self) -> int:
@@ -289,7 +289,7 @@ class Maintenance(StoreBase):
     def pruning(self, keep_versions: int) -> TurnWrite:
         """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""
         self._db.require("pruning as you go (keep_versions)")
-        return retention.PruneAsYouGo(keep_versions, self._db.parts)
+        return retention.PruneAsYouGo(keep_versions, self._parts)
 
     def delete_conversation(self, agent_id: str, conversation: str) -> int:
         """Delete one conversation of the agent, as a new version.

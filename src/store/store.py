@@ -10,8 +10,10 @@ methods, the same on both backends.
 
 from __future__ import annotations
 
+import atexit
 import os
-from contextlib import AbstractContextManager
+import weakref
+from contextlib import AbstractContextManager, suppress
 from typing import Literal
 
 import apsw
@@ -25,10 +27,27 @@ from .engine.sqlite.database import SQLiteDatabase
 from .ids import validate_agent_id
 from .journal import WorkflowJournal
 from .maintenance import Maintenance
-from .parts.memory import MemoryRows
+from .parts.alarms import AlarmPart
+from .parts.conversation_fields import ConversationFields
+from .parts.conversations import Conversations
+from .parts.memory import MemoryPart, MemoryRows
+from .parts.versioned import VersionedPart
 from .reads import StoreReads
 from .rows import current_version
 from .turns import TurnProtocol
+from .workspace.cache import WorkspaceCache
+from .workspace.log import WorkspacePart
+
+# Every part of an agent's record besides messages, fields and the SQL workspace
+# (whose part knows where this machine's workspace files are): rollback, fork,
+# prune and delete carry each of them (see parts/versioned.py). Both backends
+# carry every part.
+PARTS: tuple[VersionedPart, ...] = (
+    Conversations(),
+    ConversationFields(),
+    MemoryPart(),
+    AlarmPart(),
+)
 
 
 @watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
@@ -124,6 +143,9 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             )
             self._db = db
             self._damage = DamageWatch(db.location, [])
+            # Many machines share the log: each file is trusted only while stamped
+            # with the commit it holds (workspace/cache.py).
+            self._workspaces = WorkspaceCache(db.workspace_directory, stamped=True)
         else:
             if workspace_dir is not None:
                 msg = (
@@ -140,6 +162,10 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             )
             self._db = self._sqlite = sqlite
             self._damage = sqlite.damage
+            self._workspaces = WorkspaceCache.beside(self.path)
+            self._pid = os.getpid()
+            _open.add(self)
+        self._workspace_part = WorkspacePart(self._workspaces)
         self.memory_rows = MemoryRows(self._reading)  # current memory, for the handler
 
     def __repr__(self) -> str:
@@ -153,7 +179,11 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
 
     def close(self) -> None:
         """Close every connection this store opened, in all threads."""
-        self._db.close()
+        _open.discard(self)
+        try:
+            self._db.close()
+        finally:
+            self._workspaces.close()
 
     # -- the agents' locks ----------------------------------------------------
 
@@ -169,6 +199,13 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         return self._db.agent_lock(validate_agent_id(agent_id), wait=wait)
 
     # -- internals -----------------------------------------------------------
+
+    @property
+    def _parts(self) -> tuple[VersionedPart, ...]:
+        """The parts of an agent's record besides messages and fields: rollback,
+        fork, prune and delete go through each."""
+        # Read at each use, so that a test may replace the module's tuple.
+        return (*PARTS, self._workspace_part)
 
     def _connection(self) -> apsw.Connection:
         """This thread's SQLite connection (SQLite only: vacuum, backup)."""
@@ -197,3 +234,16 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
     def _version_of(self, agent_id: str) -> int | None:
         with self._reading() as conn:
             return current_version(conn, agent_id)
+
+
+# The SQLite stores this process opened and has not closed: a normal interpreter
+# exit closes them, so that a program that never called close() leaves one file.
+_open: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_open):
+        if store._pid == os.getpid():  # not a forked child's copy of its parent's
+            with suppress(apsw.Error):
+                store.close()

@@ -14,13 +14,6 @@ from typing import Protocol
 from ..engine.seam import Conn
 
 
-class TurnWrite(Protocol):
-    """Something a turn writes besides messages and fields, in the turn's transaction."""
-
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
-        """Apply the write as part of ``version`` of ``agent_id``; raise to abort the turn."""
-
-
 class VersionedPart(Protocol):
     """A part of the agent's record that every version carries."""
 

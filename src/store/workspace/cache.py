@@ -60,18 +60,6 @@ _RECORD = struct.Struct("<qdI")
 _STAMPS_SIZE = 2 * _RECORD.size
 
 
-def user_cache_root() -> str:
-    """Where a PostgreSQL Store keeps workspace files unless told: the user's cache directory.
-
-    ``$XDG_CACHE_HOME/effectful-durable/workspaces``, or ``~/.cache/...`` when
-    ``XDG_CACHE_HOME`` is unset or not absolute (as the XDG base directory spec says).
-    """
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "effectful-durable", "workspaces")
-
-
 class WorkspaceCache:
     """Where one database's SQL workspace files live on this machine, and how they are trusted.
 

@@ -48,29 +48,11 @@ from ....errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from ...parts import conversation_fields
-from ...parts import conversations as _conversations
-from ...parts.alarms import AlarmPart
-from ...parts.memory import MemoryPart
-from ...parts.versioned import TurnWrite, VersionedPart
-from ...records import Compaction
-from ...workspace.cache import WorkspaceCache, user_cache_root
-from ...workspace.log import WorkspacePart
-from ..seam import Conn, Rows, redacted
-from ..sqlite.migrations import APPLICATION_ID
+from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, redacted
 from .listen import KEEPALIVES, NotifyListener
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
-
-# The parts carried on PostgreSQL besides the SQL workspace (whose part knows where
-# this machine's workspace files are).
-PARTS: tuple[VersionedPart, ...] = (
-    _conversations.Conversations(),
-    conversation_fields.ConversationFields(),
-    MemoryPart(),
-    AlarmPart(),
-)
 
 # What PostgreSQL does not carry yet, by the name Database.require is given (every
 # part a turn writes is carried now).
@@ -139,24 +121,21 @@ class PostgresDatabase:
             raise DatabaseUnavailableError(self.location, _reason(e)) from e
         try:
             self._prepare()
-            directory = os.path.join(workspace_dir or user_cache_root(), self._cache_name())
+            #: This machine's directory of the agents' SQL workspace files (their
+            #: cache: see store/workspace/cache.py), one per database.
+            self.workspace_directory = os.path.join(
+                workspace_dir or user_cache_root(), self._cache_name()
+            )
         except BaseException:
             self._pool.close()
             raise
-        self.workspaces = WorkspaceCache(directory, stamped=True)
-        self._workspace_part = WorkspacePart(self.workspaces)
         self._locks = _AdvisoryLocks(self)
 
-    @property
-    def parts(self) -> Sequence[VersionedPart]:
-        return (*PARTS, self._workspace_part)
-
     def close(self) -> None:
-        """Close the pool, the lock connection and the workspace files."""
+        """Close the pool and the lock connection."""
         self._closed = True
         self._locks.close()
         self._pool.close()
-        self.workspaces.close()
 
     # -- connections and transactions ------------------------------------------
 
@@ -348,7 +327,13 @@ class PostgresDatabase:
         return conn.execute(f"{query} FOR UPDATE SKIP LOCKED", params)
 
     def index_compacted(
-        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        first_position: float,
+        last_position: float,
+        conversation: str,
     ) -> None:
         # The text of the originals, for RecallTools: text blocks, plain content and
         # tool-call arguments, as the SQLite backend indexes them. Read here rather
@@ -359,13 +344,7 @@ class PostgresDatabase:
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
                AND position BETWEEN ?3 AND ?4
             """,
-            (
-                agent_id,
-                version,
-                compaction.first_position,
-                compaction.last_position,
-                conversation,
-            ),
+            (agent_id, version, first_position, last_position, conversation),
         ).fetchall()
         conn.executemany(
             "INSERT INTO compacted_text (agent_id, position, version, text, words)"
@@ -519,6 +498,18 @@ def _searchable(body: str) -> str:
         parts.append(json.dumps(message["tool_calls"], ensure_ascii=False))
     text = " ".join(part for part in parts if part).replace("\0", " ")
     return text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate becomes "?"
+
+
+def user_cache_root() -> str:
+    """Where a PostgreSQL Store keeps workspace files unless told: the user's cache directory.
+
+    ``$XDG_CACHE_HOME/effectful-durable/workspaces``, or ``~/.cache/...`` when
+    ``XDG_CACHE_HOME`` is unset or not absolute (as the XDG base directory spec says).
+    """
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "effectful-durable", "workspaces")
 
 
 def _key(scope: str, name: str) -> int:
