@@ -36,7 +36,7 @@ from .reads import StoreReads
 from .rows import current_version
 from .turns import TurnProtocol
 from .workspace.cache import WorkspaceCache
-from .workspace.log import WorkspacePart
+from .workspace.part import WorkspacePart
 
 # Every part of an agent's record besides messages, fields and the SQL workspace
 # (whose part knows where this machine's workspace files are): rollback, fork,

@@ -385,7 +385,7 @@ class TestVersions:
 
     def test_prune_folds_only_when_it_pays(self, store_url: str) -> None:
         """A snapshot is rewritten only once the steps it replaces outweigh it."""
-        from effectful_durable.store.workspace.log import WorkspacePart
+        from effectful_durable.store.workspace.part import WorkspacePart
 
         bot = Tracker(agent_id="t")
         big = "x" * 2000
