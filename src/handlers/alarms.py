@@ -15,9 +15,8 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 from ..agents.alarms import alarm_delivered, alarms_of, cancel_alarm_of, schedule_alarm_for
 from ..agents.persistent import PersistentAgent
 from ..errors import InvalidAlarmError
-from ..store.alarm_queue import Claim
 from ..store.parts import alarms as store_alarms
-from ..store.parts.alarms import AlarmWrite
+from ..store.parts.alarms import AlarmWrite, Claim
 
 if TYPE_CHECKING:
     from ..store import Store

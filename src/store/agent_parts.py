@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import apsw
 
@@ -18,9 +18,6 @@ from .parts.alarms import AlarmInfo, Schedule
 from .parts.memory import KEY, NOTE, MemoryNote, memory_at, note_of
 from .rows import current_version
 from .workspace.workspace import SQLResult, WorkspaceTurn, read_sql
-
-if TYPE_CHECKING:
-    from .store import Store
 
 
 class PartMethods(StoreBase):
@@ -163,4 +160,4 @@ class PartMethods(StoreBase):
     @property
     def alarm_queue(self) -> AlarmQueue:
         """The runner's protocol: claim, release and fail alarms, report status."""
-        return AlarmQueue(cast("Store", self))
+        return AlarmQueue(self)

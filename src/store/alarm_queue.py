@@ -16,29 +16,15 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .engine.seam import AlarmListener, Conn, Database
 from .engine.sqlite.damage import watched
-from .parts.alarms import AlarmStatus, Schedule
+from .parts.alarms import AlarmStatus, Claim, Schedule
 from .rows import legible, utc
 
 if TYPE_CHECKING:
-    from .store import Store
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """An alarm a runner holds the lease of, to deliver it as a turn of its agent."""
-
-    alarm_id: str
-    agent_id: str
-    action: str
-    schedule: Schedule
-    attempts: int
-    token: str
-    lease_until: float
+    from .base import StoreBase
 
 
 def counts(conn: Conn, now: float) -> dict[str, int]:
@@ -234,7 +220,7 @@ class AlarmQueue:
     Each method is one short transaction on the calling thread's connection.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StoreBase) -> None:
         self._store = store
 
     def listen(self, wake: Callable[[], None]) -> AlarmListener:

@@ -23,7 +23,7 @@ from ..errors import DurableError
 from .engine.seam import Conn, Database
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .base import StoreBase
 
 #: The tables of agent data, parents before children. Adding a table is one line.
 TABLES: tuple[str, ...] = (
@@ -53,7 +53,7 @@ class CopyResult:
     indexed: int
 
 
-def copy_store(source: Store, target: Store) -> CopyResult:
+def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
     """Copy every agent (versions, journals, memory, SQL tables, alarms) and the
     runners' status reports to ``target``.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import apsw
 
@@ -21,9 +21,6 @@ from .parts import conversations as _conversations
 from .reads import no_agent, no_conversation
 from .records import ForkedAgent, PruneResult
 from .rows import current_version, state_at
-
-if TYPE_CHECKING:
-    from .store import Store
 
 
 class Maintenance(StoreBase):
@@ -224,7 +221,7 @@ class Maintenance(StoreBase):
         """
         self._db.require("Store.prune")
         return retention.prune_store(
-            cast("Store", self),
+            self,
             agent_id,
             keep_versions=keep_versions,
             older_than=older_than,
@@ -278,11 +275,9 @@ class Maintenance(StoreBase):
             retention.backup(self._connection(), self.path, target)
             return
 
-        from .store import Store  # the module that assembles Store imports this one
-
         def write(partial: str) -> None:
-            with Store(partial) as copy:
-                copy_store(cast("Store", self), copy)
+            with self._store_at(partial) as copy:
+                copy_store(self, copy)
 
         retention.publish(self._db.location, target, write)
 

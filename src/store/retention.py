@@ -27,11 +27,11 @@ from .parts.versioned import VersionedPart
 from .records import PruneResult
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .base import StoreBase
 
 
 def prune_store(
-    store: Store,
+    store: StoreBase,
     agent_id: str | None,
     *,
     keep_versions: int | None,

@@ -211,6 +211,10 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         """This thread's SQLite connection (SQLite only: vacuum, backup)."""
         return self._sqlite_db().connection()
 
+    def _store_at(self, path: str) -> Store:
+        """A new Store on ``path``, with the defaults (backup of a PostgreSQL database)."""
+        return Store(path)
+
     def _sqlite_db(self) -> SQLiteDatabase:
         if not isinstance(self._db, SQLiteDatabase):
             what = "a direct SQLite connection (Store._connection)"

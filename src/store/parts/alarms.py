@@ -24,7 +24,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -32,9 +32,6 @@ from cronsim import CronSim, CronSimError
 from ...errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
 from ..engine.seam import Conn
 from ..rows import storable, utc
-
-if TYPE_CHECKING:
-    from ..alarm_queue import Claim
 
 #: Longest action text an alarm may carry.
 MAX_ACTION = 4000
@@ -212,6 +209,23 @@ class AlarmInfo:
     next_attempt: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An alarm a runner holds the lease of, to deliver it as a turn of its agent.
+
+    Made by the runners' queue (``store/alarm_queue.py``); the turn that delivers
+    the alarm commits only while ``token`` is still the alarm's (:class:`AlarmWrite`).
+    """
+
+    alarm_id: str
+    agent_id: str
+    action: str
+    schedule: Schedule
+    attempts: int
+    token: str
+    lease_until: float
+
+
 # -- staged writes of a turn --------------------------------------------------
 
 
@@ -240,8 +254,8 @@ class _Deliver:
 class AlarmWrite:
     """What one turn does to its agent's alarms, applied in the turn's transaction.
 
-    A :class:`~effectful_durable.store.parts.TurnWrite`. Operations apply in the
-    order they were staged.
+    A TurnWrite (``store/engine/seam.py``). Operations apply in the order they
+    were staged.
     """
 
     ops: list[_Add | _Cancel | _Deliver] = field(default_factory=list)
