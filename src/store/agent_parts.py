@@ -86,7 +86,7 @@ class PartMethods(StoreBase):
             self._db, self._workspaces, agent_id, busy_timeout=self.busy_timeout, **options
         )
 
-    # -- alarms (SQL in alarms.py) ----------------------------------------------
+    # -- alarms (SQL in parts/alarms.py) ----------------------------------------
 
     def alarms(
         self, agent_id: str | None = None, *, include_ended: bool = False

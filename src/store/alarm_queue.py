@@ -2,10 +2,11 @@
 
 A runner claims the earliest due alarm with a lease (its id, a random fencing
 token and an expiry); the turn that delivers the alarm commits only while the
-token is still the alarm's (``alarms.AlarmWrite``). A failed delivery is retried
+token is still the alarm's (``parts/alarms.py``'s ``AlarmWrite``). A failed delivery is retried
 later, or the alarm is dead; leases of runner processes that died on this host
 are taken back at once. None of this is versioned: it belongs to the runners,
-not to the agents (see ``alarms.py``).
+not to the agents (see ``parts/alarms.py``). The Store facade and the runner
+use it; the Claim it makes is the alarms part's.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ copied rows, since each backend indexes in its own way. Before the target
 commits, each table is read back and compared with the source: the counts and
 the rows themselves must match. The agents' SQL tables travel as their log
 (``workspace_log``): each machine that uses the target builds its workspace
-files from it (``workspace_cache.py``), in a cache of the target's own.
+files from it (``workspace/cache.py``), in a cache of the target's own.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """Store: the durable log of agents, on an SQLite file or a PostgreSQL database.
 
-The Store is assembled from one module per concern: this one picks the backend
-(``sqlite.py`` or ``postgres.py``, behind ``backend.py``'s seam) and holds it;
-``reads.py``, ``turns.py`` (the turn protocol and its one commit),
-``maintenance.py`` (rollback, fork, delete, retention), ``agent_parts.py``
-(memory, SQL workspace, alarms) and ``journal.py`` (workflow journals) hold the
-methods, the same on both backends.
+The Store is assembled from one module per concern: this one picks the engine
+(``engine/sqlite/`` or ``engine/postgres/``, behind ``engine/seam.py``) and holds
+it, with what the engines leave to the layers above them: the parts of an
+agent's record (``PARTS``, from ``parts/``) and this machine's cache of the
+agents' SQL workspace files (``workspace/``). ``reads.py``, ``turns.py`` (the
+turn protocol and its one commit), ``maintenance.py`` (rollback, fork, delete,
+retention), ``agent_parts.py`` (memory, SQL workspace, alarms) and
+``journal.py`` (workflow journals) hold the methods, the same on both backends.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Alarms: scheduled actions of agents, their versions, and the runner's queue.
 
-An alarm is stored as spans of its life (see ``schema.sql``): a span starts at the
+An alarm is stored as spans of its life (see ``engine/sqlite/schema.sql``): a span starts at the
 version that scheduled the alarm and ends at the version that delivered its last
 occurrence or cancelled it. That makes the agent's pending alarms part of every
 version, so rollback, fork and prune treat them as they treat messages:
@@ -13,7 +13,7 @@ version, so rollback, fork and prune treat them as they treat messages:
 - prune deletes spans that ended at or before ``keep_from``.
 
 Delivery state (leases, attempts, dead) is not versioned: it belongs to the
-runners, not to the agent (``alarm_queue.py``). Times are seconds since the
+runners, not to the agent (``store/alarm_queue.py``). Times are seconds since the
 epoch, UTC.
 """
 

@@ -1,7 +1,7 @@
 """An agent's SQL workspace in use: a turn's transaction on its tables; the developer's reads.
 
 The tables live in a SQLite file of the agent's own on this machine, caught up
-from the log in the main database (``workspace_cache.py``, ``workspace_log.py``);
+from the log in the main database (``cache.py``, ``log.py``);
 the agent's SQL runs there, in the sandbox of ``sandbox.py``, on both backends.
 
 A turn: the workspace file is caught up, then one write transaction on it is

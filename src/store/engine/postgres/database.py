@@ -4,7 +4,7 @@
 modules' SQL (``?``/``?N`` parameters) runs unchanged through
 :class:`PostgresConn`, which rewrites the parameters for psycopg; what only
 PostgreSQL speaks (full-text search, ``FOR UPDATE``, advisory locks, the
-schema's identification) is here. See ``backend.py`` for the seam.
+schema's identification) is here. See ``engine/seam.py`` for the seam.
 
 - Transactions: a write is ``BEGIN`` (read committed) ... ``COMMIT`` on a pooled
   connection; a read is one ``REPEATABLE READ READ ONLY`` snapshot. A block
@@ -18,7 +18,8 @@ schema's identification) is here. See ``backend.py`` for the seam.
   out, so the next block connects afresh.
 - The agents' SQL workspaces: their log is in this database, like every other
   part; each machine keeps its SQLite files of the agents' tables in a
-  stamped cache of its own, one directory per database (``workspace_cache.py``).
+  stamped cache of its own, one directory per database
+  (``workspace_directory``; ``store/workspace/cache.py``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ _MAX_POLL_SECONDS = 0.1
 
 
 class PostgresDatabase:
-    """One PostgreSQL database, as a Store's Database (see backend.py).
+    """One PostgreSQL database, as a Store's Database (see engine/seam.py).
 
     Raises:
         NotOurDatabaseError: Its schema holds tables, and none of them is ours.
@@ -267,7 +268,7 @@ class PostgresDatabase:
         database's OID and our schema: a database restored or cloned into a new one
         gets its own directory, and so does each schema of one database. Whatever
         the name, a file is trusted only while the log holds the commit it is
-        stamped with (workspace_cache.py).
+        stamped with (store/workspace/cache.py).
         """
         with self.reading() as conn:
             oid, schema, name = conn.execute(
@@ -460,7 +461,7 @@ class PostgresRows:
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
-# The shared SQL reads rows through SQLite's checked_<table> views (row_checks.py);
+# The shared SQL reads rows through SQLite's checked_<table> views (sqlite/row_checks.py);
 # PostgreSQL checks its own pages, so here they are the tables themselves.
 _CHECKED = re.compile(r"\bchecked_(?=\w)")
 

@@ -3,7 +3,7 @@
 Opening the file (identify, migrate, pragmas) is ``connection.py``; damage and
 I/O errors are translated by ``damage.py`` and ``translate.py``. This module
 holds the connections of one Store and the SQL that only SQLite speaks (FTS5,
-``PRAGMA integrity_check``); see ``backend.py`` for the seam.
+``PRAGMA integrity_check``); see ``engine/seam.py`` for the seam.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .translate import translate, translated
 
 
 class SQLiteDatabase:
-    """One SQLite database file, as a Store's Database (see backend.py).
+    """One SQLite database file, as a Store's Database (see engine/seam.py).
 
     Raises:
         NotOurDatabaseError, DatabaseCorruptError, SchemaTooNewError: as
