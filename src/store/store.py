@@ -181,11 +181,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
 
     def close(self) -> None:
         """Close every connection this store opened, in all threads."""
-        _open.discard(self)
-        try:
-            self._db.close()
-        finally:
-            self._workspaces.close()
+        self._close()
 
     # -- the agents' locks ----------------------------------------------------
 
@@ -201,6 +197,14 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
         return self._db.agent_lock(validate_agent_id(agent_id), wait=wait)
 
     # -- internals -----------------------------------------------------------
+
+    def _close(self) -> None:
+        # Not wrapped by @watched: the exit hook below meets SQLite's own errors.
+        _open.discard(self)
+        try:
+            self._db.close()
+        finally:
+            self._workspaces.close()
 
     @property
     def _parts(self) -> tuple[VersionedPart, ...]:
@@ -252,4 +256,4 @@ def _close_open_stores() -> None:
     for store in list(_open):
         if store._pid == os.getpid():  # not a forked child's copy of its parent's
             with suppress(apsw.Error):
-                store.close()
+                store._close()
