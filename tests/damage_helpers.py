@@ -238,8 +238,10 @@ class Outcome:
 
     ``kind`` is ``"recovered"`` (it opened, read back whole, held a committed
     state and took a turn), ``"refused"`` (a clear error at some point, bytes
-    unchanged) or ``"wrong"`` (it opened and read back a state no commit held:
-    damage SQLite cannot see). ``problems`` lists every broken promise.
+    unchanged), ``"checked"`` (a read through a damaged index missed or repeated
+    a row, and ``check``'s ``PRAGMA integrity_check`` reports that index) or
+    ``"wrong"`` (a read answered differently, and nothing reported the damage).
+    ``problems`` lists every broken promise.
     """
 
     kind: str = "recovered"
@@ -380,8 +382,10 @@ def probe(db_path: Path, states: set[str], baseline: Transcript | None = None) -
             if baseline is not None:
                 wrong = wrong_reads(transcript, baseline)
                 if wrong:
-                    outcome.kind = "wrong"
-                    outcome.errors.append(f"wrong: {', '.join(wrong[:3])}")
+                    # The b-trees (an index, say) are PRAGMA integrity_check's to
+                    # check: a read through a damaged index can miss a row until then.
+                    outcome.kind = "checked" if transcript["check"][0] != "ok" else "wrong"
+                    outcome.errors.append(f"{outcome.kind}: {', '.join(wrong[:3])}")
             elif not found:
                 try:
                     held = fingerprint(db_path)
@@ -400,10 +404,10 @@ def probe(db_path: Path, states: set[str], baseline: Transcript | None = None) -
                 "w1", base_version=start.version, template="ask", change=change, state=None
             )
     except DamagedRowError as e:  # one row: the turn that needs it fails, as a turn does
-        outcome.kind = "wrong" if outcome.kind == "wrong" else "refused"
+        outcome.kind = outcome.kind if outcome.kind in ("wrong", "checked") else "refused"
         outcome.errors.append(str(e))
     except REFUSALS as e:
-        outcome.kind = "wrong" if outcome.kind == "wrong" else "refused"
+        outcome.kind = outcome.kind if outcome.kind in ("wrong", "checked") else "refused"
         outcome.errors.append(str(e))
         if "backup" not in str(e):
             outcome.problems.append(f"the refusal does not say what to do: {e}")

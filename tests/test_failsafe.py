@@ -170,6 +170,42 @@ class TestInvalidState:
             with pytest.raises(StateSerializationError, match=r"due"):
                 persistence.load(BotV2(agent_id="bot"))
 
+    def test_failed_load_in_a_turn_says_what_it_wrote_and_tells_the_model_briefly(
+        self, store_url: str
+    ) -> None:
+        """A turn refused at load says what it wrote (its handoff), not "Nothing was
+        written"; the next turn tells the model what failed, not the developer's advice."""
+        self.written_by_v1(store_url)
+        with persisted(store_url, FakeLLM(respond=echo)):
+            with pytest.raises(StateSerializationError) as raised:
+                BotV2(agent_id="bot").ask("again")
+        error = raised.value
+        assert error.field == "due"
+        assert str(error).startswith("cannot load BotV2(agent_id='bot').due: ")
+        assert "Nothing was written" not in str(error)
+        assert "cannot be stored as JSON" not in str(error)  # the write path's words
+        assert "on_invalid_state" in str(error)  # the developer's way out
+        [note] = error.__notes__
+        assert "handoff row was written, marked failed" in note
+        with Store(store_url) as store:
+            [handoff] = store.handoffs()
+            assert (handoff.status, handoff.base_version) == ("failed", 1)
+            assert handoff.error == f"StateSerializationError: {error}"  # kept whole
+            assert store.versions("bot")[-1].version == 1
+
+        llm = FakeLLM(respond=echo)
+        with persisted(store_url, llm):
+            Bot(agent_id="bot").ask("once more")  # the class that fits the stored state
+        content = llm.calls[0].messages[0]["content"]
+        system = content if isinstance(content, str) else " ".join(b["text"] for b in content)
+        assert (
+            "failed with StateSerializationError: cannot load BotV2(agent_id='bot').due: "
+            "its stored value, of type str, no longer fits the field's type. Nothing from "
+            "that turn was kept"
+        ) in system
+        for advice in ("on_invalid_state", "Annotate the field", "Nothing was written"):
+            assert advice not in system
+
     def test_invalid_field_takes_its_default_and_the_old_value_stays(
         self, store_url: str, caplog: pytest.LogCaptureFixture
     ) -> None:

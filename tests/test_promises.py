@@ -94,8 +94,6 @@ class TestPromise6CostFollowsTheTurn:
                 with statements_run(store) as statements:
                     loaded = store.load_agent("bot", conversation)
                 assert len(loaded.history.messages) == count
-                [(query, bindings)] = [
-                    (s, b) for s, b in statements if "FROM checked_messages" in s
-                ]
+                [(query, bindings)] = [(s, b) for s, b in statements if "FROM messages" in s]
                 indexes, scans = indexes_and_scans(store, query, bindings)
                 assert "messages_active" in indexes and "messages" not in scans

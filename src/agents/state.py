@@ -194,11 +194,8 @@ def restore_state(
             value = _adapter(annotation).validate_python(stored[name])
         except pydantic.ValidationError as e:
             reason = f"the stored value no longer fits the field: {_one_line(e)}"
-            error = StateSerializationError(
-                _owner(agent), name, type(stored[name]).__name__, reason
-            )
             if on_invalid != "default":
-                raise error from e
+                raise _unloadable(agent, name, stored[name], e) from e
             value = _default(agent, name)
             logger.warning(
                 "%s.%s: %s; it takes its default %r instead. The stored value stays "
@@ -209,6 +206,27 @@ def restore_state(
                 value,
             )
         object.__setattr__(agent, name, value)
+
+
+def _unloadable(
+    agent: Any, name: str, value: Any, error: pydantic.ValidationError
+) -> StateSerializationError:
+    """The error for a stored value that no longer fits its field.
+
+    Its message is a load's, not the write path's ("cannot be stored as JSON",
+    "Annotate the field"): the first sentence says what failed, the rest what the
+    developer can do. It says nothing of writes: loading writes nothing, and the
+    turn that loads (PersistenceHandler) adds a note on what it wrote.
+    """
+    owner = _owner(agent)
+    loaded = StateSerializationError(owner, name, type(value).__name__, "")
+    loaded.args = (
+        f"cannot load {owner}.{name}: its stored value, of type {type(value).__name__}, "
+        f"no longer fits the field's type ({_one_line(error)}). Change the field's "
+        'type back, or pass on_invalid_state="default" to PersistenceHandler to give '
+        "the field its default (the stored value stays in the version history).",
+    )
+    return loaded
 
 
 def reset_conversation_state(agent: Any) -> None:

@@ -106,9 +106,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         workflow: Name of the workflow whose step journal this run follows.
         keep_versions: Keep only each agent's latest ``keep_versions`` versions,
             pruning older ones in the commits of its turns (see
-            :meth:`Store.prune <effectful_durable.Store.prune>`); between prunes an
-            agent holds at most ``keep_versions + keep_versions // 2`` versions
-            (one more after a compaction). None keeps all.
+            :meth:`Store.prune <effectful_durable.Store.prune>`); after each turn's
+            commit an agent holds at most
+            ``keep_versions + max(1, keep_versions // 2) - 1`` versions (one more
+            after a compaction; see :doc:`/retention`). None keeps all.
         on_unreadable: ``"quarantine"`` moves a file that is not a readable
             effectful-durable database aside and starts a new one (see
             :class:`~effectful_durable.Store`); ``"refuse"`` raises. Only with a path.
@@ -180,7 +181,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         Raises:
             InvalidAgentIdError: The agent's id is not valid.
             StateSerializationError: A stored field no longer fits its type (unless
-                ``on_invalid_state="default"``).
+                ``on_invalid_state="default"``). Nothing is written.
         """
         validate_agent_id(agent.agent_id)
         committed = _committed(agent)
@@ -322,7 +323,16 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             if cleared is not None:
                 turn.uncommitted_history = cleared
         except BaseException as error:
-            self._record_failure(agent, turn, error)
+            if self._record_failure(agent, turn, error):
+                # The error may say that nothing was written (of the agent): say
+                # what was (the handoff), and that the model will hear of it.
+                written = "handoff row and workflow step were" if turn.step else "handoff row was"
+                error.add_note(
+                    f"effectful-durable: the turn ({turn.template!r} of agent "
+                    f"{agent.agent_id!r}) stopped before it called the model. Only its "
+                    f"{written} written, marked failed with this error "
+                    "(Store.handoffs()); the agent's next turn is told that it failed."
+                )
             raise
         turn.committed, turn.earlier = committed, start.earlier
 
@@ -476,8 +486,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             _set_committed(agent, committed)
         self._record_failure(agent, turn, error)
 
-    def _record_failure(self, agent: PersistentAgent, turn: Turn, error: BaseException) -> None:
+    def _record_failure(self, agent: PersistentAgent, turn: Turn, error: BaseException) -> bool:
+        """Mark the turn's handoff failed with ``error``; whether that was written."""
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+        recorded = False
         with contextlib.suppress(Exception):  # never mask the turn's own error
             self.store.fail_turn(
                 agent.agent_id,
@@ -485,8 +497,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 step=step,
                 conversation=turn.conversation,
             )
+            recorded = True
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "failed")
+        return recorded
 
 
 def _compaction(
@@ -572,7 +586,7 @@ def _handoff_summary(handoff: Handoff) -> dict[str, Any]:
 def _handoff_note(handoff: Handoff) -> str:
     arguments = pydantic_core.to_json(handoff.arguments).decode()
     what = (
-        f"failed with {handoff.error}"
+        f"failed with {_what_failed(handoff.error or 'an error')}"
         if handoff.status == "failed"
         else "was cut off: the program stopped before the turn finished"
     )
@@ -583,3 +597,50 @@ def _handoff_note(handoff: Handoff) -> str:
         "that turn was kept: your history ends with your last completed turn. "
         "If that work is still needed, do it again."
     )
+
+
+def _what_failed(error: str) -> str:
+    """A recorded failure (``"Type: message"``) as the model is told it.
+
+    An error of this library is told briefly: its type and its message's first
+    sentence, without asides in parentheses. Its other sentences (what was
+    written, what to change: "pass on_invalid_state=...", "Annotate the field
+    ...") are meant for the developer, who got the whole error; the handoff row
+    keeps it whole. Other errors (the provider's, a tool's) are told as they are.
+    """
+    name, colon, message = error.partition(": ")
+    if not colon or name not in _library_errors():
+        return error
+    return f"{name}: {_first_sentence(message)}"
+
+
+def _library_errors() -> set[str]:
+    """The names of DurableError and of every subclass of it."""
+    names, classes = set(), [DurableError]
+    while classes:
+        cls = classes.pop()
+        names.add(cls.__name__)
+        classes += cls.__subclasses__()
+    return names
+
+
+def _first_sentence(message: str) -> str:
+    """``message`` up to its first full stop outside brackets, without its " (...)" asides."""
+    kept: list[str] = []
+    depth, aside = 0, False
+    for i, char in enumerate(message):
+        if char in "([{":
+            if depth == 0 and char == "(" and kept and kept[-1] == " ":
+                kept.pop()  # the aside's space goes with it
+                aside = True
+            depth += 1
+        elif char in ")]}" and depth:
+            depth -= 1
+            if depth == 0 and aside:
+                aside = False
+                continue
+        elif depth == 0 and char == "." and message[i + 1 : i + 2] in (" ", ""):
+            break
+        if not aside:
+            kept.append(char)
+    return "".join(kept).strip() or message

@@ -12,6 +12,7 @@ import apsw
 from ..errors import DatabaseBusyError
 from .alarm_queue import AlarmQueue, statuses
 from .base import StoreBase
+from .engine.seam import Conn
 from .ids import validate_agent_id
 from .parts import alarms as _alarms
 from .parts.alarms import AlarmInfo, Schedule
@@ -35,6 +36,7 @@ class PartMethods(StoreBase):
         """
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
+            self._check_memory(conn, agent_id, KEY, version)
             rows = memory_at(conn, agent_id, version, KEY)
         return {key: json.loads(value) for key, value in rows}
 
@@ -48,8 +50,17 @@ class PartMethods(StoreBase):
         """
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
+            self._check_memory(conn, agent_id, NOTE, version)
             rows = memory_at(conn, agent_id, version, NOTE)
         return [note_of(value) for _, value in rows]
+
+    def _check_memory(self, conn: Conn, agent_id: str, kind: str, version: int) -> None:
+        """Before reading an earlier version of the memory: check every row of
+        ``kind`` it chooses from, as it chooses them on removed_in, which a damaged
+        byte could change (the latest version's rows are found by an index)."""
+        if version < (current_version(conn, agent_id) or 0):
+            where = "agent_id = ? AND kind = ? AND added_in <= ?"
+            self._db.check_rows(conn, "memory", where, (agent_id, kind, version))
 
     def sql(
         self,
@@ -103,6 +114,9 @@ class PartMethods(StoreBase):
         if agent_id is not None:
             validate_agent_id(agent_id)
         with self._reading() as conn:
+            if include_ended:  # which span is an alarm's latest is read from every span
+                where, params = ("agent_id = ?", (agent_id,)) if agent_id else ("1", ())
+                self._db.check_rows(conn, "alarms", where, params)
             return _alarms.latest(conn, agent_id, include_ended=include_ended)
 
     def schedule_alarm(

@@ -13,7 +13,7 @@ from ..errors import DatabaseBusyError, DurableError, NotFoundError
 from . import retention
 from .base import StoreBase
 from .copy import copy_store
-from .engine.seam import TurnWrite
+from .engine.seam import Conn, TurnWrite
 from .engine.sqlite.translate import translated
 from .ids import validate_agent_id, validate_conversation_id
 from .parts import conversation_fields
@@ -21,6 +21,16 @@ from .parts import conversations as _conversations
 from .reads import no_agent, no_conversation
 from .records import ForkedAgent, PruneResult
 from .rows import current_version, state_at
+
+#: The tables whose rows a rollback or fork copies by their version marks, and
+#: the column that says from which version on a row is held.
+_VERSIONED: tuple[tuple[str, str], ...] = (
+    ("messages", "added_in"),
+    ("conversations", "added_in"),
+    ("conversation_fields", "added_in"),
+    ("memory", "added_in"),
+    ("alarms", "created_in"),
+)
 
 
 class Maintenance(StoreBase):
@@ -39,6 +49,13 @@ class Maintenance(StoreBase):
         """
         return self._db.check()
 
+    def _check_copied(self, conn: Conn, agent_id: str, version: int) -> None:
+        """Check every row a rollback or fork to ``version`` chooses from: they are
+        chosen on their version marks, and a damaged mark must refuse the copy, not
+        leave a row out of it."""
+        for table, added in _VERSIONED:
+            self._db.check_rows(conn, table, f"agent_id = ? AND {added} <= ?", (agent_id, version))
+
     def rollback(self, agent_id: str, version: int) -> int:
         """Commit a new version whose histories, state and memory equal those of ``version``.
 
@@ -56,6 +73,7 @@ class Maintenance(StoreBase):
         with self.agent_lock(agent_id), self._writing() as conn:
             current = self._checked_version(conn, agent_id, None)
             self._checked_version(conn, agent_id, version)
+            self._check_copied(conn, agent_id, version)
             new = current + 1
             conn.execute(
                 """
@@ -111,6 +129,7 @@ class Maintenance(StoreBase):
         validate_agent_id(new_agent_id)
         with self.agent_lock(new_agent_id), self._writing() as conn:
             version = self._checked_version(conn, agent_id, version)
+            self._check_copied(conn, agent_id, version)
             if current_version(conn, new_agent_id) is not None:
                 msg = (
                     f"cannot fork into {new_agent_id!r}: that agent already exists in "

@@ -68,6 +68,9 @@ class StoreReads(StoreBase):
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
             self._checked_conversation(conn, agent_id, conversation, version)
+            if version < (current_version(conn, agent_id) or 0):
+                where = "agent_id = ? AND conversation = ? AND added_in <= ?"
+                self._db.check_rows(conn, "messages", where, (agent_id, conversation, version))
             if not include_compacted:
                 bodies = conn.execute(
                     """
@@ -79,6 +82,8 @@ class StoreReads(StoreBase):
                     (agent_id, version, conversation),
                 )
                 return decode_messages(body for (body,) in bodies)
+            # Which originals a compaction replaced is read from the compactions rows.
+            self._db.check_rows(conn, "compactions", "agent_id = ?", (agent_id,))
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
                 SELECT m.body, c.version, s.messages FROM checked_messages AS m
@@ -217,6 +222,9 @@ class StoreReads(StoreBase):
         """
         with self._reading() as conn:
             version = self._checked_version(conn, agent_id, version)
+            if version < (current_version(conn, agent_id) or 0):
+                where = "agent_id = ? AND added_in <= ?"
+                self._db.check_rows(conn, "conversations", where, (agent_id, version))
             return _conversations.listed(conn, agent_id, version)
 
     def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int:

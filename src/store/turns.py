@@ -41,14 +41,7 @@ class TurnProtocol(StoreBase):
             version = current_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
-            rows = conn.execute(
-                """
-                SELECT position, body FROM checked_messages
-                 WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
-                 ORDER BY position
-                """,
-                (agent_id, conversation),
-            )
+            rows = self._db.active_messages(conn, agent_id, conversation)
             positions, messages = decode_positioned(rows)
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
             state = state_at(conn, agent_id, version)

@@ -233,6 +233,33 @@ class TestFailedTurn:
         assert persisted_rows(store_url, "SELECT count(*) FROM versions") == [(0,)]
         assert list(bot.__history__) == []
 
+    def test_next_turn_is_told_what_failed_without_the_developers_advice(
+        self, store_url: str
+    ) -> None:
+        """A library error is told to the model as its first sentence; a turn refused
+        before the model ran notes that it wrote its handoff, despite "Nothing was written"."""
+
+        @dataclasses.dataclass
+        class Holder(Assistant):
+            handle: object = None
+
+        llm = FakeLLM(["a"])
+        with persisted(store_url, llm):
+            bot = Holder(agent_id="holder", handle=object())
+            with pytest.raises(StateSerializationError) as info:
+                bot.ask("q")
+            bot.handle = None
+            bot.ask("again")
+        assert "Annotate the field" in str(info.value)  # the developer gets the advice
+        assert any("handoff row was written" in note for note in info.value.__notes__)
+        system = " ".join(block["text"] for block in llm.calls[0].messages[0]["content"])
+        assert "it failed with StateSerializationError: cannot persist " in system
+        assert (
+            "Holder(agent_id='holder').handle: a value of type object cannot be stored "
+            "as JSON. Nothing from that turn was kept"
+        ) in system
+        assert "Annotate the field" not in system and "Nothing was written" not in system
+
     def test_invalid_agent_id_is_refused(self) -> None:
         """An empty, overlong or non-printable agent id raises InvalidAgentIdError."""
         for bad in ["", " padded ", "x" * 201, "tab\there"]:

@@ -174,3 +174,47 @@ def test_schema3_file_is_migrated_in_place(tmp_path: Path) -> None:
         assert len(store.history("w1", include_compacted=True)) > len(store.history("w1"))
         assert commit_message(store, "w1", "after the migration") == 16
     assert persisted_rows(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+
+
+def test_check_lists_a_row_whose_text_no_longer_decodes(two_agents: Path) -> None:
+    """Text that is not UTF-8 any more is one damaged row in the listing, not an error."""
+    hand_edit(two_agents, "UPDATE messages SET body = CAST(x'ff' AS TEXT) WHERE added_in = 3")
+    with Store(two_agents) as store:
+        assert store.check()["damaged_rows"] == [
+            {"table": "messages", "agent_id": "a", "conversation": "default", "version": 3}
+        ]
+        assert len(store.history("b")) == 2
+
+
+def test_the_load_checks_rows_as_the_view_does(two_agents: Path) -> None:
+    """Loading a conversation checks each active row in Python, with the same checksum:
+    a changed row is refused there too, naming it."""
+    with Store(two_agents) as store:
+        assert len(store.load_agent("a").history.messages) == 3
+    hand_edit(
+        two_agents, "UPDATE messages SET role = 'system' WHERE agent_id = 'a' AND added_in = 1"
+    )
+    with Store(two_agents) as store:
+        with pytest.raises(DamagedRowError) as caught:
+            store.load_agent("a")
+        assert (caught.value.agent_id, caught.value.version) == ("a", 1)
+        assert len(store.load_agent("b").history.messages) == 2
+
+
+def test_a_changed_version_mark_refuses_rather_than_hides(two_agents: Path) -> None:
+    """A row whose removed_in another program changed would drop out of an earlier
+    version's history: reads and copies of earlier versions refuse it instead."""
+    with Store(two_agents) as store:
+        assert store.rollback("a", 1) == 4  # ends the rows of versions 2 and 3 at 4
+    hand_edit(
+        two_agents, "UPDATE messages SET removed_in = 3 WHERE agent_id = 'a' AND added_in = 2"
+    )
+    with Store(two_agents) as store:
+        assert [m["content"] for m in store.history("a")] == ["a says 0"]  # the latest reads
+        with pytest.raises(DamagedRowError, match="version 2"):
+            store.history("a", 3)
+        with pytest.raises(DamagedRowError):
+            store.rollback("a", 3)
+        with pytest.raises(DamagedRowError):
+            store.fork("a", 3, "a-copy")
+        assert store.rollback("a", 1) == 5  # before the row: the repair still works

@@ -143,6 +143,22 @@ class Database(Protocol):
         A backend that cannot tell returns a listener that is never ``listening``.
         """
 
+    def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
+        """Check every row of ``table`` that ``where`` selects, or raise DamagedRowError.
+
+        Before a read or a copy that filters rows on a column a damaged byte could
+        change (a version mark), so that a damaged row is refused rather than left
+        out. ``where`` is index-driven: the agent (and conversation) and a version.
+        """
+
+    def active_messages(
+        self, conn: Conn, agent_id: str, conversation: str
+    ) -> Iterable[tuple[float, str]]:
+        """``(position, body)`` of each active message of the conversation, in order.
+
+        One indexed range read: loading an agent costs this, and what it decodes.
+        """
+
     def index_compacted(
         self,
         conn: Conn,

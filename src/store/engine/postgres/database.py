@@ -353,6 +353,22 @@ class PostgresDatabase:
             [(agent_id, position, version, _searchable(body)) for position, body in rows],
         )
 
+    def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
+        """Nothing to do: the server checks its own pages."""
+
+    def active_messages(
+        self, conn: Conn, agent_id: str, conversation: str
+    ) -> Iterable[tuple[float, str]]:
+        rows: Iterable[tuple[float, str]] = conn.execute(
+            """
+            SELECT position, body FROM messages
+             WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
+             ORDER BY position
+            """,
+            (agent_id, conversation),
+        )
+        return rows
+
     def search_compacted(
         self, conn: Conn, agent_id: str, words: list[str], limit: int, conversation: str
     ) -> list[str]:

@@ -20,6 +20,7 @@ from ..seam import APPLICATION_ID
 from . import row_checks
 from .damage import (
     CORRUPTION,
+    DAMAGED_VALUE,
     MAGIC,
     header_problem,
     no_checkpoint_on_close,
@@ -119,9 +120,11 @@ def connect(
         if version < SCHEMA_VERSION:
             _migrate(conn, path)
         row_checks.install(conn, path)
-    except CORRUPTION as e:
+    except (*CORRUPTION, *DAMAGED_VALUE) as e:
         no_checkpoint_on_close(conn)  # a refused file is left exactly as it was
         conn.close()
+        if isinstance(e, DAMAGED_VALUE):  # its schema's text, say
+            raise DatabaseCorruptError(path, f"a stored text no longer decodes: {e}") from e
         raise DatabaseCorruptError(path, f"SQLite reports: {e}") from e
     except BaseException as error:
         ours = translate(error, path, conn) if isinstance(error, apsw.Error) else None

@@ -69,7 +69,7 @@ def read_header(path: str) -> tuple[bytes, int]:
     try:
         file = apsw.VFSFile("", path, [apsw.SQLITE_OPEN_MAIN_DB | apsw.SQLITE_OPEN_READONLY, 0])
         try:
-            size = file.xFileSize()
+            size = os.path.getsize(path)  # SQLite's xFileSize says 0 for a file of 1 byte
             return (file.xRead(min(100, size), 0) if size else b""), size
         finally:
             file.xClose()

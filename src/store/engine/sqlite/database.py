@@ -194,6 +194,25 @@ class SQLiteDatabase:
         """Nothing tells: runners on SQLite poll."""
         return Polling()
 
+    def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
+        payload = row_checks.PAYLOAD[table]
+        conn.execute(f"SELECT count({payload}) FROM checked_{table} WHERE {where}", params)
+
+    def active_messages(
+        self, conn: Conn, agent_id: str, conversation: str
+    ) -> Iterator[tuple[float, str]]:
+        # Checked here rather than through checked_messages: a call from SQLite
+        # per row would double the cost of loading a long history.
+        rows = conn.execute(
+            """
+            SELECT position, added_in, message_id, role, body, crc FROM messages
+             WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
+             ORDER BY position
+            """,
+            (agent_id, conversation),
+        )
+        return row_checks.active_messages(rows, self.path, agent_id, conversation)
+
     def index_compacted(
         self,
         conn: Conn,
@@ -203,21 +222,10 @@ class SQLiteDatabase:
         last_position: float,
         conversation: str,
     ) -> None:
-        # Index the text of the originals, for RecallTools: text blocks, plain
-        # content and tool-call arguments (of bodies SQLite's JSON functions read:
-        # not nested deeper than 1,000, sqlite.org/json1.html#jmini).
         conn.execute(
-            """
+            f"""
             INSERT INTO compacted_text (text, agent_id, position, version)
-            SELECT concat_ws(
-                       ' ',
-                       CASE json_type(body, '$.content')
-                       WHEN 'array' THEN (
-                           SELECT group_concat(json_extract(value, '$.text'), ' ')
-                             FROM json_each(body, '$.content'))
-                       ELSE json_extract(body, '$.content') END,
-                       json_extract(body, '$.tool_calls')),
-                   agent_id, position, removed_in
+            SELECT {_indexed_text("body")}, agent_id, position, removed_in
               FROM messages
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
                AND position BETWEEN ?3 AND ?4 AND json_valid(body)
@@ -231,11 +239,12 @@ class SQLiteDatabase:
         # Each word quoted: an FTS5 phrase, so that no word is read as an operator.
         query = " ".join('"' + w.replace('"', '""') + '"' for w in words)
         rows = conn.execute(
-            """
+            f"""
             SELECT m.body FROM compacted_text AS t
               JOIN checked_messages AS m
                 ON m.agent_id = t.agent_id AND m.position = t.position
                AND m.removed_in = t.version
+               AND CASE WHEN json_valid(m.body) THEN t.text IS {_indexed_text("m.body")} END
              WHERE compacted_text MATCH ?2 AND t.agent_id = ?1 AND m.conversation = ?4
              ORDER BY t.rank LIMIT ?3
             """,
@@ -258,8 +267,28 @@ class SQLiteDatabase:
         """``PRAGMA integrity_check`` ("ok" when sound), the rows that fail their
         checksums (row_checks.py), and quick facts about the file."""
         conn = self.connection()
+        integrity = [str(row[0]) for row in conn.execute("PRAGMA integrity_check")]
+        if not self.readonly:  # FTS5 checks its index against its text only as a write
+            try:
+                command = "VALUES ('integrity-check', 1)"
+                conn.execute(f"INSERT INTO compacted_text (compacted_text, rank) {command}")
+            except apsw.CorruptError as e:
+                integrity = [line for line in integrity if line != "ok"] + [str(e)]
+        unmatched = conn.execute(
+            f"""
+            SELECT count(*) FROM compacted_text AS t
+              LEFT JOIN messages AS m
+                ON m.agent_id = t.agent_id AND m.position = t.position
+               AND m.removed_in = t.version
+             WHERE CASE WHEN m.body IS NULL OR NOT json_valid(m.body) THEN 1
+                        ELSE t.text IS NOT {_indexed_text("m.body")} END
+            """
+        ).get
+        if unmatched:
+            integrity = [line for line in integrity if line != "ok"]
+            integrity.append(f"{unmatched} rows of compacted_text differ from their messages")
         facts: dict[str, Any] = {
-            "integrity": "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check")),
+            "integrity": "; ".join(integrity),
             "damaged_rows": [dataclasses.asdict(row) for row in row_checks.damaged_rows(conn)],
             "schema": conn.pragma("user_version"),
         }
@@ -275,6 +304,20 @@ class SQLiteDatabase:
         sizes = [os.path.getsize(p) for p in (self.path, self.path + "-wal") if os.path.exists(p)]
         facts["bytes"] = sum(sizes)
         return facts
+
+
+def _indexed_text(body: str) -> str:
+    """The text of the message ``body`` that recall indexes: its text blocks, plain
+    content and tool-call arguments (of bodies SQLite's JSON functions read: not
+    nested deeper than 1,000, sqlite.org/json1.html#jmini)."""
+    return f"""concat_ws(
+        ' ',
+        CASE json_type({body}, '$.content')
+        WHEN 'array' THEN (
+            SELECT group_concat(json_extract(value, '$.text'), ' ')
+              FROM json_each({body}, '$.content'))
+        ELSE json_extract({body}, '$.content') END,
+        json_extract({body}, '$.tool_calls'))"""
 
 
 class _Write:
