@@ -33,7 +33,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import MemoryLimits, PersistenceHandler, PersistentAgent, StateTools
-from effectful_durable.store.memory import KEY, MemoryChanges
+from effectful_durable.store.parts.memory import KEY, MemoryChanges
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 

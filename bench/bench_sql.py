@@ -47,7 +47,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools, Store
-from effectful_durable.store.workspace import SQLResult, WorkspaceTurn
+from effectful_durable.store.workspace.workspace import SQLResult, WorkspaceTurn
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ORDER BY version DESC LIMIT 1",
                     (name,),
                 ).get
-            size = os.path.getsize(store._db.workspaces.path(name)) // 1024
+            size = os.path.getsize(store._workspaces.path(name)) // 1024
             print(
                 f"{name:<6} {rows:>11,} {statistics.median(turn_ms[name]):>11.2f} "
                 f"{_p90(turn_ms[name]):>6.2f} {statistics.median(insert_ms[name]):>13.3f} "

@@ -70,7 +70,7 @@ from typing import Any, TextIO
 import apsw
 
 from effectful_durable import Store
-from effectful_durable.store.connection import connect
+from effectful_durable.store.engine.sqlite.connection import connect
 
 WORKER = Path(__file__).with_name("soak_worker.py")
 KINDS = ("mem", "sql", "alarm", "wf")

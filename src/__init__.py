@@ -49,9 +49,9 @@ from .store import (
     WorkflowInfo,
     WorkflowReset,
 )
-from .store.alarms import AlarmInfo
-from .store.sandbox import SQLLimits
-from .store.workspace import SQLResult
+from .store.parts.alarms import AlarmInfo
+from .store.workspace.sandbox import SQLLimits
+from .store.workspace.workspace import SQLResult
 
 __all__ = [
     "AgentInUseError",

@@ -19,10 +19,10 @@ from typing import Any
 
 from .errors import DurableError
 from .store import Store
-from .store.backend import is_postgres_url, redacted
 from .store.copy import copy_store
+from .store.engine.seam import is_postgres_url, redacted
 from .store.history import message_text
-from .store.workspace import jsonable
+from .store.workspace.workspace import jsonable
 
 PROG = "effectful-durable"
 _DESCRIPTION = "Inspect and repair an effectful-durable database without loading an LLM."

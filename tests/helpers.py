@@ -22,7 +22,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, Store, ephemeral
-from effectful_durable.store import row_checks
+from effectful_durable.store.engine.sqlite import row_checks
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 
@@ -278,7 +278,7 @@ def statements_run(store: Store) -> Iterator[list[tuple[str, Any]]]:
         finally:
             conn.exec_trace = None
         return
-    from effectful_durable.store.postgres import PostgresConn
+    from effectful_durable.store.engine.postgres.database import PostgresConn
 
     execute = PostgresConn.execute
 

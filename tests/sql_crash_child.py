@@ -34,7 +34,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, SQLTools, Store
-from effectful_durable.store import workspace
+from effectful_durable.store.workspace import workspace
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 
 AGENT_ID = "ledger"

@@ -11,7 +11,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistentAgent, SQLLimits, SQLTools, Store
-from effectful_durable.store.workspace_cache import workspace_path
+from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import is_postgres, persisted
 
@@ -84,7 +84,7 @@ def workspace_file(db: Path | str, agent_id: str, **options: Any) -> str:
     machine's cache of a PostgreSQL one (``options`` for its Store: workspace_dir)."""
     if is_postgres(db):
         with Store(str(db), readonly=True, **options) as store:
-            return store._db.workspaces.path(agent_id)
+            return store._workspaces.path(agent_id)
     return workspace_path(str(db), agent_id)
 
 

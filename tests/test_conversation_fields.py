@@ -8,7 +8,7 @@ import pytest
 from effectful.handlers.llm import Tool
 
 from effectful_durable import Store, per_conversation
-from effectful_durable.store.migrations import SCHEMA_VERSION
+from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, persisted, persisted_rows, running
 

@@ -16,7 +16,7 @@ from effectful_durable import (
     PersistenceHandler,
     Store,
 )
-from effectful_durable.store.migrations import SCHEMA_VERSION
+from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, persisted, persisted_rows, running, texts
 
@@ -285,7 +285,7 @@ class TestVersions:
 
     def test_prune_keeps_later_versions_exact(self, store_url: str) -> None:
         """The conversations part prunes only rows no version from keep_from on needs."""
-        from effectful_durable.store.conversations import Conversations
+        from effectful_durable.store.parts.conversations import Conversations
 
         with persisted(store_url, FakeLLM(respond=echo)):
             bot = Assistant(agent_id="bot")

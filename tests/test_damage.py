@@ -27,7 +27,7 @@ import pytest
 
 from effectful_durable import DatabaseCorruptError, Store
 from effectful_durable.store.alarms import make_schedule
-from effectful_durable.store.workspace_cache import workspace_path
+from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.damage_helpers import (
     FRAME_HEADER,

@@ -23,7 +23,7 @@ from effectful_durable import (
     StateSerializationError,
     Store,
 )
-from effectful_durable.store.migrations import APPLICATION_ID
+from effectful_durable.store.engine.seam import APPLICATION_ID
 from effectful_durable.testing import FakeCall, FakeLLM
 from tests.helpers import OUR_POSTGRES_TABLES, persisted, persisted_rows
 

@@ -36,7 +36,7 @@ from test_crash import Child, Children, Kills, commits, kill_at_random, on_disk,
 
 import effectful_durable
 from effectful_durable import DatabaseCorruptError, SchemaTooNewError, Store
-from effectful_durable.store.migrations import SCHEMA_VERSION
+from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
 from effectful_durable.testing import FakeCall, FakeLLM, Reply
 
 ROOT = Path(__file__).parents[1]

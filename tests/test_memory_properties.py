@@ -27,7 +27,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from effectful_durable.store.memory import MemoryPart
+from effectful_durable.store.parts.memory import MemoryPart
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 from tests.helpers import Keeper, NewDatabases, integrity, persisted
 

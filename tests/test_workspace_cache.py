@@ -24,7 +24,7 @@ from postgres_server import PostgresServer
 
 from effectful_durable import SQLWorkspaceError, Store
 from effectful_durable.store.copy import copy_store
-from effectful_durable.store.workspace_cache import WorkspaceCache
+from effectful_durable.store.workspace.cache import WorkspaceCache
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import persisted
 from tests.sql_helpers import Tracker, sql_turn, workspace_file
@@ -266,7 +266,7 @@ class TestWhereFilesLive:
             with Store(url, readonly=True) as store:
                 assert store.sql("t", "SELECT km FROM runs").rows == [(1.0,)]
             with Store(url, readonly=True) as mine, Store(postgres_url, readonly=True) as su:
-                assert mine._db.workspaces.directory != su._db.workspaces.directory
+                assert mine._workspaces.directory != su._workspaces.directory
         finally:
             gc.collect()
             with psycopg.connect(postgres_url, autocommit=True) as conn:

@@ -70,7 +70,10 @@ autodoc_class_signature = "mixed"
 autodoc_preserve_defaults = True
 # Our modules use ``from __future__ import annotations``, so signatures hold the
 # alias's name; point it at the entry api.rst writes for it.
-autodoc_type_aliases = {"Durability": "effectful_durable.store.Durability"}
+autodoc_type_aliases = {
+    "Durability": "effectful_durable.store.Durability",
+    "AlarmStatus": "~effectful_durable.store.alarms.AlarmStatus",
+}
 
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

@@ -1,4 +1,10 @@
-"""Agent classes and the helpers they use."""
+"""Agent classes and the helpers they use.
+
+PersistentAgent and the tool mixins (RecallTools, StateTools, SQLTools,
+AlarmTools), with the operations those tools perform, which the handlers answer.
+Modules here import ``store`` (its values and checks) and ``errors``, never the
+handlers or the runner above.
+"""
 
 from .alarms import AlarmTools
 from .memory import AgentMemory, MemoryDigest, MemoryLimits, StateTools

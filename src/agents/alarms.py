@@ -9,7 +9,7 @@ from effectful.handlers.llm import Tool
 from effectful.ops.types import Operation
 
 from ..errors import DurableError
-from ..store.alarm_queue import Claim
+from ..store.parts.alarms import Claim
 from ._on_alarm import OnAlarm
 
 

@@ -20,7 +20,7 @@ from effectful.handlers.llm import Tool
 from effectful.ops.types import Operation
 
 from ..errors import DurableError, MemoryWriteError
-from ..store.memory import KEY, NOTE, Kind, MemoryChanges, MemoryNote, MemoryRows, note_of
+from ..store.parts.memory import KEY, NOTE, Kind, MemoryChanges, MemoryNote, MemoryRows, note_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,8 @@ from effectful.handlers.llm import Tool
 from effectful.ops.types import Operation
 
 from ..errors import DurableError
-from ..store.sandbox import SQLLimits
-from ..store.workspace_schema import Declaration, parse_declaration
+from ..store.workspace.sandbox import SQLLimits
+from ..store.workspace.schema import Declaration, parse_declaration
 
 
 def _unhandled(agent: Any) -> DurableError:

@@ -15,13 +15,12 @@ from effectful.ops.syntax import ObjectInterpretation, implements
 from ..agents.alarms import alarm_delivered, alarms_of, cancel_alarm_of, schedule_alarm_for
 from ..agents.persistent import PersistentAgent
 from ..errors import InvalidAlarmError
-from ..store import alarms as store_alarms
-from ..store.alarm_queue import Claim
-from ..store.alarms import AlarmWrite
+from ..store.parts import alarms as store_alarms
+from ..store.parts.alarms import AlarmWrite, Claim
 
 if TYPE_CHECKING:
     from ..store import Store
-    from .persistence import _Turn
+    from .turn import Turn
 
 #: The shortest interval the model may repeat an alarm at.
 MODEL_MIN_EVERY = 60.0
@@ -37,14 +36,14 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
     store: Store
     clock: Callable[[], float] = time.time
 
-    def _turn_of(self, agent: PersistentAgent) -> _Turn | None:
+    def _turn_of(self, agent: PersistentAgent) -> Turn | None:
         raise NotImplementedError
 
     def _tells(self, agent: PersistentAgent) -> bool:
         earlier = getattr(super(), "_tells", None)
         return (earlier is not None and bool(earlier(agent))) or id(agent) in self._announced()
 
-    def _system_notes(self, turn: _Turn) -> list[str]:
+    def _system_notes(self, turn: Turn) -> list[str]:
         earlier = getattr(super(), "_system_notes", None)
         notes: list[str] = list(earlier(turn)) if earlier is not None else []
         claim = self._announced().get(id(turn.agent))
@@ -76,7 +75,7 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
             announced = local.announced = {}
         return announced
 
-    def _alarm_write(self, turn: _Turn) -> AlarmWrite:
+    def _alarm_write(self, turn: Turn) -> AlarmWrite:
         write = turn.staged.get("alarms")
         if not isinstance(write, AlarmWrite):
             write = turn.staged["alarms"] = AlarmWrite()
@@ -126,7 +125,7 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
         repeat = f", then every {schedule.every:g} s" if schedule.every else ""
         return f"scheduled {alarm_id}, due {_utc(schedule.fire_at)}{repeat}"
 
-    def _check_room(self, agent: PersistentAgent, turn: _Turn | None) -> None:
+    def _check_room(self, agent: PersistentAgent, turn: Turn | None) -> None:
         staged = self._alarm_write(turn).added if turn is not None else []
         with self.store._reading() as conn:
             pending = store_alarms.pending_count(conn, agent.agent_id)

@@ -21,9 +21,9 @@ from ..store.ids import validate_agent_id
 
 if TYPE_CHECKING:
     from ..store import Store
-    from .persistence import _Turn
+    from .turn import Turn
 
-PART = "memory"  # the key of the turn's staged memory in _Turn.staged
+PART = "memory"  # the key of the turn's staged memory in Turn.staged
 
 
 class MemoryHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
@@ -37,9 +37,9 @@ class MemoryHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped
     if TYPE_CHECKING:
         store: Store
 
-        def _turn_of(self, agent: PersistentAgent) -> _Turn | None: ...
+        def _turn_of(self, agent: PersistentAgent) -> Turn | None: ...
 
-        def _turns(self) -> list[_Turn]: ...
+        def _turns(self) -> list[Turn]: ...
 
     @implements(agent_memory)  # type: ignore[untyped-decorator]
     def _agent_memory(self, agent: Any) -> AgentMemory:
@@ -73,7 +73,7 @@ class MemoryHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped
             and isinstance(getattr(agent, "__memory_digest__", None), MemoryDigest)
         )
 
-    def _system_notes(self, turn: _Turn) -> list[str]:
+    def _system_notes(self, turn: Turn) -> list[str]:
         """Add the memory digest of a StateTools agent to what the model is told."""
         earlier = getattr(super(), "_system_notes", None)
         notes: list[str] = list(earlier(turn)) if earlier is not None else []

@@ -7,7 +7,7 @@ import inspect
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import pydantic_core
@@ -27,7 +27,6 @@ from ..agents.state import conversation_fields, dump_state, reset_conversation_s
 from ..agents.tools import search_compacted
 from ..errors import DurableError
 from ..store import Compaction, Durability, Handoff, Store
-from ..store.conversation_fields import ConversationFieldsWrite
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -35,8 +34,8 @@ from ..store.history import (
     plan_change,
     plan_logged,
 )
-from ..store.ids import DEFAULT_CONVERSATION, validate_agent_id
-from ..store.parts import TurnWrite
+from ..store.ids import validate_agent_id
+from ..store.parts.conversation_fields import ConversationFieldsWrite
 from .alarms import AlarmHandling
 from .conversations import ConversationHandling
 from .effectful_hooks import (
@@ -47,40 +46,10 @@ from .effectful_hooks import (
     system_notes,
 )
 from .effects import Compacted, history_compacted
-from .journal import Journal, Step
+from .journal import Journal
 from .memory import MemoryHandling
+from .turn import Committed, Turn
 from .workspace import WorkspaceHandling
-
-
-@dataclass
-class _Committed:
-    """An agent's last committed version, as held in memory beside the agent."""
-
-    database: str
-    version: int
-    history: ActiveHistory  # of the conversation below
-    state: str | None
-    conversation: str = DEFAULT_CONVERSATION
-    conversation_state: str | None = None  # its per-conversation fields
-
-
-@dataclass
-class _Turn:
-    agent: PersistentAgent
-    template: str
-    step: Step | None
-    conversation: str = DEFAULT_CONVERSATION
-    committed: _Committed | None = None
-    earlier: Handoff | None = None
-    # What a failed turn puts back when its conversation holds nothing committed.
-    uncommitted_history: list[Any] | None = None
-    uncommitted_state: str | None = None
-    uncommitted_conversation_state: str | None = None
-    compacted: Compacted | None = None
-    step_number: int | None = None
-    # What the turn staged besides messages and fields, by part ("memory", ...);
-    # committed in the turn's transaction, dropped with the turn if it fails.
-    staged: dict[str, TurnWrite] = field(default_factory=dict)
 
 
 class PersistenceHandler(  # type: ignore[no-untyped-call]
@@ -244,14 +213,14 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             if replayed:
                 return result
         if agent is not None:
-            turn = _Turn(agent, name, step, current_conversation(agent))
+            turn = Turn(agent, name, step, current_conversation(agent))
             return self._run_turn(agent, turn, arguments)
         result = fwd()  # a free template as a workflow step: no agent to commit
         if journal is not None and step is not None:
             journal.record(step, result)
         return result
 
-    def _run_turn(self, agent: PersistentAgent, turn: _Turn, arguments: Any) -> Any:
+    def _run_turn(self, agent: PersistentAgent, turn: Turn, arguments: Any) -> Any:
         with self.store.agent_lock(agent.agent_id, wait=self.wait):
             self._begin(agent, turn, arguments)
             self._turns().append(turn)
@@ -312,17 +281,17 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             agent.agent_id, query, limit, conversation=current_conversation(agent)
         )
 
-    def _turn_of(self, agent: PersistentAgent) -> _Turn | None:
+    def _turn_of(self, agent: PersistentAgent) -> Turn | None:
         """The turn of ``agent`` running in this thread, if any."""
         return next((turn for turn in self._turns() if turn.agent is agent), None)
 
-    def _turns(self) -> list[_Turn]:
-        turns: list[_Turn] | None = getattr(self._local, "turns", None)
+    def _turns(self) -> list[Turn]:
+        turns: list[Turn] | None = getattr(self._local, "turns", None)
         if turns is None:
             turns = self._local.turns = []
         return turns
 
-    def _begin(self, agent: PersistentAgent, turn: _Turn, arguments: Any) -> None:
+    def _begin(self, agent: PersistentAgent, turn: Turn, arguments: Any) -> None:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         start = self.store.begin_turn(
             agent.agent_id,
@@ -369,7 +338,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
 
     def _load(
         self, agent: PersistentAgent, *, keep_memory: bool, history_only: bool = False
-    ) -> _Committed:
+    ) -> Committed:
         """Install the committed agent in its current conversation.
 
         What the database does not know (a new agent, a new conversation) keeps
@@ -404,7 +373,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             )
         elif loaded.conversation_found or not keep_memory:
             reset_conversation_state(agent)
-        committed = _Committed(
+        committed = Committed(
             self._database,
             loaded.version,
             loaded.history,
@@ -433,7 +402,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         if committed is not None and committed.version == version - 1:
             committed.version = version  # our own change: memory still matches
 
-    def _turn_interpretation(self, turn: _Turn) -> Mapping[Any, Any]:
+    def _turn_interpretation(self, turn: Turn) -> Mapping[Any, Any]:
         """Keep nested agents' messages; add the turn's notes to its system message.
 
         Only what the turn needs: installing a handler costs effectful tens of
@@ -452,12 +421,12 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         parts = getattr(super(), "_tells", None)
         return bool(parts(agent)) if parts is not None else False
 
-    def _system_notes(self, turn: _Turn) -> list[str]:
+    def _system_notes(self, turn: Turn) -> list[str]:
         """What the model is told each request of ``turn``, outside its history."""
         handoff = [_handoff_note(turn.earlier)] if turn.earlier is not None else []
         return [*handoff, *super()._system_notes(turn)]  # the parts' notes (memory, SQL)
 
-    def _commit(self, agent: PersistentAgent, turn: _Turn, result: Any) -> None:
+    def _commit(self, agent: PersistentAgent, turn: Turn, result: Any) -> None:
         committed = turn.committed
         assert committed is not None
         state = dump_state(agent)
@@ -493,7 +462,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         )
         if history is committed.history:
             history.extend(change)  # a logged plan: true now that it is committed
-        turn.committed = _Committed(
+        turn.committed = Committed(
             self._database, version, history, state, committed.conversation, own
         )
         _set_committed(agent, turn.committed)
@@ -502,7 +471,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "done")
 
-    def _abort(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> None:
+    def _abort(self, agent: PersistentAgent, turn: Turn, error: BaseException) -> None:
         committed = turn.committed
         if committed is not None and _committed(agent) is committed:
             # The turn did not commit: roll the agent in memory back.
@@ -517,7 +486,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             _set_committed(agent, committed)
         self._record_failure(agent, turn, error)
 
-    def _record_failure(self, agent: PersistentAgent, turn: _Turn, error: BaseException) -> bool:
+    def _record_failure(self, agent: PersistentAgent, turn: Turn, error: BaseException) -> bool:
         """Mark the turn's handoff failed with ``error``; whether that was written."""
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         recorded = False
@@ -578,12 +547,12 @@ def _plan(
     return change, after
 
 
-def _committed(agent: PersistentAgent) -> _Committed | None:
-    committed: _Committed | None = agent.__dict__.get("__durable__")
+def _committed(agent: PersistentAgent) -> Committed | None:
+    committed: Committed | None = agent.__dict__.get("__durable__")
     return committed
 
 
-def _set_committed(agent: PersistentAgent, committed: _Committed) -> None:
+def _set_committed(agent: PersistentAgent, committed: Committed) -> None:
     """Record that ``agent`` in memory is at ``committed``; its history logs from here."""
     agent.__dict__["__durable__"] = committed
     history = agent.__history__

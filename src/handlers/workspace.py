@@ -11,12 +11,12 @@ from effectful.ops.semantics import fwd
 from effectful.ops.syntax import ObjectInterpretation, implements
 
 from ..agents.sql_tools import SQLTools, workspace_execute, workspace_insert, workspace_query
-from ..store.sandbox import Refused, row_limits_text
-from ..store.workspace import SQLResult, WorkspaceTurn, jsonable
+from ..store.workspace.sandbox import Refused, row_limits_text
+from ..store.workspace.workspace import SQLResult, WorkspaceTurn, jsonable
 
 if TYPE_CHECKING:
     from ..store import Store
-    from .persistence import _Turn
+    from .turn import Turn
 
 _PART = "workspace"
 _MAX_PARAMS = 100
@@ -66,7 +66,7 @@ class WorkspaceHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
 
     def _workspace(self, agent: Any, *, create: bool = True) -> WorkspaceTurn | None:
         """The workspace of ``agent``'s running turn, opened at its first use."""
-        turn: _Turn | None = self._turn_of(agent)  # type: ignore[attr-defined]
+        turn: Turn | None = self._turn_of(agent)  # type: ignore[attr-defined]
         if turn is None:
             return None
         workspace = turn.staged.get(_PART)
@@ -87,7 +87,7 @@ class WorkspaceHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         earlier = getattr(super(), "_tells", None)
         return (earlier is not None and bool(earlier(agent))) or isinstance(agent, SQLTools)
 
-    def _system_notes(self, turn: _Turn) -> list[str]:
+    def _system_notes(self, turn: Turn) -> list[str]:
         earlier: list[str] = list(getattr(super(), "_system_notes", lambda _: [])(turn))
         if not isinstance(turn.agent, SQLTools):
             return earlier
@@ -95,7 +95,7 @@ class WorkspaceHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         assert workspace is not None
         return [*earlier, _tables_note(turn.agent, workspace)]
 
-    def _end_turn(self, turn: _Turn, *, committed: bool) -> None:
+    def _end_turn(self, turn: Turn, *, committed: bool) -> None:
         getattr(super(), "_end_turn", lambda _, **__: None)(turn, committed=committed)
         workspace = turn.staged.get(_PART)
         if isinstance(workspace, WorkspaceTurn):

@@ -30,8 +30,9 @@ from ..errors import (
 from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
-from ..store.alarm_queue import Claim, Polling, runner_id
-from ..store.backend import AlarmListener
+from ..store.alarm_queue import runner_id
+from ..store.engine.seam import AlarmListener, Polling
+from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig
 

@@ -1,7 +1,18 @@
-"""The durable log on SQLite. Knows nothing about effectful."""
+"""The durable log: agents, their versions and turns, on SQLite or PostgreSQL; no effectful here.
 
-from .connection import Durability, connect
-from .memory import MemoryNote
+Layers, each importing only itself and the layers below: the :class:`Store`
+facade (``store.py``, assembled from ``reads.py``, ``turns.py``,
+``maintenance.py``, ``agent_parts.py`` and ``journal.py`` on ``base.py``, with
+``retention.py``, ``copy.py`` and ``alarm_queue.py``); then ``parts/`` and
+``workspace/`` side by side (neither imports the other); then the shared leaves
+``records.py``, ``history.py``, ``rows.py`` and ``ids.py``; then ``engine/``,
+the seam and the two engines; then ``errors``. Nothing here imports effectful,
+litellm, or the packages above (``agents``, ``handlers``, ``runner``);
+``tests/test_imports.py`` checks it all.
+"""
+
+from .engine.sqlite.connection import Durability, connect
+from .parts.memory import MemoryNote
 from .records import (
     AgentRecord,
     Compaction,

@@ -5,23 +5,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import apsw
 
 from ..errors import DatabaseBusyError
-from . import alarms as _alarms
 from .alarm_queue import AlarmQueue, statuses
-from .alarms import AlarmInfo, Schedule
-from .backend import Conn
 from .base import StoreBase
+from .engine.seam import Conn
 from .ids import validate_agent_id
-from .memory import KEY, NOTE, MemoryNote, memory_at, note_of
+from .parts import alarms as _alarms
+from .parts.alarms import AlarmInfo, Schedule
+from .parts.memory import KEY, NOTE, MemoryNote, memory_at, note_of
 from .rows import current_version
-from .workspace import SQLResult, WorkspaceTurn, read_sql
-
-if TYPE_CHECKING:
-    from .store import Store
+from .workspace.workspace import SQLResult, WorkspaceTurn, read_sql
 
 
 class PartMethods(StoreBase):
@@ -88,17 +85,19 @@ class PartMethods(StoreBase):
             latest = current_version(conn, agent_id)
         try:
             return read_sql(
-                self._db, agent_id, query, params, version=version, latest=version == latest,
-                readonly=self.readonly, busy_timeout=self.busy_timeout,
+                self._db, self._workspaces, agent_id, query, params, version=version,
+                latest=version == latest, readonly=self.readonly, busy_timeout=self.busy_timeout,
             )  # fmt: skip
         except apsw.BusyError as e:
             raise DatabaseBusyError(self._db.location, self.busy_timeout) from e
 
     def workspace_turn(self, agent_id: str, **options: Any) -> WorkspaceTurn:
         """Open the agent's SQL workspace for its running turn (its lock is held)."""
-        return WorkspaceTurn(self._db, agent_id, busy_timeout=self.busy_timeout, **options)
+        return WorkspaceTurn(
+            self._db, self._workspaces, agent_id, busy_timeout=self.busy_timeout, **options
+        )
 
-    # -- alarms (SQL in alarms.py) ----------------------------------------------
+    # -- alarms (SQL in parts/alarms.py) ----------------------------------------
 
     def alarms(
         self, agent_id: str | None = None, *, include_ended: bool = False
@@ -175,4 +174,4 @@ class PartMethods(StoreBase):
     @property
     def alarm_queue(self) -> AlarmQueue:
         """The runner's protocol: claim, release and fail alarms, report status."""
-        return AlarmQueue(cast("Store", self))
+        return AlarmQueue(self)

@@ -2,10 +2,11 @@
 
 A runner claims the earliest due alarm with a lease (its id, a random fencing
 token and an expiry); the turn that delivers the alarm commits only while the
-token is still the alarm's (``alarms.AlarmWrite``). A failed delivery is retried
+token is still the alarm's (``parts/alarms.py``'s ``AlarmWrite``). A failed delivery is retried
 later, or the alarm is dead; leases of runner processes that died on this host
 are taken back at once. None of this is versioned: it belongs to the runners,
-not to the agents (see ``alarms.py``).
+not to the agents (see ``parts/alarms.py``). The Store facade and the runner
+use it; the Claim it makes is the alarms part's.
 """
 
 from __future__ import annotations
@@ -16,29 +17,15 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .alarms import AlarmStatus, Schedule
-from .backend import AlarmListener, Conn, Database
-from .damage import watched
+from .engine.seam import AlarmListener, Conn, Database
+from .engine.sqlite.damage import watched
+from .parts.alarms import AlarmStatus, Claim, Schedule
 from .rows import legible, utc
 
 if TYPE_CHECKING:
-    from .store import Store
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """An alarm a runner holds the lease of, to deliver it as a turn of its agent."""
-
-    alarm_id: str
-    agent_id: str
-    action: str
-    schedule: Schedule
-    attempts: int
-    token: str
-    lease_until: float
+    from .base import StoreBase
 
 
 def counts(conn: Conn, now: float) -> dict[str, int]:
@@ -227,15 +214,6 @@ def statuses(conn: Conn) -> list[dict[str, Any]]:
     ]
 
 
-class Polling:
-    """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
-
-    listening = False
-
-    def close(self) -> None:
-        """Nothing to stop."""
-
-
 @watched(lambda queue: queue._store._damage)
 class AlarmQueue:
     """The runner's side of the alarms of one Store: claim, fail, release, report.
@@ -243,7 +221,7 @@ class AlarmQueue:
     Each method is one short transaction on the calling thread's connection.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StoreBase) -> None:
         self._store = store
 
     def listen(self, wake: Callable[[], None]) -> AlarmListener:

@@ -3,7 +3,9 @@
 :class:`~effectful_durable.Store` is assembled from one mixin per concern
 (``reads.py``, ``turns.py``, ``maintenance.py``, ``agent_parts.py``, and
 ``journal.py``'s workflow journal) on top of the connections and locks of
-``store.py``. Each mixin subclasses :class:`StoreBase` to see the rest.
+``store.py``. Each mixin subclasses :class:`StoreBase` to see the rest, and the
+helpers that work on a whole Store (``retention.py``, ``copy.py``,
+``alarm_queue.py``) take a StoreBase, so that nothing imports ``store.py`` back.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from .backend import Conn
+from .engine.seam import Conn
 
 if TYPE_CHECKING:
-    from .backend import Database
+    from .engine.seam import Database
+    from .engine.sqlite.damage import DamageWatch
+    from .parts.versioned import VersionedPart
     from .records import AgentRecord
+    from .workspace.cache import WorkspaceCache
 
 
 class StoreBase:
@@ -29,6 +34,11 @@ class StoreBase:
         readonly: bool
         busy_timeout: float
         _db: Database
+        _damage: DamageWatch
+        _workspaces: WorkspaceCache
+
+        @property
+        def _parts(self) -> tuple[VersionedPart, ...]: ...
 
         def _connection(self) -> apsw.Connection: ...
 
@@ -41,6 +51,8 @@ class StoreBase:
         ) -> AbstractContextManager[None]: ...
 
         def agents(self) -> list[AgentRecord]: ...
+
+        def _store_at(self, path: str) -> AbstractContextManager[StoreBase]: ...
 
         def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int: ...
 

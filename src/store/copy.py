@@ -9,7 +9,7 @@ copied rows, since each backend indexes in its own way. Before the target
 commits, each table is read back and compared with the source: the counts and
 the rows themselves must match. The agents' SQL tables travel as their log
 (``workspace_log``): each machine that uses the target builds its workspace
-files from it (``workspace_cache.py``), in a cache of the target's own.
+files from it (``workspace/cache.py``), in a cache of the target's own.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DurableError
-from .backend import Conn, Database
-from .history import HistoryChange
-from .records import Compaction
+from .engine.seam import Conn, Database
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .base import StoreBase
 
 #: The tables of agent data, parents before children. Adding a table is one line.
 TABLES: tuple[str, ...] = (
@@ -55,7 +53,7 @@ class CopyResult:
     indexed: int
 
 
-def copy_store(source: Store, target: Store) -> CopyResult:
+def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
     """Copy every agent (versions, journals, memory, SQL tables, alarms) and the
     runners' status reports to ``target``.
 
@@ -162,17 +160,6 @@ def _index_compacted(conn: Conn, db: Database) -> int:
            AND m.position BETWEEN c.first_position AND c.last_position
         """
     ).fetchall()
-    nothing = HistoryChange(added=[], removed=[], removed_count=0)
-    for (
-        agent_id,
-        version,
-        summary_id,
-        first,
-        last,
-        messages,
-        summarizer,
-        conversation,
-    ) in compactions:
-        compaction = Compaction(nothing, summary_id, first, last, messages, summarizer)
-        db.index_compacted(conn, agent_id, version, compaction, conversation)
+    for agent_id, version, _, first, last, _, _, conversation in compactions:
+        db.index_compacted(conn, agent_id, version, first, last, conversation)
     return _count(conn, "compacted_text")

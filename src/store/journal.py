@@ -7,8 +7,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFoundError
-from .backend import Conn
 from .base import StoreBase
+from .engine.seam import Conn
 from .records import StepInfo, WorkflowInfo, WorkflowReset
 from .rows import current_version, dumps, utc
 

@@ -5,26 +5,22 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import apsw
 
 from ..errors import DatabaseBusyError, DurableError, NotFoundError
-from . import conversation_fields, retention
-from . import conversations as _conversations
-from .backend import Conn
+from . import retention
 from .base import StoreBase
 from .copy import copy_store
+from .engine.seam import Conn, TurnWrite
+from .engine.sqlite.translate import translated
 from .ids import validate_agent_id, validate_conversation_id
-from .parts import TurnWrite
+from .parts import conversation_fields
+from .parts import conversations as _conversations
 from .reads import no_agent, no_conversation
 from .records import ForkedAgent, PruneResult
 from .rows import current_version, state_at
-from .translate import translated
-
-if TYPE_CHECKING:
-    from .store import Store
-
 
 #: The tables whose rows a rollback or fork copies by their version marks, and
 #: the column that says from which version on a row is held.
@@ -109,7 +105,7 @@ class Maintenance(StoreBase):
                 removed=removed,
                 detail={"to": version},
             )
-            for part in self._db.parts:
+            for part in self._parts:
                 part.rollback(conn, agent_id, version, new)
             conn.execute(
                 "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ?",
@@ -170,7 +166,7 @@ class Maintenance(StoreBase):
                 removed=0,
                 detail={"from": agent_id, "version": version},
             )
-            for part in self._db.parts:
+            for part in self._parts:
                 part.fork(conn, agent_id, version, new_agent_id)
         record = next(a for a in self.agents() if a.agent_id == new_agent_id)
         return ForkedAgent(
@@ -195,7 +191,7 @@ class Maintenance(StoreBase):
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
                 raise NotFoundError(no_agent(agent_id, self._db.location))
-            for part in self._db.parts:
+            for part in self._parts:
                 part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
             conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
@@ -244,12 +240,12 @@ class Maintenance(StoreBase):
         """
         self._db.require("Store.prune")
         return retention.prune_store(
-            cast("Store", self),
+            self,
             agent_id,
             keep_versions=keep_versions,
             older_than=older_than,
             drop_compacted=drop_compacted,
-            parts=self._db.parts,
+            parts=self._parts,
         )
 
     def vacuum(self) -> int:
@@ -298,18 +294,16 @@ class Maintenance(StoreBase):
             retention.backup(self._connection(), self.path, target)
             return
 
-        from .store import Store  # the module that assembles Store imports this one
-
         def write(partial: str) -> None:
-            with Store(partial) as copy:
-                copy_store(cast("Store", self), copy)
+            with self._store_at(partial) as copy:
+                copy_store(self, copy)
 
         retention.publish(self._db.location, target, write)
 
     def pruning(self, keep_versions: int) -> TurnWrite:
         """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""
         self._db.require("pruning as you go (keep_versions)")
-        return retention.PruneAsYouGo(keep_versions, self._db.parts)
+        return retention.PruneAsYouGo(keep_versions, self._parts)
 
     def delete_conversation(self, agent_id: str, conversation: str) -> int:
         """Delete one conversation of the agent, as a new version.

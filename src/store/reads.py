@@ -6,11 +6,12 @@ import json
 from typing import Any
 
 from ..errors import NotFoundError
-from . import conversation_fields, retention
-from . import conversations as _conversations
-from .backend import Conn
+from . import retention
 from .base import StoreBase
+from .engine.seam import Conn
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
+from .parts import conversation_fields
+from .parts import conversations as _conversations
 from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
 from .rows import current_version, decode_messages, state_at, storable, utc
 from .turns import HANDOFF_SELECT, handoff_of

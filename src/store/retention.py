@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 import apsw
 
 from ..errors import AgentInUseError, DurableError, NotFoundError
-from .backend import Conn
-from .parts import VersionedPart
+from .engine.seam import Conn
+from .parts.versioned import VersionedPart
 from .records import PruneResult
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .base import StoreBase
 
 
 def prune_store(
-    store: Store,
+    store: StoreBase,
     agent_id: str | None,
     *,
     keep_versions: int | None,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pydantic_core
 
-from .backend import Conn
+from .engine.seam import Conn
 
 
 def current_version(conn: Conn, agent_id: str) -> int | None:

@@ -1,34 +1,55 @@
 """Store: the durable log of agents, on an SQLite file or a PostgreSQL database.
 
-The Store is assembled from one module per concern: this one picks the backend
-(``sqlite.py`` or ``postgres.py``, behind ``backend.py``'s seam) and holds it;
-``reads.py``, ``turns.py`` (the turn protocol and its one commit),
-``maintenance.py`` (rollback, fork, delete, retention), ``agent_parts.py``
-(memory, SQL workspace, alarms) and ``journal.py`` (workflow journals) hold the
-methods, the same on both backends.
+The Store is assembled from one module per concern: this one picks the engine
+(``engine/sqlite/`` or ``engine/postgres/``, behind ``engine/seam.py``) and holds
+it, with what the engines leave to the layers above them: the parts of an
+agent's record (``PARTS``, from ``parts/``) and this machine's cache of the
+agents' SQL workspace files (``workspace/``). ``reads.py``, ``turns.py`` (the
+turn protocol and its one commit), ``maintenance.py`` (rollback, fork, delete,
+retention), ``agent_parts.py`` (memory, SQL workspace, alarms) and
+``journal.py`` (workflow journals) hold the methods, the same on both backends.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-from contextlib import AbstractContextManager
+import weakref
+from contextlib import AbstractContextManager, suppress
 from typing import Literal
 
 import apsw
 
 from ..errors import NotSupportedError
 from .agent_parts import PartMethods
-from .backend import Conn, Database, is_postgres_url
-from .connection import Durability
-from .damage import DamageWatch, watched
+from .engine.seam import Conn, Database, is_postgres_url
+from .engine.sqlite.connection import Durability
+from .engine.sqlite.damage import DamageWatch, watched
+from .engine.sqlite.database import SQLiteDatabase
 from .ids import validate_agent_id
 from .journal import WorkflowJournal
 from .maintenance import Maintenance
-from .memory import MemoryRows
+from .parts.alarms import AlarmPart
+from .parts.conversation_fields import ConversationFields
+from .parts.conversations import Conversations
+from .parts.memory import MemoryPart, MemoryRows
+from .parts.versioned import VersionedPart
 from .reads import StoreReads
 from .rows import current_version
-from .sqlite import SQLiteDatabase
 from .turns import TurnProtocol
+from .workspace.cache import WorkspaceCache
+from .workspace.part import WorkspacePart
+
+# Every part of an agent's record besides messages, fields and the SQL workspace
+# (whose part knows where this machine's workspace files are): rollback, fork,
+# prune and delete carry each of them (see parts/versioned.py). Both backends
+# carry every part.
+PARTS: tuple[VersionedPart, ...] = (
+    Conversations(),
+    ConversationFields(),
+    MemoryPart(),
+    AlarmPart(),
+)
 
 
 @watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
@@ -110,7 +131,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             raise ValueError(msg)
         self._db: Database
         if is_postgres_url(self.path):
-            from .postgres import PostgresDatabase  # psycopg only when asked for
+            from .engine.postgres.database import PostgresDatabase  # psycopg only when asked for
 
             if on_unreadable != "refuse":
                 msg = "on_unreadable='quarantine' is for SQLite files, not PostgreSQL databases"
@@ -124,6 +145,9 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             )
             self._db = db
             self._damage = DamageWatch(db.location, [])
+            # Many machines share the log: each file is trusted only while stamped
+            # with the commit it holds (workspace/cache.py).
+            self._workspaces = WorkspaceCache(db.workspace_directory, stamped=True)
         else:
             if workspace_dir is not None:
                 msg = (
@@ -140,6 +164,10 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
             )
             self._db = self._sqlite = sqlite
             self._damage = sqlite.damage
+            self._workspaces = WorkspaceCache.beside(self.path)
+            self._pid = os.getpid()
+            _open.add(self)
+        self._workspace_part = WorkspacePart(self._workspaces)
         self.memory_rows = MemoryRows(self._reading)  # current memory, for the handler
 
     def __repr__(self) -> str:
@@ -153,7 +181,7 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
 
     def close(self) -> None:
         """Close every connection this store opened, in all threads."""
-        self._db.close()
+        self._close()
 
     # -- the agents' locks ----------------------------------------------------
 
@@ -170,9 +198,28 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
 
     # -- internals -----------------------------------------------------------
 
+    def _close(self) -> None:
+        # Not wrapped by @watched: the exit hook below meets SQLite's own errors.
+        _open.discard(self)
+        try:
+            self._db.close()
+        finally:
+            self._workspaces.close()
+
+    @property
+    def _parts(self) -> tuple[VersionedPart, ...]:
+        """The parts of an agent's record besides messages and fields: rollback,
+        fork, prune and delete go through each."""
+        # Read at each use, so that a test may replace the module's tuple.
+        return (*PARTS, self._workspace_part)
+
     def _connection(self) -> apsw.Connection:
         """This thread's SQLite connection (SQLite only: vacuum, backup)."""
         return self._sqlite_db().connection()
+
+    def _store_at(self, path: str) -> Store:
+        """A new Store on ``path``, with the defaults (backup of a PostgreSQL database)."""
+        return Store(path)
 
     def _sqlite_db(self) -> SQLiteDatabase:
         if not isinstance(self._db, SQLiteDatabase):
@@ -197,3 +244,16 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal)
     def _version_of(self, agent_id: str) -> int | None:
         with self._reading() as conn:
             return current_version(conn, agent_id)
+
+
+# The SQLite stores this process opened and has not closed: a normal interpreter
+# exit closes them, so that a program that never called close() leaves one file.
+_open: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_open):
+        if store._pid == os.getpid():  # not a forked child's copy of its parent's
+            with suppress(apsw.Error):
+                store._close()

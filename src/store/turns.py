@@ -10,14 +10,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import AgentInUseError
-from . import conversation_fields
-from . import conversations as _conversations
-from .backend import Conn
 from .base import StoreBase
+from .engine.seam import Conn, TurnWrite
 from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION
 from .journal import STEP_UPSERT, step_number
-from .parts import TurnWrite
+from .parts import conversation_fields
+from .parts import conversations as _conversations
 from .records import Compaction, Handoff, LoadedAgent, TurnStart
 from .rows import current_version, decode_positioned, dumps, legible, state_at, utc
 
@@ -354,7 +353,14 @@ class TurnProtocol(StoreBase):
                 compaction.summarizer,
             ),
         )
-        self._db.index_compacted(conn, agent_id, version, compaction, conversation)
+        self._db.index_compacted(
+            conn,
+            agent_id,
+            version,
+            compaction.first_position,
+            compaction.last_position,
+            conversation,
+        )
 
     def _insert_version(
         self,

@@ -385,14 +385,14 @@ class TestVersions:
 
     def test_prune_folds_only_when_it_pays(self, store_url: str) -> None:
         """A snapshot is rewritten only once the steps it replaces outweigh it."""
-        from effectful_durable.store.workspace_log import WorkspacePart
+        from effectful_durable.store.workspace.part import WorkspacePart
 
         bot = Tracker(agent_id="t")
         big = "x" * 2000
         sql_turn(store_url, bot, *[insert(float(k), big) for k in range(5)])
         sql_turn(store_url, bot, insert(9.0))
         with Store(store_url) as store, store._db.writing() as conn:
-            [part] = [p for p in store._db.parts if isinstance(p, WorkspacePart)]
+            [part] = [p for p in store._parts if isinstance(p, WorkspacePart)]
             part.prune(conn, "t", 3)  # version 2's step is small: no fold
         versions = persisted_rows(
             store_url, "SELECT DISTINCT version FROM workspace_log ORDER BY 1"

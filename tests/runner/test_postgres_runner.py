@@ -24,9 +24,8 @@ from helpers import commit_writes
 
 from effectful_durable import AgentRunner, AlarmLeaseLostError, RunnerConfig, Store
 from effectful_durable.runner import SystemClock
-from effectful_durable.store.alarm_queue import Claim
-from effectful_durable.store.alarms import AlarmWrite, make_schedule, new_alarm_id
-from effectful_durable.store.postgres_listen import CHANNEL
+from effectful_durable.store.engine.postgres.listen import CHANNEL
+from effectful_durable.store.parts.alarms import AlarmWrite, Claim, make_schedule, new_alarm_id
 from effectful_durable.testing import FakeCall, FakeLLM
 
 LONG_SLEEP = 20.0  # a runner sleeping this long is listening (it polls every <= 1 s else)

@@ -9,14 +9,14 @@ from cronsim import CronSim
 from helpers import commit_writes, integrity, persisted_rows
 
 from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
-from effectful_durable.store.alarms import (
+from effectful_durable.store.history import HistoryChange
+from effectful_durable.store.parts.alarms import (
     AlarmWrite,
     cron_next,
     make_schedule,
     new_alarm_id,
     pending_at,
 )
-from effectful_durable.store.history import HistoryChange
 
 NOW = 1_800_000_000.0
 
@@ -215,7 +215,7 @@ class TestVersions:
             commit_writes(store, "a", cancel)  # v2: early ended here
             v3 = commit_writes(store, "a", scheduled("late"))
             commit_writes(store, "a", scheduled("later"))
-            from effectful_durable.store.alarms import AlarmPart
+            from effectful_durable.store.parts.alarms import AlarmPart
 
             with store._writing() as conn:
                 AlarmPart().prune(conn, "a", v3)

@@ -7,9 +7,9 @@ import apsw
 import pytest
 
 from effectful_durable import DurableError, NotOurDatabaseError, SchemaTooNewError, Store
-from effectful_durable.store import row_checks
-from effectful_durable.store.migrations import (
-    APPLICATION_ID,
+from effectful_durable.store.engine.seam import APPLICATION_ID
+from effectful_durable.store.engine.sqlite import row_checks
+from effectful_durable.store.engine.sqlite.migrations import (
     MIGRATIONS,
     SCHEMA_VERSION,
     schema_sql,

@@ -17,8 +17,8 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
-from effectful_durable.store.migrations import APPLICATION_ID
-from effectful_durable.store.postgres_schema import SCHEMA_VERSION
+from effectful_durable.store.engine.postgres.schema import SCHEMA_VERSION
+from effectful_durable.store.engine.seam import APPLICATION_ID
 from effectful_durable.testing import FakeLLM
 from tests.helpers import Assistant, commit_message, in_new_process, integrity, persisted
 

@@ -19,8 +19,8 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.store import retention
-from effectful_durable.store import sqlite as store_module
-from effectful_durable.store.connection import WAL_SIZE_LIMIT
+from effectful_durable.store import store as store_module
+from effectful_durable.store.engine.sqlite.connection import WAL_SIZE_LIMIT
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.testing import FakeCall, FakeLLM
 from tests.helpers import Assistant, integrity, is_postgres, persisted, persisted_rows, running
@@ -193,7 +193,7 @@ class TestPrune:
                 calls.append((agent_id, keep_from, conn.in_transaction))
 
         if is_postgres(store_url):
-            from effectful_durable.store import postgres as postgres_module
+            from effectful_durable.store import store as postgres_module
 
             monkeypatch.setattr(postgres_module, "PARTS", (Recorder(),))
         else:

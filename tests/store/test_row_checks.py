@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from effectful_durable import DamagedRowError, DatabaseCorruptError, Store
-from effectful_durable.store.migrations import SCHEMA_VERSION
-from effectful_durable.store.row_checks import PAYLOAD, damaged_rows, row_crc
+from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
+from effectful_durable.store.engine.sqlite.row_checks import PAYLOAD, damaged_rows, row_crc
 from tests.helpers import commit_message, edit_rows, persisted_rows, writable_connection
 
 SCHEMA3 = Path(__file__).parent.parent / "fixtures" / "schema3.db"

@@ -10,7 +10,7 @@ import apsw
 import pytest
 
 from effectful_durable import DiskFullError, DurableError, StorageError, Store
-from effectful_durable.store.translate import TRANSLATIONS, translate, translated
+from effectful_durable.store.engine.sqlite.translate import TRANSLATIONS, translate, translated
 from tests.faultvfs import (
     READ_EIO,
     SHORT_WRITE,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backend import Conn
-from .parts import VersionedRows
+from ..engine.seam import Conn
+from .versioned import VersionedRows
 
 
 @dataclass(frozen=True, slots=True)

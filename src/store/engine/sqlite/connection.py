@@ -15,7 +15,8 @@ from typing import Literal
 import apsw
 import apsw.bestpractice
 
-from ..errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
+from ....errors import DatabaseCorruptError, DurableError, NotOurDatabaseError, SchemaTooNewError
+from ..seam import APPLICATION_ID
 from . import row_checks
 from .damage import (
     CORRUPTION,
@@ -26,7 +27,7 @@ from .damage import (
     page_size_of,
     read_header,
 )
-from .migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema_sql
+from .migrations import MIGRATIONS, SCHEMA_VERSION, schema_sql
 from .translate import translate, translated
 
 type Durability = Literal["normal", "full"]

@@ -46,7 +46,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import DamagedRowError
+from ....errors import DamagedRowError
 
 #: Our tables, each with the column its ``checked_`` view checks the row in:
 #: one that every read returning the row's values selects, and no WHERE clause names.

@@ -3,23 +3,21 @@
 Opening the file (identify, migrate, pragmas) is ``connection.py``; damage and
 I/O errors are translated by ``damage.py`` and ``translate.py``. This module
 holds the connections of one Store and the SQL that only SQLite speaks (FTS5,
-``PRAGMA integrity_check``); see ``backend.py`` for the seam.
+``PRAGMA integrity_check``); see ``engine/seam.py`` for the seam.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Literal
 
 import apsw
 
-from ..errors import (
+from ....errors import (
     AgentInUseError,
     DatabaseBusyError,
     DatabaseCorruptError,
@@ -27,34 +25,16 @@ from ..errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from . import conversation_fields, row_checks
-from . import conversations as _conversations
-from .alarm_queue import Polling
-from .alarms import AlarmPart
-from .backend import Conn, Rows
+from ..seam import Conn, Polling, Rows, TurnWrite
+from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
-from .memory import MemoryPart
-from .parts import TurnWrite, VersionedPart
-from .records import Compaction
 from .translate import translate, translated
-from .workspace_cache import WorkspaceCache
-from .workspace_log import WorkspacePart
-
-# Every part of an agent's record besides messages, fields and the SQL workspace
-# (whose part knows where this database's workspace files are): rollback and fork
-# carry each of them (see parts.py).
-PARTS: tuple[VersionedPart, ...] = (
-    _conversations.Conversations(),
-    conversation_fields.ConversationFields(),
-    MemoryPart(),
-    AlarmPart(),
-)
 
 
 class SQLiteDatabase:
-    """One SQLite database file, as a Store's Database (see backend.py).
+    """One SQLite database file, as a Store's Database (see engine/seam.py).
 
     Raises:
         NotOurDatabaseError, DatabaseCorruptError, SchemaTooNewError: as
@@ -78,8 +58,6 @@ class SQLiteDatabase:
         self.readonly = readonly
         self._local = threading.local()
         self._connections: list[apsw.Connection] = []
-        self.workspaces = WorkspaceCache.beside(path)
-        self._workspace_part = WorkspacePart(self.workspaces)
         self._connections_lock = threading.Lock()
         self._closed = False
         self.damage = DamageWatch(self.path, self._connections)
@@ -94,13 +72,6 @@ class SQLiteDatabase:
                 quarantine(self.path)
                 self.connection()
         self._locks = AgentLocks.for_database(self.path)
-        self._pid = os.getpid()
-        _open.add(self)
-
-    @property
-    def parts(self) -> Sequence[VersionedPart]:
-        # Read at each use, so that a test may replace the module's tuple.
-        return (*PARTS, self._workspace_part)
 
     def close(self) -> None:
         """Close every connection this database opened, in all threads.
@@ -108,10 +79,8 @@ class SQLiteDatabase:
         When they were the file's last connections, SQLite copies the WAL into the
         file and removes it: the file alone then holds every commit.
         """
-        _open.discard(self)
         with self._connections_lock:
             self._closed = True
-            self.workspaces.close()
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
@@ -245,7 +214,13 @@ class SQLiteDatabase:
         return row_checks.active_messages(rows, self.path, agent_id, conversation)
 
     def index_compacted(
-        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        first_position: float,
+        last_position: float,
+        conversation: str,
     ) -> None:
         conn.execute(
             f"""
@@ -255,13 +230,7 @@ class SQLiteDatabase:
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
                AND position BETWEEN ?3 AND ?4 AND json_valid(body)
             """,
-            (
-                agent_id,
-                version,
-                compaction.first_position,
-                compaction.last_position,
-                conversation,
-            ),
+            (agent_id, version, first_position, last_position, conversation),
         )
 
     def search_compacted(
@@ -349,19 +318,6 @@ def _indexed_text(body: str) -> str:
               FROM json_each({body}, '$.content'))
         ELSE json_extract({body}, '$.content') END,
         json_extract({body}, '$.tool_calls'))"""
-
-
-# The databases this process opened and has not closed: a normal interpreter
-# exit closes them, so that a program that never called close() leaves one file.
-_open: weakref.WeakSet[SQLiteDatabase] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_databases() -> None:
-    for db in list(_open):
-        if db._pid == os.getpid():  # not a forked child's copy of its parent's
-            with suppress(apsw.Error):
-                db.close()
 
 
 class _Write:

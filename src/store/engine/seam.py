@@ -1,20 +1,25 @@
 """The seam between the Store's shared logic and the database it runs on.
 
-A Store holds one :class:`Database`: :class:`~effectful_durable.store.sqlite.SQLiteDatabase`
-for a file path, :class:`~effectful_durable.store.postgres.PostgresDatabase` for a
-``postgresql://`` URL. The shared modules (``reads.py``, ``turns.py``,
-``maintenance.py``, ``journal.py``, ``conversations.py``, ``memory.py``,
-``parts.py``, ...) run their SQL on a :class:`Conn`, written in the subset both
-databases read: ``?`` or ``?N`` parameters (PostgreSQL's connection rewrites
-them), upserts spelled ``ON CONFLICT``, no SQLite-only functions (nor the
-scalar ``max(a, b)``). What differs (full-text search, locking a row, claiming
-a row that other claimers skip, serialising writers, waking the alarm runners,
-what the file or server can check, where the agents' SQL workspace files live
-on this machine) is a method or attribute of the Database, and its SQL lives in
-that backend's module.
+A Store holds one :class:`Database`: ``SQLiteDatabase`` (``engine/sqlite/``) for
+a file path, ``PostgresDatabase`` (``engine/postgres/``) for a ``postgresql://``
+URL. The shared modules above it (the Store's own in ``store/``, the parts in
+``store/parts/``, the SQL workspace's log in ``store/workspace/``) run their SQL
+on a :class:`Conn`, written in the subset both databases read: ``?`` or ``?N``
+parameters (PostgreSQL's connection rewrites them), upserts spelled ``ON
+CONFLICT``, no SQLite-only functions (nor the scalar ``max(a, b)``). What
+differs (full-text search, locking a row, claiming a row that other claimers
+skip, serialising writers, waking the alarm runners, what the file or server can
+check) is a method or attribute of the Database, and its SQL lives in that
+engine's package. Where this machine keeps the agents' SQL workspace files
+differs too: beside the SQLite file, or in a cache directory per PostgreSQL
+database (``PostgresDatabase.workspace_directory``); the Store makes that cache.
 
-A part a backend does not carry yet is refused there (:meth:`Database.require`),
-never half done.
+Besides the protocols, this module holds what both engines and the layers above
+them share: :class:`TurnWrite`, :class:`Polling` and :data:`APPLICATION_ID`. It
+imports nothing of ours.
+
+A part a backend does not carry yet is refused there (:meth:`Database.require`,
+:meth:`Database.check_writes`), never half done.
 """
 
 from __future__ import annotations
@@ -22,12 +27,11 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .parts import TurnWrite, VersionedPart
-    from .records import Compaction
-    from .workspace_cache import WorkspaceCache
+#: What marks a database as ours: SQLite's ``PRAGMA application_id`` ("EFDU"),
+#: and on PostgreSQL the ``application_id`` of the ``effectful_durable`` table.
+APPLICATION_ID = 0x45464455
 
 
 class Rows(Protocol):
@@ -59,6 +63,13 @@ class Conn(Protocol):
         """Rows changed by the last INSERT, UPDATE or DELETE."""
 
 
+class TurnWrite(Protocol):
+    """Something a turn writes besides messages and fields, in the turn's transaction."""
+
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+        """Apply the write as part of ``version`` of ``agent_id``; raise to abort the turn."""
+
+
 class AlarmListener(Protocol):
     """What wakes an alarm runner when a commit makes an alarm due (see ``listen_alarms``)."""
 
@@ -70,6 +81,15 @@ class AlarmListener(Protocol):
         """Stop listening."""
 
 
+class Polling:
+    """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
+
+    listening = False
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
 class Database(Protocol):
     """What a Store needs of the database it runs on (one per Store)."""
 
@@ -77,14 +97,6 @@ class Database(Protocol):
     kind: str
     #: The file path, or the URL without its password: named in messages.
     location: str
-    #: Where this machine keeps the agents' SQL workspace files, caught up from
-    #: ``workspace_log`` (``workspace_cache.py``).
-    workspaces: WorkspaceCache
-
-    @property
-    def parts(self) -> Sequence[VersionedPart]:
-        """The parts of an agent's record besides messages and fields that this
-        database carries: rollback, fork, prune and delete go through each."""
 
     def reading(self) -> AbstractContextManager[Conn]:
         """One read transaction (or the thread's open write): several reads, one snapshot."""
@@ -148,9 +160,16 @@ class Database(Protocol):
         """
 
     def index_compacted(
-        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        first_position: float,
+        last_position: float,
+        conversation: str,
     ) -> None:
-        """Index the text of the originals ``compaction`` removed at ``version``."""
+        """Index the text of the originals a compaction removed at ``version``: the
+        messages of ``conversation`` from ``first_position`` to ``last_position``."""
 
     def search_compacted(
         self, conn: Conn, agent_id: str, words: list[str], limit: int, conversation: str

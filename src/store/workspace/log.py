@@ -5,12 +5,12 @@ agents' tables. ``workspace_log`` holds, per version, the steps that turn the
 previous version's tables into this version's, in ``seq`` order: DDL text, or an
 ``apsw.Session`` changeset of row changes. A snapshot starts with the
 ``-- reset`` step, which drops every table. This module reads and writes the log
-on a :class:`~effectful_durable.store.backend.Conn`, in the SQL both backends
-speak, replays it into SQLite databases, and makes it follow a rollback, a fork,
-a prune and a delete (:class:`WorkspacePart`). The SQLite files that hold each
-agent's tables on a machine are ``workspace_cache.py``'s.
+on the seam's ``Conn``, in the SQL both backends speak, and replays it into
+SQLite databases. ``part.py`` makes it follow a rollback, a fork, a prune and a
+delete; the SQLite files that hold each agent's tables on a machine are
+``cache.py``'s.
 
-Versions. ``rollback`` to v writes, as the new version, the inverse of the
+Versions (``part.py``). ``rollback`` to v writes, as the new version, the inverse of the
 changesets after v (O(changes since v)) when no DDL happened after v; otherwise
 a snapshot of the tables at v (replayed from the log: O(history)). ``fork``
 writes a snapshot. ``prune`` folds the steps before a version into one snapshot.
@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import apsw
 
-from .backend import Conn
-from .workspace_schema import quote, tables
-
-if TYPE_CHECKING:
-    from .workspace_cache import WorkspaceCache
+from ..engine.seam import Conn
+from .schema import quote, tables
 
 RESET = "-- reset"  # a DDL step that drops every table: snapshots start with it
 
@@ -158,7 +155,7 @@ def merged(steps: Sequence[Step]) -> list[Step]:
         if len(run) == 1:
             out.append((None, run[0]))
         elif run:
-            combined = _combined(run)
+            combined = combine(run)
             if combined:
                 out.append((None, combined))
         run.clear()
@@ -173,7 +170,8 @@ def merged(steps: Sequence[Step]) -> list[Step]:
     return out
 
 
-def _combined(changesets: Iterable[bytes]) -> bytes:
+def combine(changesets: Iterable[bytes]) -> bytes:
+    """One changeset with the effect of ``changesets`` applied in order."""
     builder = apsw.ChangesetBuilder()  # type: ignore[no-untyped-call]
     for changeset in changesets:
         if changeset:
@@ -181,76 +179,6 @@ def _combined(changesets: Iterable[bytes]) -> bytes:
     combined = builder.output()
     builder.close()
     return combined
-
-
-class WorkspacePart:
-    """How the SQL workspace follows a rollback, a fork, a prune and a delete.
-
-    Args:
-        cache: The database's workspace files on this machine: a fork or a delete
-            removes the file its agent id had here.
-    """
-
-    def __init__(self, cache: WorkspaceCache) -> None:
-        self.cache = cache
-
-    def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
-        """Write, as ``new_version``, what undoes every change after ``to_version``."""
-        later = log(conn, agent_id, to_version, new_version - 1)
-        if not later:
-            return
-        if all(ddl is None for ddl, _ in later):
-            inverse = apsw.Changeset.invert(_combined(cs for _, cs in later if cs))
-            if inverse:
-                write_log(conn, agent_id, new_version, [(None, inverse)])
-            return
-        mem = replayed(log(conn, agent_id, 0, to_version))  # DDL after v: rebuild v's tables
-        write_log(conn, agent_id, new_version, snapshot(mem))
-        mem.close()
-
-    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
-        """Give ``new_agent_id`` (version 1) the tables ``agent_id`` had at ``version``."""
-        steps = log(conn, agent_id, 0, version)
-        if not steps:
-            return
-        mem = replayed(steps)
-        write_log(conn, new_agent_id, 1, snapshot(mem))
-        mem.close()
-        self.cache.remove(new_agent_id)
-
-    def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
-        """Fold the steps of versions before ``keep_from`` into one snapshot.
-
-        A snapshot costs what the tables hold, so it is made only once the steps
-        it would replace outweigh the oldest version's (the last snapshot): the
-        cost per pruned byte stays flat, as for pruning as you go.
-        """
-        base = keep_from - 1
-        sizes = conn.execute(
-            """
-            SELECT version, sum(coalesce(length(changeset), 0) + coalesce(length(ddl), 0))
-              FROM workspace_log WHERE agent_id = ? AND version <= ?
-             GROUP BY version ORDER BY version
-            """,
-            (agent_id, base),
-        ).fetchall()
-        weights = [int(size or 0) for _, size in sizes]
-        if len(weights) <= 1 or sum(weights[1:]) < weights[0]:
-            return
-        mem = replayed(log(conn, agent_id, 0, base))
-        conn.execute(
-            "DELETE FROM workspace_log WHERE agent_id = ? AND version <= ?", (agent_id, base)
-        )
-        write_log(conn, agent_id, base, snapshot(mem))
-        mem.close()
-
-    def delete(self, conn: Conn, agent_id: str) -> None:
-        """Remove the agent's workspace file here (its log goes with the agents row).
-
-        Removing the file first is safe: if the main transaction then fails, the
-        next use rebuilds the file from the log.
-        """
-        self.cache.remove(agent_id)
 
 
 def _float(value: Any) -> float | None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .backend import Conn
-from .parts import VersionedRows
+from ..engine.seam import Conn
+from .versioned import VersionedRows
 
 type Kind = Literal["key", "note"]
 KEY: Kind = "key"

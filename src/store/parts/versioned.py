@@ -1,24 +1,19 @@
-"""The parts of an agent's durable record besides its messages and fields.
+"""What the parts of an agent's durable record share, besides its messages and fields.
 
-Memory, the SQL workspace and alarms each live in their own module under
-``store/``. A turn hands the store :class:`TurnWrite` objects for what it staged;
-the store applies them in the turn's one transaction, after the version row is
-written. Each part also says how it follows a rollback, a fork, a prune and a
-delete, so that every version of an agent reads back whole.
+Conversations, their fields, memory and alarms each live in their own module of
+``parts/``; the SQL workspace's part is ``workspace/part.py``. A turn hands the
+store TurnWrite objects (``engine/seam.py``) for what it staged; the store
+applies them in the turn's one transaction, after the version row is written.
+Each part also says how it follows a rollback, a fork, a prune and a delete
+(:class:`VersionedPart`), so that every version of an agent reads back whole;
+the Store lists the parts it carries (``store.py``'s ``PARTS``).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from .backend import Conn
-
-
-class TurnWrite(Protocol):
-    """Something a turn writes besides messages and fields, in the turn's transaction."""
-
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
-        """Apply the write as part of ``version`` of ``agent_id``; raise to abort the turn."""
+from ..engine.seam import Conn
 
 
 class VersionedPart(Protocol):

@@ -4,7 +4,7 @@
 modules' SQL (``?``/``?N`` parameters) runs unchanged through
 :class:`PostgresConn`, which rewrites the parameters for psycopg; what only
 PostgreSQL speaks (full-text search, ``FOR UPDATE``, advisory locks, the
-schema's identification) is here. See ``backend.py`` for the seam.
+schema's identification) is here. See ``engine/seam.py`` for the seam.
 
 - Transactions: a write is ``BEGIN`` (read committed) ... ``COMMIT`` on a pooled
   connection; a read is one ``REPEATABLE READ READ ONLY`` snapshot. A block
@@ -18,7 +18,8 @@ schema's identification) is here. See ``backend.py`` for the seam.
   out, so the next block connects afresh.
 - The agents' SQL workspaces: their log is in this database, like every other
   part; each machine keeps its SQLite files of the agents' tables in a
-  stamped cache of its own, one directory per database (``workspace_cache.py``).
+  stamped cache of its own, one directory per database
+  (``workspace_directory``; ``store/workspace/cache.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
 
-from ..errors import (
+from ....errors import (
     AgentInUseError,
     DatabaseBusyError,
     DatabaseUnavailableError,
@@ -48,29 +49,11 @@ from ..errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from . import conversation_fields
-from . import conversations as _conversations
-from .alarms import AlarmPart
-from .backend import Conn, Rows, redacted
-from .memory import MemoryPart
-from .migrations import APPLICATION_ID
-from .parts import TurnWrite, VersionedPart
-from .postgres_listen import KEEPALIVES, NotifyListener
-from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
-from .records import Compaction
-from .workspace_cache import WorkspaceCache, user_cache_root
-from .workspace_log import WorkspacePart
+from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, redacted
+from .listen import KEEPALIVES, NotifyListener
+from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
-
-# The parts carried on PostgreSQL besides the SQL workspace (whose part knows where
-# this machine's workspace files are).
-PARTS: tuple[VersionedPart, ...] = (
-    _conversations.Conversations(),
-    conversation_fields.ConversationFields(),
-    MemoryPart(),
-    AlarmPart(),
-)
 
 # What PostgreSQL does not carry yet, by the name Database.require is given (every
 # part a turn writes is carried now).
@@ -82,7 +65,7 @@ _MAX_POLL_SECONDS = 0.1
 
 
 class PostgresDatabase:
-    """One PostgreSQL database, as a Store's Database (see backend.py).
+    """One PostgreSQL database, as a Store's Database (see engine/seam.py).
 
     Raises:
         NotOurDatabaseError: Its schema holds tables, and none of them is ours.
@@ -139,24 +122,21 @@ class PostgresDatabase:
             raise DatabaseUnavailableError(self.location, _reason(e)) from e
         try:
             self._prepare()
-            directory = os.path.join(workspace_dir or user_cache_root(), self._cache_name())
+            #: This machine's directory of the agents' SQL workspace files (their
+            #: cache: see store/workspace/cache.py), one per database.
+            self.workspace_directory = os.path.join(
+                workspace_dir or user_cache_root(), self._cache_name()
+            )
         except BaseException:
             self._pool.close()
             raise
-        self.workspaces = WorkspaceCache(directory, stamped=True)
-        self._workspace_part = WorkspacePart(self.workspaces)
         self._locks = _AdvisoryLocks(self)
 
-    @property
-    def parts(self) -> Sequence[VersionedPart]:
-        return (*PARTS, self._workspace_part)
-
     def close(self) -> None:
-        """Close the pool, the lock connection and the workspace files."""
+        """Close the pool and the lock connection."""
         self._closed = True
         self._locks.close()
         self._pool.close()
-        self.workspaces.close()
 
     # -- connections and transactions ------------------------------------------
 
@@ -288,7 +268,7 @@ class PostgresDatabase:
         database's OID and our schema: a database restored or cloned into a new one
         gets its own directory, and so does each schema of one database. Whatever
         the name, a file is trusted only while the log holds the commit it is
-        stamped with (workspace_cache.py).
+        stamped with (store/workspace/cache.py).
         """
         with self.reading() as conn:
             oid, schema, name = conn.execute(
@@ -348,7 +328,13 @@ class PostgresDatabase:
         return conn.execute(f"{query} FOR UPDATE SKIP LOCKED", params)
 
     def index_compacted(
-        self, conn: Conn, agent_id: str, version: int, compaction: Compaction, conversation: str
+        self,
+        conn: Conn,
+        agent_id: str,
+        version: int,
+        first_position: float,
+        last_position: float,
+        conversation: str,
     ) -> None:
         # The text of the originals, for RecallTools: text blocks, plain content and
         # tool-call arguments, as the SQLite backend indexes them. Read here rather
@@ -359,13 +345,7 @@ class PostgresDatabase:
              WHERE agent_id = ?1 AND conversation = ?5 AND removed_in = ?2
                AND position BETWEEN ?3 AND ?4
             """,
-            (
-                agent_id,
-                version,
-                compaction.first_position,
-                compaction.last_position,
-                conversation,
-            ),
+            (agent_id, version, first_position, last_position, conversation),
         ).fetchall()
         conn.executemany(
             "INSERT INTO compacted_text (agent_id, position, version, text, words)"
@@ -497,7 +477,7 @@ class PostgresRows:
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
-# The shared SQL reads rows through SQLite's checked_<table> views (row_checks.py);
+# The shared SQL reads rows through SQLite's checked_<table> views (sqlite/row_checks.py);
 # PostgreSQL checks its own pages, so here they are the tables themselves.
 _CHECKED = re.compile(r"\bchecked_(?=\w)")
 
@@ -535,6 +515,18 @@ def _searchable(body: str) -> str:
         parts.append(json.dumps(message["tool_calls"], ensure_ascii=False))
     text = " ".join(part for part in parts if part).replace("\0", " ")
     return text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate becomes "?"
+
+
+def user_cache_root() -> str:
+    """Where a PostgreSQL Store keeps workspace files unless told: the user's cache directory.
+
+    ``$XDG_CACHE_HOME/effectful-durable/workspaces``, or ``~/.cache/...`` when
+    ``XDG_CACHE_HOME`` is unset or not absolute (as the XDG base directory spec says).
+    """
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "effectful-durable", "workspaces")
 
 
 def _key(scope: str, name: str) -> int:

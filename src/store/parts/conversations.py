@@ -13,9 +13,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Conn
-from .parts import VersionedRows
-from .records import ConversationInfo
+from ..engine.seam import Conn
+from ..records import ConversationInfo
+from .versioned import VersionedRows
 
 
 class Conversations(VersionedRows):

@@ -2,7 +2,7 @@
 
 The ``effectful_durable`` table marks a database as ours and names its schema
 version (SQLite's ``PRAGMA application_id`` and ``user_version``). A fresh
-database is created from ``schema_postgres.sql``; ``MIGRATIONS[n]`` upgrades one
+database is created from ``schema.sql``; ``MIGRATIONS[n]`` upgrades one
 at version ``n`` to ``n + 1``, and ``tests/store/test_postgres.py`` proves that
 both paths end in the same schema. PostgreSQL's versions count on from 3, the
 SQLite schema the backend first carried; never edit a released migration.
@@ -93,5 +93,5 @@ SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)
 
 @functools.cache
 def schema_sql() -> str:
-    """The DDL of the current schema, as shipped in ``schema_postgres.sql``."""
-    return resources.files(__package__).joinpath("schema_postgres.sql").read_text("utf-8")
+    """The DDL of the current schema, as shipped in ``schema.sql``."""
+    return resources.files(__package__).joinpath("schema.sql").read_text("utf-8")

@@ -1,4 +1,4 @@
-"""Schema versions: the application id that marks our files, and forward migrations.
+"""Schema versions of an SQLite file: the current one, and forward migrations.
 
 ``MIGRATIONS[n]`` upgrades a database from ``PRAGMA user_version = n`` to ``n + 1``.
 A fresh database is created from ``schema.sql`` instead; ``tests/store`` proves that
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from importlib import resources
 
-APPLICATION_ID = 0x45464455  # "EFDU": PRAGMA application_id of every file we create
 SCHEMA_VERSION = 4
 
 _V1 = """

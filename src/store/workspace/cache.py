@@ -3,19 +3,20 @@
 Each agent's tables live in a SQLite file of its own, ``<blake2b(agent id)>.sqlite``
 in the directory of a :class:`WorkspaceCache`; the agent's SQL runs on a
 connection to that file only (see ``sandbox.py``). The file is a materialised
-view of ``workspace_log`` (``workspace_log.py``): ``PRAGMA user_version`` in it
+view of ``workspace_log`` (``log.py``): ``PRAGMA user_version`` in it
 records the version it holds, and whoever opens it next (a turn, ``Store.sql``)
 catches it up from the log, or rebuilds it when the cache cannot vouch for it:
 ahead of the log, damaged, foreign, or one the log does not apply to.
 
-Where the files are is the backend's choice (``Database.workspaces``):
+Where the files are depends on the backend (the Store makes its cache):
 
 - SQLite keeps them beside its one database file, in ``<db>-workspaces/``. Only
   processes of that machine use them, an agent's versions only grow, and a fork
   or a delete removes the file of its agent id: the version in the file is
   enough to know where it stands.
 - PostgreSQL serves many machines, each with a cache of its own (in the user's
-  cache directory, one subdirectory per database). There the log may change
+  cache directory, one subdirectory per database:
+  ``PostgresDatabase.workspace_directory``). There the log may change
   without this machine seeing it: the agent deleted and made anew, or the
   database restored to an earlier point and committed on from there. So each
   file is *stamped*: ``<file>-stamps`` names, for the versions the file may
@@ -41,13 +42,13 @@ from typing import TYPE_CHECKING
 
 import apsw
 
-from ..errors import SQLWorkspaceError
-from .damage import CORRUPTION, header_problem
+from ...errors import SQLWorkspaceError
+from ..engine.sqlite.damage import CORRUPTION, header_problem
+from .log import RESET, Step, Truth, apply, log, replayed, truth
 from .sandbox import SQLLimits, harden
-from .workspace_log import RESET, Step, Truth, apply, log, replayed, truth
 
 if TYPE_CHECKING:
-    from .backend import Database
+    from ..engine.seam import Database
 
 logger = logging.getLogger("effectful_durable.store")
 
@@ -58,18 +59,6 @@ WORKSPACE_APPLICATION_ID = 0x45465753  # "EFWS": PRAGMA application_id of worksp
 _STAMPS = "-stamps"
 _RECORD = struct.Struct("<qdI")
 _STAMPS_SIZE = 2 * _RECORD.size
-
-
-def user_cache_root() -> str:
-    """Where a PostgreSQL Store keeps workspace files unless told: the user's cache directory.
-
-    ``$XDG_CACHE_HOME/effectful-durable/workspaces``, or ``~/.cache/...`` when
-    ``XDG_CACHE_HOME`` is unset or not absolute (as the XDG base directory spec says).
-    """
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "effectful-durable", "workspaces")
 
 
 class WorkspaceCache:

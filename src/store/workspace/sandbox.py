@@ -19,7 +19,7 @@ from typing import Any
 import apsw
 import apsw.ext
 
-from .damage import CORRUPTION
+from ..engine.sqlite.damage import CORRUPTION
 
 # Pragmas that only describe the schema; any other pragma, and any pragma given
 # a value to set (other than these ones' table or index name), is refused.

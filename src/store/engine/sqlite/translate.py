@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import apsw
 
-from ..errors import DiskFullError, DurableError, StorageError
+from ....errors import DiskFullError, DurableError, StorageError
 
 type Translation = Callable[[apsw.Error, str, apsw.Connection | None], DurableError]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import DatabaseCorruptError, DurableError
+from ....errors import DatabaseCorruptError, DurableError
 from .migrations import schema_sql
 
 #: What SQLite raises for a file whose pages are malformed.

@@ -1,6 +1,6 @@
 """Wake alarm runners on PostgreSQL: LISTEN on a connection of its own, in a thread.
 
-A trigger on ``alarms`` (``schema_postgres.sql``) sends a NOTIFY on
+A trigger on ``alarms`` (``schema.sql``) sends a NOTIFY on
 :data:`CHANNEL` from each transaction that makes a pending alarm claimable at a
 new time, and PostgreSQL delivers it only once that transaction commits. An
 :class:`NotifyListener` waits for those notifications and calls ``wake``, so a

@@ -14,7 +14,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import SQLWorkspaceError
+from ...errors import SQLWorkspaceError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """An agent's SQL workspace in use: a turn's transaction on its tables; the developer's reads.
 
 The tables live in a SQLite file of the agent's own on this machine, caught up
-from the log in the main database (``workspace_cache.py``, ``workspace_log.py``);
+from the log in the main database (``cache.py``, ``log.py``);
 the agent's SQL runs there, in the sandbox of ``sandbox.py``, on both backends.
 
 A turn: the workspace file is caught up, then one write transaction on it is
@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
-from ..errors import SQLWorkspaceError
-from .backend import Conn
-from .damage import CORRUPTION
+from ...errors import SQLWorkspaceError
+from ..engine.seam import Conn
+from ..engine.sqlite.damage import CORRUPTION
+from ..engine.sqlite.translate import translated
+from .cache import WorkspaceCache, WorkspaceFiles, caught_up, materialize, set_aside
+from .log import Step, apply, merged, stamp_of, write_log
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
-from .translate import translated
-from .workspace_cache import WorkspaceFiles, caught_up, materialize, set_aside
-from .workspace_log import Step, apply, merged, stamp_of, write_log
-from .workspace_schema import Declaration, TableInfo, plan_migration, quote, tables
+from .schema import Declaration, TableInfo, plan_migration, quote, tables
 
 if TYPE_CHECKING:
-    from .backend import Database
+    from ..engine.seam import Database
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class WorkspaceTurn:
     """One turn's transaction on an agent's workspace; a TurnWrite for its commit.
 
     Args:
-        db: The main database (idle in this thread); its cache holds the file.
+        db: The main database (idle in this thread), which holds the log.
+        cache: This machine's files of ``db``'s workspaces: one holds the agent's tables.
         agent_id: The agent whose turn it is (its lock is held).
         declaration: The developer's declared tables, migrated forward here.
         allow_ddl: Whether the agent may change its schema itself.
@@ -94,6 +95,7 @@ class WorkspaceTurn:
     def __init__(
         self,
         db: Database,
+        cache: WorkspaceCache,
         agent_id: str,
         *,
         declaration: Declaration,
@@ -106,7 +108,7 @@ class WorkspaceTurn:
         self.limits = limits
         self.allow_ddl = allow_ddl
         self.protected = frozenset(declaration.tables)
-        self._cache = db.workspaces
+        self._cache = cache
         self._files = self._cache.files()
         self.path = self._cache.path(agent_id)
         for attempt in (1, 2):  # a file found damaged is set aside and rebuilt, once
@@ -410,6 +412,7 @@ DEVELOPER_LIMITS = SQLLimits(
 
 def read_sql(
     db: Database,
+    cache: WorkspaceCache,
     agent_id: str,
     query: str,
     params: Sequence[Any],
@@ -429,7 +432,6 @@ def read_sql(
     Raises:
         SQLWorkspaceError: The query was refused or failed.
     """
-    cache = db.workspaces
     path = cache.path(agent_id)
     conn: apsw.Connection
     in_place = latest and not readonly and os.path.exists(path)

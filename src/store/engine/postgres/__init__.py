@@ -1,0 +1,7 @@
+"""The PostgreSQL engine (psycopg): a connection pool, advisory locks per agent.
+
+``database.py`` is the Database a Store holds; ``schema.py`` and ``schema.sql``
+are the schema and its migrations; ``listen.py`` wakes alarm runners on NOTIFY.
+It imports ``engine/seam.py`` and ``errors`` only, and psycopg only when a Store
+opens a ``postgresql://`` URL.
+"""

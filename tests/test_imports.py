@@ -1,0 +1,262 @@
+"""Imports point down only: the layers of ``src/`` as data, checked on its import graph.
+
+The graph is read from the source (``ast``), not from running it, so every
+import counts: at module level, inside a function, or under ``TYPE_CHECKING``.
+Each module of ``effectful_durable`` belongs to one group of :data:`LAYERS`. A
+module may import the modules of its own group, as long as no cycle forms, and
+those of any group in a lower layer; never a module of a higher layer, nor one
+of another group of its own layer (groups side by side: the two engines; the
+parts and the SQL workspace). See ``docs/source/layout.rst``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = "effectful_durable"
+
+#: The layers, top to bottom. A name stands for that module and, if it is a
+#: package, everything in it that no longer name claims; ``""`` is the package
+#: itself (``src/__init__.py``) alone.
+LAYERS: list[list[tuple[str, ...]]] = [
+    # what users run and import: the public API, the command, the test helpers
+    [("", "__main__", "cli", "testing")],
+    [("runner",)],  # AgentRunner: delivers alarms as turns
+    [("handlers",)],  # PersistenceHandler, CompactionHandler
+    [("agents",)],  # PersistentAgent and the tool mixins
+    [("store",)],  # the Store facade: reads, the turn protocol, maintenance
+    [("store.parts",), ("store.workspace",)],  # what a turn writes; the agent's SQL tables
+    [("store.records", "store.history", "store.rows", "store.ids")],  # shared leaves
+    [("store.engine.sqlite",), ("store.engine.postgres",)],  # the two engines
+    [("store.engine",)],  # the seam both engines implement
+    [("errors",)],
+]
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's arrow: ``source`` imports ``target`` at ``line``."""
+
+    source: str
+    target: str
+    line: int
+
+    def __str__(self) -> str:
+        source, target = _absolute(self.source), _absolute(self.target)
+        return f"src/{modules()[self.source]}:{self.line}: {source} imports {target}"
+
+
+@cache
+def modules() -> dict[str, str]:
+    """Every module, by its name relative to the package ("" for the package), and its file."""
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = str(path.relative_to(SRC))
+    return found
+
+
+def _absolute(name: str) -> str:
+    return f"{PACKAGE}.{name}" if name else PACKAGE
+
+
+def _relative(absolute: str) -> str | None:
+    """``absolute`` relative to the package, or None if it is not ours."""
+    if absolute == PACKAGE:
+        return ""
+    if absolute.startswith(PACKAGE + "."):
+        return absolute[len(PACKAGE) + 1 :]
+    return None
+
+
+def _known(name: str) -> str:
+    """``name``, or the nearest package of ours that holds it, if it is no module."""
+    while name not in modules():
+        name = name.rpartition(".")[0]
+    return name
+
+
+@cache
+def imports() -> list[Import]:
+    """Every arrow between two modules of ours, one per imported module and statement."""
+    arrows: dict[Import, None] = {}
+    for module, file in modules().items():
+        tree = ast.parse((SRC / file).read_text("utf-8"), file)
+        here = _absolute(module).split(".")
+        package = here if file.endswith("__init__.py") else here[:-1]
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)]
+                    origin = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    origin = node.module or ""
+                # "from package import module" imports that module
+                targets = [f"{origin}.{alias.name}" for alias in node.names]
+            for target in targets:
+                ours = _relative(target)
+                if ours is None:
+                    continue
+                ours = _known(ours)
+                if ours != module:
+                    arrows[Import(module, ours, node.lineno)] = None
+    return list(arrows)
+
+
+def group_of(module: str) -> tuple[int, tuple[str, ...]] | None:
+    """The layer (0 at the top) and the group of ``module``: those of the longest name
+    in :data:`LAYERS` that is it or a package holding it."""
+    candidates = [module]  # then its packages, longest first (never "" for another)
+    while "." in candidates[-1]:
+        candidates.append(candidates[-1].rpartition(".")[0])
+    for candidate in candidates:
+        for layer, groups in enumerate(LAYERS):
+            for group in groups:
+                if candidate in group:
+                    return layer, group
+    return None
+
+
+def shortest_cycle(component: list[str]) -> list[Import]:
+    """The arrows of a shortest cycle through the first module of ``component``."""
+    start, members = component[0], set(component)
+    came: dict[str, Import] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for arrow in imports():
+                if arrow.source != module or arrow.target not in members:
+                    continue
+                if arrow.target == start:
+                    path = [arrow]
+                    while path[0].source != start:
+                        path.insert(0, came[path[0].source])
+                    return path
+                if arrow.target not in came:
+                    came[arrow.target] = arrow
+                    following.append(arrow.target)
+        frontier = following
+    return []
+
+
+def cycles() -> list[list[str]]:
+    """The strongly connected components of the import graph with more than one module."""
+    edges: dict[str, set[str]] = {module: set() for module in modules()}
+    for arrow in imports():
+        edges[arrow.source].add(arrow.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        # Tarjan's algorithm, iteratively: (module, its remaining successors)
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(edges[successor]))))
+                    break
+                if successor in on_stack:
+                    low[module] = min(low[module], index[successor])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[module])
+                if low[module] == index[module]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == module:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def _named(group: tuple[str, ...]) -> str:
+    return "+".join(name or PACKAGE for name in group)
+
+
+class TestLayers:
+    """Every module has its place, and its imports point down."""
+
+    def test_every_module_belongs_to_a_layer(self) -> None:
+        """Each module of src/ falls in a group of LAYERS, and each name there exists."""
+        placeless = [name or PACKAGE for name in modules() if group_of(name) is None]
+        assert not placeless, f"add these modules to LAYERS in {__name__}: {placeless}"
+        named = {name for groups in LAYERS for group in groups for name in group}
+        stale = sorted(named - set(modules()))
+        assert not stale, f"LAYERS names modules that do not exist: {stale}"
+
+    def test_no_import_runs_upward(self) -> None:
+        """No module imports one of a higher layer, or of another group of its layer."""
+        wrong = []
+        for arrow in imports():
+            source, target = group_of(arrow.source), group_of(arrow.target)
+            assert source is not None and target is not None
+            if source[1] == target[1] or target[0] > source[0]:
+                continue
+            way = "upward" if target[0] < source[0] else "sideways"
+            where = "above" if target[0] < source[0] else "beside"
+            wrong.append(f"{arrow}, {way}: {_named(target[1])} sits {where} {_named(source[1])}")
+        assert not wrong, "imports that run upward or sideways:\n" + "\n".join(wrong)
+
+
+class TestCycles:
+    """No module imports a module that imports it back, however far round."""
+
+    def test_no_import_cycles(self) -> None:
+        """The import graph has no strongly connected component of two modules or more."""
+        found = cycles()
+        lines = []
+        for component in found:
+            lines.append(f"{len(component)} modules import one another: {', '.join(component)}")
+            lines.append("  for one, round this cycle:")
+            lines += [f"    {arrow}" for arrow in shortest_cycle(component)]
+        assert not found, "import cycles:\n" + "\n".join(lines)
+
+
+class TestStore:
+    """The store knows nothing about effectful."""
+
+    def test_store_never_imports_effectful(self) -> None:
+        """No module under store/ imports effectful, nor litellm."""
+        wrong = []
+        for module, file in modules().items():
+            if module != "store" and not module.startswith("store."):
+                continue
+            for node in ast.walk(ast.parse((SRC / file).read_text("utf-8"), file)):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                wrong += [
+                    f"src/{file}:{node.lineno}: {name}"
+                    for name in names
+                    if name.split(".")[0] in ("effectful", "litellm")
+                ]
+        assert not wrong, "store imports effectful:\n" + "\n".join(wrong)
