@@ -35,8 +35,7 @@ class PartMethods(StoreBase):
         .. versionadded:: 0.2.0
         """
         with self._reading() as conn:
-            version = self._checked_version(conn, agent_id, version)
-            self._check_memory(conn, agent_id, KEY, version)
+            version = self._checked_memory(conn, agent_id, version, KEY)
             rows = memory_at(conn, agent_id, version, KEY)
         return {key: json.loads(value) for key, value in rows}
 
@@ -49,18 +48,13 @@ class PartMethods(StoreBase):
         .. versionadded:: 0.2.0
         """
         with self._reading() as conn:
-            version = self._checked_version(conn, agent_id, version)
-            self._check_memory(conn, agent_id, NOTE, version)
+            version = self._checked_memory(conn, agent_id, version, NOTE)
             rows = memory_at(conn, agent_id, version, NOTE)
         return [note_of(value) for _, value in rows]
 
-    def _check_memory(self, conn: Conn, agent_id: str, kind: str, version: int) -> None:
-        """Before reading an earlier version of the memory: check every row of
-        ``kind`` it chooses from, as it chooses them on removed_in, which a damaged
-        byte could change (the latest version's rows are found by an index)."""
-        if version < (current_version(conn, agent_id) or 0):
-            where = "agent_id = ? AND kind = ? AND added_in <= ?"
-            self._db.check_rows(conn, "memory", where, (agent_id, kind, version))
+    def _checked_memory(self, conn: Conn, agent_id: str, version: int | None, kind: str) -> int:
+        where = "kind = ? AND added_in <= ?"
+        return self._checked_rows_of(conn, agent_id, version, "memory", where, kind, version)
 
     def sql(
         self,

@@ -56,6 +56,16 @@ class StoreBase:
 
         def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int: ...
 
+        def _checked_rows_of(
+            self,
+            conn: Conn,
+            agent_id: str,
+            version: int | None,
+            table: str,
+            where: str,
+            *params: Any,
+        ) -> int: ...
+
         def _insert_version(
             self,
             conn: Conn,

@@ -66,11 +66,16 @@ class StoreReads(StoreBase):
            ``conversation``.
         """
         with self._reading() as conn:
-            version = self._checked_version(conn, agent_id, version)
+            version = self._checked_rows_of(
+                conn,
+                agent_id,
+                version,
+                "messages",
+                "conversation = ? AND added_in <= ?",
+                conversation,
+                version,
+            )
             self._checked_conversation(conn, agent_id, conversation, version)
-            if version < (current_version(conn, agent_id) or 0):
-                where = "agent_id = ? AND conversation = ? AND added_in <= ?"
-                self._db.check_rows(conn, "messages", where, (agent_id, conversation, version))
             if not include_compacted:
                 bodies = conn.execute(
                     """
@@ -221,18 +226,35 @@ class StoreReads(StoreBase):
         .. versionadded:: 0.2.0
         """
         with self._reading() as conn:
-            version = self._checked_version(conn, agent_id, version)
-            if version < (current_version(conn, agent_id) or 0):
-                where = "agent_id = ? AND added_in <= ?"
-                self._db.check_rows(conn, "conversations", where, (agent_id, version))
+            version = self._checked_rows_of(
+                conn, agent_id, version, "conversations", "added_in <= ?", version
+            )
             return _conversations.listed(conn, agent_id, version)
 
+    def _checked_rows_of(
+        self, conn: Conn, agent_id: str, version: int | None, table: str, where: str, *params: Any
+    ) -> int:
+        """:meth:`_checked_version`, for a read that chooses rows of ``table`` by their
+        version marks: at an earlier version, every row ``where`` (after ``agent_id =
+        ?``) selects is checked first, so that a damaged mark refuses the read rather
+        than leaves a row out (the latest version's rows are found by an index)."""
+        checked, current = self._checked_and_current(conn, agent_id, version)
+        if checked < current:
+            self._db.check_rows(conn, table, f"agent_id = ? AND {where}", (agent_id, *params))
+        return checked
+
     def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int:
+        return self._checked_and_current(conn, agent_id, version)[0]
+
+    def _checked_and_current(
+        self, conn: Conn, agent_id: str, version: int | None
+    ) -> tuple[int, int]:
+        """``version`` (the latest when None), checked to exist, and the latest version."""
         current = current_version(conn, validate_agent_id(agent_id))
         if current is None:
             raise NotFoundError(no_agent(agent_id, self._db.location))
         if version is None:
-            return current
+            return current, current
         if not 1 <= version <= current:
             msg = f"agent {agent_id!r} has no version {version}; it has versions 1 to {current}"
             raise NotFoundError(msg)
@@ -242,7 +264,7 @@ class StoreReads(StoreBase):
                 f"versions {kept} to {current}"
             )
             raise NotFoundError(msg)
-        return version
+        return version, current
 
     def _checked_conversation(
         self, conn: Conn, agent_id: str, conversation: str, version: int

@@ -127,10 +127,13 @@ def updated_crc(table: str, width: int, old_crc: int | None, *values: Any) -> in
 
 @dataclass(frozen=True)
 class TableShape:
-    """A table of ours and its columns, ``crc`` left out."""
+    """A table of ours: its columns (``crc`` left out), which of them hold text, and
+    the WHERE clause that finds the NEW row in a trigger (its rowid, or its key)."""
 
     table: str
     columns: tuple[str, ...]
+    text: tuple[bool, ...]
+    new_row: str
 
     def where(self, values: tuple[Any, ...]) -> tuple[str | None, str | None, int | None]:
         """The agent, conversation and version a row holding ``values`` claims to belong to."""
@@ -147,12 +150,21 @@ def shapes(conn: apsw.Connection) -> dict[str, TableShape]:
     """The shape of each of our tables in ``conn``'s main database that carries a ``crc``."""
     found: dict[str, TableShape] = {}
     for table in PAYLOAD:
-        columns = tuple(
-            str(name)
-            for (name,) in conn.execute("SELECT name FROM pragma_table_info(?)", (table,))
+        info = conn.execute("SELECT name, type, pk FROM pragma_table_info(?)", (table,)).fetchall()
+        if not info or info[-1][0] != "crc":
+            continue
+        columns = tuple(str(name) for name, _, _ in info[:-1])
+        text = tuple(kind == "TEXT" for _, kind, _ in info[:-1])
+        without_rowid = conn.execute(
+            "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
+        ).get
+        key = sorted((pk, str(name)) for name, _, pk in info if pk)
+        new_row = (
+            " AND ".join(f"{name} = NEW.{name}" for _, name in key)
+            if without_rowid
+            else "rowid = NEW.rowid"
         )
-        if columns and columns[-1] == "crc":
-            found[table] = TableShape(table, columns[:-1])
+        found[table] = TableShape(table, columns, text, new_row)
     return found
 
 
@@ -173,8 +185,7 @@ def install(conn: apsw.Connection, path: str) -> None:
     conn.create_scalar_function("checked", _checker(path, found), -1, deterministic=True)
     statements = []
     for shape in found.values():
-        table, columns = shape.table, shape.columns
-        key = _row_key(conn, table)
+        table, columns, key = shape.table, shape.columns, shape.new_row
         new = ", ".join(f"NEW.{c}" for c in columns)
         old = ", ".join(f"OLD.{c}" for c in columns)
         statements.append(f"""
@@ -211,19 +222,6 @@ def _checker(path: str, found: dict[str, TableShape]) -> Callable[..., Any]:
     return checked
 
 
-def _row_key(conn: apsw.Connection, table: str) -> str:
-    """The WHERE clause that finds the NEW row of ``table``: its rowid, or its primary key."""
-    without_rowid = conn.execute(
-        "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
-    ).get
-    if not without_rowid:
-        return "rowid = NEW.rowid"
-    key = conn.execute(
-        "SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk", (table,)
-    ).fetchall()
-    return " AND ".join(f"{name} = NEW.{name}" for (name,) in key)
-
-
 @dataclass(frozen=True)
 class DamagedRow:
     """A row that fails its checksum: its table, and where it claims to belong."""
@@ -243,25 +241,25 @@ def damaged_rows(conn: apsw.Connection, limit: int = 1000) -> list[DamagedRow]:
     """
     found: list[DamagedRow] = []
     for shape in shapes(conn).values():
-        types = dict(conn.execute("SELECT name, type FROM pragma_table_info(?)", (shape.table,)))
-        text = [types[c] == "TEXT" for c in shape.columns]
         read = ", ".join(
-            f"CAST({c} AS BLOB)" if t else c for c, t in zip(shape.columns, text, strict=True)
+            f"CAST({c} AS BLOB)" if t else c
+            for c, t in zip(shape.columns, shape.text, strict=True)
         )
         for *raw, crc in conn.execute(f"SELECT {read}, crc FROM main.{shape.table}"):
             try:
-                values = tuple(
-                    v.decode() if t and v is not None else v
-                    for v, t in zip(raw, text, strict=True)
-                )
+                values = _decoded(raw, shape.text, "strict")
             except UnicodeDecodeError:  # damaged: its text is named as well as it reads
-                crc = None
-                values = tuple(
-                    v.decode(errors="replace") if t and v is not None else v
-                    for v, t in zip(raw, text, strict=True)
-                )
+                values, crc = _decoded(raw, shape.text, "replace"), None
             if crc is None or crc != row_crc(shape.table, *values):
                 found.append(DamagedRow(shape.table, *shape.where(values)))
                 if len(found) >= limit:
                     return found
     return found
+
+
+def _decoded(raw: list[Any], text: tuple[bool, ...], errors: str) -> tuple[Any, ...]:
+    """The values of a row read with its text as bytes, the text decoded."""
+    return tuple(
+        v.decode(errors=errors) if t and v is not None else v
+        for v, t in zip(raw, text, strict=True)
+    )
