@@ -5,12 +5,16 @@ from .agents import (
     AlarmTools,
     MemoryDigest,
     MemoryLimits,
+    OnEvent,
     PersistentAgent,
     RecallTools,
     SQLTools,
     StateTools,
+    current_approval,
     ephemeral,
     per_conversation,
+    requires_approval,
+    wait_for_event,
 )
 from .errors import (
     AgentInUseError,
@@ -24,6 +28,8 @@ from .errors import (
     InvalidAgentIdError,
     InvalidAlarmError,
     InvalidConversationIdError,
+    InvalidDecisionError,
+    InvalidEventError,
     MemoryWriteError,
     NotFoundError,
     NotOurDatabaseError,
@@ -32,6 +38,7 @@ from .errors import (
     SQLWorkspaceError,
     StateSerializationError,
     StorageError,
+    TurnSuspended,
     WorkflowDivergedError,
 )
 from .handlers import CompactionHandler, PersistenceHandler, summarize_context
@@ -50,6 +57,8 @@ from .store import (
     WorkflowReset,
 )
 from .store.parts.alarms import AlarmInfo
+from .store.parts.events import EventInfo
+from .store.records import ApprovalInfo, Suspension
 from .store.workspace.sandbox import SQLLimits
 from .store.workspace.workspace import SQLResult
 
@@ -61,6 +70,7 @@ __all__ = [
     "AlarmInfo",
     "AlarmLeaseLostError",
     "AlarmTools",
+    "ApprovalInfo",
     "CompactionHandler",
     "ConversationInfo",
     "ConfigError",
@@ -70,10 +80,13 @@ __all__ = [
     "DatabaseUnavailableError",
     "DiskFullError",
     "DurableError",
+    "EventInfo",
     "ForkedAgent",
     "Handoff",
     "InvalidAgentIdError",
     "InvalidConversationIdError",
+    "InvalidDecisionError",
+    "InvalidEventError",
     "MemoryDigest",
     "MemoryLimits",
     "MemoryNote",
@@ -82,6 +95,7 @@ __all__ = [
     "NotFoundError",
     "NotOurDatabaseError",
     "NotSupportedError",
+    "OnEvent",
     "PersistenceHandler",
     "PersistentAgent",
     "PruneResult",
@@ -97,11 +111,16 @@ __all__ = [
     "StepInfo",
     "StorageError",
     "Store",
+    "Suspension",
+    "TurnSuspended",
     "VersionInfo",
     "WorkflowDivergedError",
     "WorkflowInfo",
     "WorkflowReset",
+    "current_approval",
     "ephemeral",
     "per_conversation",
+    "requires_approval",
     "summarize_context",
+    "wait_for_event",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+from typing import Any
 
 
 class DurableError(Exception):
@@ -249,6 +250,69 @@ class InvalidAlarmError(DurableError, ValueError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"cannot schedule the alarm: {reason}. Nothing was scheduled.")
+
+
+class TurnSuspended(DurableError):
+    """A turn, or a workflow step, waits for people or events; nothing of it is lost.
+
+    Raised by a template call whose turn suspended: the model called a tool that
+    needs approval (``approvals`` lists the calls waiting, their ids to decide on),
+    or a workflow step waits for an event (``events`` names them). What the turn
+    did so far is committed; no process needs to stay alive while it waits.
+    Calling the agent again before every decision is made raises this again, with
+    no model call and nothing written. See :doc:`/approvals`.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(
+        self,
+        agent_id: str | None,
+        approvals: list[Any],
+        events: list[tuple[str, str, float]] | None = None,
+    ) -> None:
+        self.agent_id = agent_id
+        self.approvals = list(approvals)
+        self.events = list(events or [])
+        waits = [
+            f"approval {a.approval_id} of {a.tool}({_brief(a.arguments)}) by agent {a.agent_id!r}"
+            for a in self.approvals
+            if a.status == "pending"
+        ]
+        waits += [f"event {name!r} for agent {agent!r}" for agent, name, _ in self.events]
+        msg = (
+            f"waiting for {'; '.join(waits) or 'a decision'}. What the turn did so far is "
+            "committed. Decide with `effectful-durable approve|deny ID` (or "
+            "Store.approve/deny), send events with `effectful-durable send-event`, then "
+            "call the agent again, run the workflow again, or let an AgentRunner resume it."
+        )
+        super().__init__(msg)
+
+
+def _brief(arguments: Any) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in dict(arguments).items())
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class InvalidDecisionError(DurableError, ValueError):
+    """A decision on an approval was refused; nothing was changed.
+
+    The approval was decided already (or cancelled by a rollback), or the edited
+    arguments do not fit the tool's parameters, or the reason is not text.
+
+    .. versionadded:: 0.2.0
+    """
+
+
+class InvalidEventError(DurableError, ValueError):
+    """An event was refused (its agent, name, payload or key); nothing was sent.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"cannot send the event: {reason}. Nothing was sent.")
 
 
 class AlarmLeaseLostError(DurableError):

@@ -1,12 +1,15 @@
 """Agent classes and the helpers they use.
 
 PersistentAgent and the tool mixins (RecallTools, StateTools, SQLTools,
-AlarmTools), with the operations those tools perform, which the handlers answer.
+AlarmTools, OnEvent), tool approvals and events, with the operations those
+tools perform, which the handlers answer.
 Modules here import ``store`` (its values and checks) and ``errors``, never the
 handlers or the runner above.
 """
 
 from .alarms import AlarmTools
+from .approvals import current_approval, requires_approval
+from .events import OnEvent, wait_for_event
 from .memory import AgentMemory, MemoryDigest, MemoryLimits, StateTools
 from .persistent import PersistentAgent
 from .sql_tools import SQLTools
@@ -18,10 +21,14 @@ __all__ = [
     "AlarmTools",
     "MemoryDigest",
     "MemoryLimits",
+    "OnEvent",
     "PersistentAgent",
     "RecallTools",
     "SQLTools",
     "StateTools",
+    "current_approval",
     "ephemeral",
     "per_conversation",
+    "requires_approval",
+    "wait_for_event",
 ]

@@ -101,3 +101,90 @@ def _add_notes(messages: list[Any], notes: Sequence[str]) -> list[Any]:
             content = [{"type": "text", "text": str(content or "")}]
         return [{**system, "content": [*content, *blocks]}, *messages[1:]]
     return [{"role": "system", "content": blocks}, *messages]
+
+
+# -- tool calls, for approvals -------------------------------------------------------
+
+
+def active_history() -> OrderedDict[str, Any] | None:
+    """The history the running template's loop appends to, or None outside one."""
+    from effectful.handlers.llm.completions import _get_history, _NoActiveHistoryException
+
+    try:
+        history: OrderedDict[str, Any] = _get_history()
+    except _NoActiveHistoryException:
+        return None
+    return history
+
+
+def append_to_history(message: Mapping[str, Any]) -> None:
+    """Append ``message`` to the running loop's history, as effectful's own calls do."""
+    from effectful.handlers.llm.completions import append_message
+
+    append_message(message)  # type: ignore[arg-type]
+
+
+def tool_message(tool_call_id: str, text: str) -> dict[str, Any]:
+    """A new tool-result message, as effectful makes one, holding ``text``."""
+    from effectful.handlers.llm.completions import _make_message
+
+    message: Any = _make_message(
+        {"role": "tool", "content": [{"type": "text", "text": text}], "tool_call_id": tool_call_id}
+    )
+    return dict(message)
+
+
+def tool_name(tool_call: Any) -> str:
+    """The name of a decoded tool call's tool as its class defines it (``refund``)."""
+    name: str = tool_call.name
+    return name.removeprefix("self__")
+
+
+def tool_arguments(tool_call: Any) -> dict[str, Any]:
+    """A decoded tool call's arguments, as JSON values."""
+    import pydantic_core
+
+    arguments: dict[str, Any] = pydantic_core.to_jsonable_python(
+        dict(tool_call.bound_args.arguments), fallback=repr
+    )
+    return arguments
+
+
+def tool_parameters(tool_call: Any) -> dict[str, Any]:
+    """The JSON schema of the tool's parameters, as the model was offered it."""
+    import pydantic
+    from effectful.handlers.llm.encoding import Encodable
+
+    tool = tool_call.tool
+    adapter: Any = pydantic.TypeAdapter(Encodable[type(tool)])  # type: ignore[misc, arg-type]
+    spec = adapter.dump_python(tool, mode="json", context={tool_call.name: tool})
+    parameters: dict[str, Any] = spec["function"]["parameters"]
+    return parameters
+
+
+def decode_tool_calls(env: Mapping[str, Any], message: Mapping[str, Any]) -> list[Any]:
+    """The tool calls of a recorded assistant ``message``, decoded as effectful decodes them."""
+    import pydantic
+    from effectful.handlers.llm.completions import collect_tools
+    from effectful.handlers.llm.encoding import DecodedToolCall, Encodable
+
+    tools = dict(collect_tools(env))
+    encoding: Any = pydantic.TypeAdapter(Encodable[DecodedToolCall])  # type: ignore[arg-type, type-arg]
+    raws = message.get("tool_calls") or []
+    return [encoding.validate_python(raw, context=tools) for raw in raws]
+
+
+def rebind_tool_call(tool_call: Any, arguments: Mapping[str, Any]) -> Any:
+    """``tool_call`` with other ``arguments`` (JSON values), decoded as the model's are."""
+    import json
+
+    import pydantic
+    from effectful.handlers.llm.encoding import DecodedToolCall, Encodable
+
+    raw = {
+        "id": tool_call.id,
+        "type": "function",
+        "function": {"name": tool_call.name, "arguments": json.dumps(dict(arguments))},
+    }
+    encoding: Any = pydantic.TypeAdapter(Encodable[DecodedToolCall])  # type: ignore[arg-type, type-arg]
+    return encoding.validate_python(raw, context={tool_call.name: tool_call.tool})

@@ -14,6 +14,7 @@ from effectful.handlers.llm import Template
 from ..errors import StateSerializationError, WorkflowDivergedError
 from ..store import Store
 from ..store.ids import DEFAULT_CONVERSATION
+from ..store.parts.events import WAIT_PREFIX
 
 logger = logging.getLogger("effectful_durable.journal")
 
@@ -68,6 +69,25 @@ class Journal:
             StateSerializationError: The template's return type cannot be stored as
                 JSON, so the step could never be replayed.
         """
+        key = self._next_key(name, agent_id, parent, conversation)
+        return Step(key, name, arguments, agent_id, _result_type(template, name))
+
+    def next_wait(
+        self,
+        name: str,
+        timeout: float,
+        agent_id: str,
+        parent: Step | None,
+        conversation: str | None = None,
+    ) -> Step:
+        """Number a wait for the agent's event ``name``: a step of the agent, as its calls are."""
+        key = self._next_key(name, agent_id, parent, conversation)
+        arguments = {"timeout": timeout}
+        return Step(key, WAIT_PREFIX + name, arguments, agent_id, _EVENT_RESULT)
+
+    def _next_key(
+        self, name: str, agent_id: str | None, parent: Step | None, conversation: str | None
+    ) -> str:
         owner = agent_id if agent_id is not None else name
         if agent_id is not None and conversation not in (None, DEFAULT_CONVERSATION):
             owner = f"{agent_id}@{conversation}"
@@ -75,7 +95,7 @@ class Journal:
         with self._lock:
             count = self._counts.get(scope, 0)
             self._counts[scope] = count + 1
-        return Step(f"{scope}#{count}", name, arguments, agent_id, _result_type(template, name))
+        return f"{scope}#{count}"
 
     def replay(self, step: Step, *, nested: bool) -> tuple[bool, Any]:
         """Look the step up: ``(True, result)`` if it is done, else ``(False, None)``.
@@ -147,6 +167,9 @@ class Journal:
                 "outcome": outcome,
             },
         )
+
+
+_EVENT_RESULT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(dict[str, Any] | None)
 
 
 def _result_type(template: Template[..., Any], name: str) -> pydantic.TypeAdapter[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 
+from ..agents.approvals import ApprovalPolicy
 from ..agents.conversations import (
     current_conversation,
     parked_fields,
@@ -25,7 +27,7 @@ from ..agents.history import History, history_messages
 from ..agents.persistent import PersistentAgent
 from ..agents.state import conversation_fields, dump_state, reset_conversation_state, restore_state
 from ..agents.tools import search_compacted
-from ..errors import DurableError
+from ..errors import DurableError, TurnSuspended
 from ..store import Compaction, Durability, Handoff, Store
 from ..store.history import (
     ActiveHistory,
@@ -35,8 +37,16 @@ from ..store.history import (
     plan_logged,
 )
 from ..store.ids import validate_agent_id
+from ..store.parts.approvals import ApprovalWrite
 from ..store.parts.conversation_fields import ConversationFieldsWrite
 from .alarms import AlarmHandling
+from .approvals import (
+    ApprovalHandling,
+    NothingToResume,
+    ResumeFirst,
+    Suspend,
+    workflow_message,
+)
 from .conversations import ConversationHandling
 from .effectful_hooks import (
     add_prompt_cache_hints,
@@ -46,13 +56,18 @@ from .effectful_hooks import (
     system_notes,
 )
 from .effects import Compacted, history_compacted
+from .events import EventHandling
 from .journal import Journal
 from .memory import MemoryHandling
 from .turn import Committed, Turn
 from .workspace import WorkspaceHandling
 
+log = logging.getLogger("effectful_durable.persistence")
+
 
 class PersistenceHandler(  # type: ignore[no-untyped-call]
+    ApprovalHandling,
+    EventHandling,
     ConversationHandling,
     MemoryHandling,
     WorkspaceHandling,
@@ -117,6 +132,16 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             validates against the agent's class its default, with a warning (the
             old value stays in the version history); ``"raise"`` raises
             :class:`~effectful_durable.StateSerializationError`.
+        needs_approval: A policy over every tool call of the agents' turns:
+            ``needs_approval(tool_name, arguments)`` returns falsy to run it, or
+            True (or a text saying why) to suspend the turn until a person decides,
+            as for tools marked with :func:`~effectful_durable.requires_approval`.
+
+    A turn that calls a tool needing approval is suspended: its messages so far
+    commit, with the approvals it waits for, and the call raises
+    :class:`~effectful_durable.TurnSuspended`. After every approval is decided,
+    calling the agent again (or :meth:`resume`, or an AgentRunner) resumes it
+    where it stopped; see :doc:`/approvals`.
 
     Raises:
         WorkflowDivergedError: A step asks for another template or other arguments
@@ -136,6 +161,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         keep_versions: int | None = None,
         on_unreadable: Literal["refuse", "quarantine"] = "refuse",
         on_invalid_state: Literal["raise", "default"] = "raise",
+        needs_approval: ApprovalPolicy | None = None,
     ) -> None:
         super().__init__()
         if keep_versions is not None and (
@@ -161,6 +187,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self.wait = wait
         self.keep_versions = keep_versions
         self.on_invalid_state = on_invalid_state
+        self.needs_approval = needs_approval
         self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
         self._database = self.store._identity
@@ -198,7 +225,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             return fwd()  # a nested call on the same agent belongs to its turn
         if agent is not None:
             validate_agent_id(agent.agent_id)
-        journal = self.journal if agent is not None or not turns else None
+        resume_only = agent is not None and any(a is agent for a in self._resume_local())
+        journal = self.journal if (agent is not None or not turns) and not resume_only else None
         if agent is None and journal is None:
             return fwd()  # a free template, and not a workflow step: not ours
         name = getattr(template, "__name__", type(template).__name__)
@@ -213,16 +241,40 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             if replayed:
                 return result
         if agent is not None:
-            turn = Turn(agent, name, step, current_conversation(agent))
-            return self._run_turn(agent, turn, arguments)
+            turn = Turn(agent, name, step, current_conversation(agent), arguments=arguments)
+            try:
+                return self._run_turn(agent, turn, arguments, resume_only=resume_only)
+            except ResumeFirst as first:
+                # The conversation's suspended turn, decided, was another call: it
+                # goes first (its result is in the history), then this call.
+                log.info(
+                    "resuming the suspended %s of %s before %s",
+                    first.suspension.template,
+                    agent.agent_id,
+                    name,
+                    extra={"agent": agent.agent_id},
+                )
+                with contextlib.suppress(NothingToResume):
+                    self._resume_call(agent, first.suspension)
+                turn = Turn(agent, name, step, current_conversation(agent), arguments=arguments)
+                return self._run_turn(agent, turn, arguments)
         result = fwd()  # a free template as a workflow step: no agent to commit
         if journal is not None and step is not None:
             journal.record(step, result)
         return result
 
-    def _run_turn(self, agent: PersistentAgent, turn: Turn, arguments: Any) -> Any:
+    def _resume_local(self) -> list[PersistentAgent]:
+        """The agents this thread is resuming a suspended turn of (resume-only calls)."""
+        resuming: list[PersistentAgent] | None = getattr(self._local, "resuming", None)
+        if resuming is None:
+            resuming = self._local.resuming = []
+        return resuming
+
+    def _run_turn(
+        self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
+    ) -> Any:
         with self.store.agent_lock(agent.agent_id, wait=self.wait):
-            self._begin(agent, turn, arguments)
+            self._begin(agent, turn, arguments, resume_only=resume_only)
             self._turns().append(turn)
             set_in_turn(agent, True)
             try:
@@ -230,6 +282,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 with handler(interpretation) if interpretation else contextlib.nullcontext():
                     result = fwd()
                 self._commit(agent, turn, result)
+            except Suspend as suspend:
+                self._suspend(agent, turn, suspend.messages)
+                raise self._suspended(agent, turn.conversation) from None
             except BaseException as error:
                 self._end_turn(turn, committed=False)
                 self._abort(agent, turn, error)
@@ -238,6 +293,16 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 set_in_turn(agent, False)
                 self._turns().pop()
         return result
+
+    def _suspend(self, agent: PersistentAgent, turn: Turn, messages: list[Any]) -> None:
+        """Commit what the turn did up to the tool calls it asks approval for."""
+        try:
+            set_history(agent, messages)
+            self._commit(agent, turn, None, suspended=True)
+        except BaseException as error:
+            self._end_turn(turn, committed=False)
+            self._abort(agent, turn, error)
+            raise
 
     @implements(history_compacted)  # type: ignore[untyped-decorator]
     def _history_compacted(self, agent: Any, compacted: Compacted) -> None:
@@ -291,7 +356,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             turns = self._local.turns = []
         return turns
 
-    def _begin(self, agent: PersistentAgent, turn: Turn, arguments: Any) -> None:
+    def _begin(
+        self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
+    ) -> None:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         start = self.store.begin_turn(
             agent.agent_id,
@@ -299,7 +366,17 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             arguments=arguments,
             step=step,
             conversation=turn.conversation,
+            resume_only=resume_only,
         )
+        suspension = start.suspension
+        if not start.started:  # nothing was written
+            if suspension is None:
+                raise NothingToResume(agent.agent_id)
+            if suspension.pending:
+                raise TurnSuspended(agent.agent_id, list(suspension.approvals))
+            if suspension.workflow is not None:
+                raise DurableError(workflow_message(suspension))
+            raise ResumeFirst(suspension)
         turn.step_number = start.step_number
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "live")
@@ -322,6 +399,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             cleared = self._begin_conversation(agent)
             if cleared is not None:
                 turn.uncommitted_history = cleared
+            if suspension is not None:
+                turn.resuming = self._replay(suspension, committed.history.messages)
         except BaseException as error:
             if self._record_failure(agent, turn, error):
                 # The error may say that nothing was written (of the agent): say
@@ -410,6 +489,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         handoff note or its agent one of the parts' notes (a memory digest, ...).
         """
         interpretation = dict(keep_own_history())
+        interpretation.update(self._approval_interpretation(turn))
         if turn.earlier is not None or self._tells(turn.agent):
             interpretation.update(
                 system_notes(lambda: self._system_notes(turn) if self._turns()[-1] is turn else [])
@@ -426,17 +506,21 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         handoff = [_handoff_note(turn.earlier)] if turn.earlier is not None else []
         return [*handoff, *super()._system_notes(turn)]  # the parts' notes (memory, SQL)
 
-    def _commit(self, agent: PersistentAgent, turn: Turn, result: Any) -> None:
+    def _commit(
+        self, agent: PersistentAgent, turn: Turn, result: Any, *, suspended: bool = False
+    ) -> None:
         committed = turn.committed
         assert committed is not None
         state = dump_state(agent)
         writes = list(turn.staged.values())
+        if turn.asked or turn.resuming is not None:
+            writes.append(self._approval_write(turn))
         own = dump_state(agent, per_conversation=True) if conversation_fields(agent) else None
         if own is not None and own != committed.conversation_state:
             writes.append(ConversationFieldsWrite(committed.conversation, own))
         writes += self._pruning
         step, result_json = None, None
-        if self.journal is not None and turn.step is not None:
+        if self.journal is not None and turn.step is not None and not suspended:
             step = (self.journal.workflow, turn.step.key)
             result_json = self.journal.encode(turn.step, result)
         compaction = None
@@ -446,14 +530,20 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             change, history = plan_change(committed.history, turn.compacted.before)
             check_messages(agent.agent_id, (m for _, m in change.added), None)
             compaction, history = _compaction(history, agent, turn.compacted)
-        detail = {"recovered": _handoff_summary(turn.earlier)} if turn.earlier else None
+        detail: dict[str, Any] = {}
+        if turn.earlier:
+            detail["recovered"] = _handoff_summary(turn.earlier)
+        if suspended:
+            detail["suspended"] = [asked.approval_id for asked in turn.asked]
+        if turn.resuming is not None:
+            detail["resumed"] = turn.resuming.suspension.suspended_in
         version = self.store.commit_turn(
             agent.agent_id,
             base_version=committed.version,
             template=turn.template,
             change=change,
             state=state if state != committed.state else None,
-            detail=detail,
+            detail=detail or None,
             step=step,
             result=result_json,
             compaction=compaction,
@@ -469,7 +559,18 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self._commit_conversation(agent)
         self._end_turn(turn, committed=True)
         if self.journal is not None and turn.step is not None:
-            self.journal.log(turn.step_number, turn.step, "done")
+            self.journal.log(turn.step_number, turn.step, "suspended" if suspended else "done")
+
+    def _approval_write(self, turn: Turn) -> ApprovalWrite:
+        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+        return ApprovalWrite(
+            turn.conversation,
+            turn.template,
+            turn.arguments,
+            step,
+            list(turn.asked),
+            turn.resuming.suspension if turn.resuming is not None else None,
+        )
 
     def _abort(self, agent: PersistentAgent, turn: Turn, error: BaseException) -> None:
         committed = turn.committed

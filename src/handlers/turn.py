@@ -16,6 +16,8 @@ from ..store import Handoff
 from ..store.engine.seam import TurnWrite
 from ..store.history import ActiveHistory
 from ..store.ids import DEFAULT_CONVERSATION
+from ..store.parts.approvals import Asked
+from ..store.records import Suspension
 from .effects import Compacted
 from .journal import Step
 
@@ -51,3 +53,22 @@ class Turn:
     # What the turn staged besides messages and fields, by part ("memory", ...);
     # committed in the turn's transaction, dropped with the turn if it fails.
     staged: dict[str, TurnWrite] = field(default_factory=dict)
+    # The turn's template arguments (as JSON values), for its approvals' rows.
+    arguments: Any = None
+    # Approvals: the suspended turn this one resumes, with what it replays, and
+    # the tool calls it asks approval for (which suspend it).
+    resuming: Replay | None = None
+    asked: list[Asked] = field(default_factory=list)
+    # The id of the turn's own user message: operations whose history holds it
+    # belong to the turn's own model loop, not to a template it called.
+    own_message: str | None = None
+
+
+@dataclass
+class Replay:
+    """What a resumed turn replays of the turn it resumes, instead of asking the model."""
+
+    suspension: Suspension
+    user: dict[str, Any]
+    assistants: list[dict[str, Any]]
+    tool_results: dict[str, dict[str, Any]]

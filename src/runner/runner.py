@@ -26,6 +26,7 @@ from ..errors import (
     DatabaseUnavailableError,
     DurableError,
     StorageError,
+    TurnSuspended,
 )
 from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
@@ -303,6 +304,10 @@ class AgentRunner:
             "alarms_due": counts.get("due"),
             "alarms_pending": counts.get("pending"),
             "alarms_dead": counts.get("dead"),
+            "events_pending": counts.get("events_pending"),
+            "events_dead": counts.get("events_dead"),
+            "resumptions_pending": counts.get("resumes_pending"),
+            "approvals_pending": counts.get("approvals_pending"),
             "agents_seen": len(self.agents),
             "in_progress": None
             if in_progress is None
@@ -441,27 +446,40 @@ class AgentRunner:
             log.debug("agent paused: alarm put back", extra=context)
             return
         started = time.monotonic()
-        log.info("delivering alarm %s to %s", claim.alarm_id, claim.agent_id, extra=context)
+        log.info(
+            "delivering %s %s to %s", claim.kind, claim.alarm_id, claim.agent_id, extra=context
+        )
         self._in_progress = _InProgress(claim.agent_id, claim.alarm_id, started, time.time())
         self._turn_done.clear()
         try:
             agent = self._agent(claim.agent_id)
-            template = getattr(agent, "on_alarm", None)
-            if not isinstance(template, Template):
-                msg = (
-                    f"agent {claim.agent_id!r} ({type(agent).__name__}) has no on_alarm "
-                    "template; mix in AlarmTools or define one"
-                )
-                raise DurableError(msg)
-            coalesce = config.missed == "coalesce"
-            next_fire = claim.schedule.next_after(claim.schedule.fire_at, now, coalesce=coalesce)
-            self._delivery.armed = _Armed(agent, claim, next_fire, now)
             assert self._persistence is not None
-            with self._persistence._delivering(agent, claim):
-                template(claim.action)
+            if claim.kind == "resume":
+                self._delivery.armed = _Armed(agent, claim, None, now)
+                if not self._persistence.resume_queued(agent, claim.topic or ""):
+                    self._queue.finish(claim)  # resumed elsewhere, or rolled back
+                    log.info("nothing left to resume", extra=context)
+                    return
+            else:
+                template, arguments = _turn_of(agent, claim)
+                coalesce = config.missed == "coalesce"
+                next_fire = claim.schedule.next_after(
+                    claim.schedule.fire_at, now, coalesce=coalesce
+                )
+                self._delivery.armed = _Armed(agent, claim, next_fire, now)
+                if claim.kind == "alarm":
+                    with self._persistence._delivering(agent, claim):
+                        template(*arguments)
+                else:
+                    template(*arguments)
             if not self._delivery.armed.marked:
-                msg = f"on_alarm of {claim.agent_id!r} ran without a turn of its agent"
+                msg = f"the turn delivering {claim.alarm_id} of {claim.agent_id!r} never began"
                 raise DurableError(msg)
+        except TurnSuspended as suspended:
+            # The turn committed up to a tool call that waits for a person (the
+            # delivery with it); a decision queues its resumption.
+            self.turns += 1
+            log.info("turn suspended: %s", suspended, extra=context)
         except AlarmLeaseLostError as error:
             self.errors += 1
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
@@ -654,6 +672,22 @@ class AgentRunner:
             )
         except DurableError as error:
             log.warning("could not store the status report: %s", error)
+
+
+def _turn_of(agent: PersistentAgent, claim: Claim) -> tuple[Template[..., Any], tuple[Any, ...]]:
+    """The template that delivers ``claim`` (an alarm or an event), with its arguments."""
+    name = "on_event" if claim.kind == "event" else "on_alarm"
+    template = getattr(agent, name, None)
+    if not isinstance(template, Template):
+        mixin = "OnEvent" if claim.kind == "event" else "AlarmTools"
+        msg = (
+            f"agent {claim.agent_id!r} ({type(agent).__name__}) has no {name} template; "
+            f"mix in {mixin} or define one"
+        )
+        raise DurableError(msg)
+    if claim.kind == "event":
+        return template, (claim.topic or "", claim.action)
+    return template, (claim.action,)
 
 
 def _default_handlers(config: RunnerConfig) -> list[Any]:

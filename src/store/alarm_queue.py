@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .engine.seam import AlarmListener, Conn, Database
 from .engine.sqlite.damage import watched
-from .parts.alarms import AlarmStatus, Claim, Schedule
+from .parts.alarms import AlarmStatus, Claim, Schedule, current_version
 from .rows import legible, utc
 
 if TYPE_CHECKING:
@@ -29,18 +29,32 @@ if TYPE_CHECKING:
 
 
 def counts(conn: Conn, now: float) -> dict[str, int]:
-    """Pending, due and dead alarms of the whole database."""
+    """Pending, due and dead alarms and events, resumptions due, approvals pending."""
     row: Any = conn.execute(
         """
-        SELECT count(*) FILTER (WHERE status = 'pending'),
-               count(*) FILTER (WHERE status = 'pending' AND fire_at <= ?),
-               count(*) FILTER (WHERE status = 'dead')
+        SELECT count(*) FILTER (WHERE status = 'pending' AND kind = 'alarm'),
+               count(*) FILTER (WHERE status = 'pending' AND kind = 'alarm' AND fire_at <= ?1),
+               count(*) FILTER (WHERE status = 'dead' AND kind = 'alarm'),
+               count(*) FILTER (WHERE status = 'pending' AND kind = 'event'),
+               count(*) FILTER (WHERE status = 'dead' AND kind = 'event'),
+               count(*) FILTER (WHERE status = 'pending' AND kind = 'resume'),
+               count(*) FILTER (WHERE status = 'dead' AND kind = 'resume'),
+               (SELECT count(*) FROM approvals WHERE status = 'pending')
           FROM alarms WHERE ended_in IS NULL
         """,
         (now,),
     ).fetchone()
-    pending, due, dead = row
-    return {"pending": pending, "due": due, "dead": dead}
+    names = (
+        "pending",
+        "due",
+        "dead",
+        "events_pending",
+        "events_dead",
+        "resumes_pending",
+        "resumes_dead",
+        "approvals_pending",
+    )
+    return dict(zip(names, row, strict=True))
 
 
 def runner_id() -> str:
@@ -65,14 +79,16 @@ def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Cla
     row: tuple[Any, ...] | None = db.select_for_claim(
         conn,
         """
-        SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts
+        SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts,
+               kind, topic
           FROM checked_alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
         """,
         (now,),
     ).fetchone()
     if row is None:
         return None
-    alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts = row
+    alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts = row[:9]
+    kind, topic = row[9:]
     token = secrets.token_hex(8)
     until = now + lease
     conn.execute(
@@ -83,7 +99,20 @@ def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Cla
         (alarm_id, created_in, owner, token, until, time.time()),
     )
     schedule = Schedule(fire_at, every, cron, timezone)
-    return Claim(alarm_id, agent_id, action, schedule, attempts, token, until)
+    return Claim(alarm_id, agent_id, action, schedule, attempts, token, until, kind, topic)
+
+
+def finish(conn: Conn, claim: Claim) -> bool:
+    """End a claimed row that needs no turn (a resumption someone else already made)."""
+    conn.execute(
+        """
+        UPDATE alarms SET status = 'done', lease_owner = NULL, lease_token = NULL,
+               ended_in = CASE WHEN created_in > ?3 THEN created_in ELSE ?3 END, updated_at = ?4
+         WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
+        """,
+        (claim.alarm_id, claim.token, current_version(conn, claim.agent_id), time.time()),
+    )
+    return bool(conn.changes())
 
 
 def release(conn: Conn, claim: Claim, due_at: float) -> bool:
@@ -246,6 +275,11 @@ class AlarmQueue:
         """Give a claim back, due again at ``due_at``, without counting an attempt."""
         with self._store._writing() as conn:
             return release(conn, claim, due_at)
+
+    def finish(self, claim: Claim) -> bool:
+        """End a claimed row without a turn (nothing left to resume)."""
+        with self._store._writing() as conn:
+            return finish(conn, claim)
 
     def fail(self, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
         """Record a failed delivery; dead when ``retry_at`` is None."""

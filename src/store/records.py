@@ -107,11 +107,20 @@ class Compaction:
 @dataclass(frozen=True, slots=True)
 class TurnStart:
     """A started turn: the agent's committed version, the earlier unfinished turn, if
-    any, and the journal step number when the turn is a workflow step."""
+    any, and the journal step number when the turn is a workflow step.
+
+    ``suspension`` is the conversation's suspended turn, if one waits. With one,
+    the turn started (``started``, its handoff written) only if it is that turn,
+    resumed: the same template and arguments (and step), every approval decided.
+    Otherwise, and for a resume-only start that found nothing to resume, nothing
+    was written.
+    """
 
     version: int
     earlier: Handoff | None
     step_number: int | None
+    suspension: Suspension | None = None
+    started: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,3 +223,67 @@ class PruneResult:
     messages: int
     workflows: tuple[str, ...]
     skipped: tuple[str, ...]
+
+
+type ApprovalStatus = Literal["pending", "approved", "denied", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalInfo:
+    """One tool call that needs (or needed) a person's decision.
+
+    ``arguments`` are what the model asked for; ``decided_arguments`` what an
+    approval lets the tool run with (the same, or edited). ``note`` is the reason
+    of a denial, or a note with an approval. ``ended_in`` is the version whose
+    turn used the decision (None while the suspended turn has not resumed).
+
+    .. versionadded:: 0.2.0
+    """
+
+    approval_id: str
+    agent_id: str
+    conversation: str
+    tool: str
+    arguments: dict[str, Any]
+    status: ApprovalStatus
+    reason: str | None
+    asked_at: datetime
+    asked_by: str
+    decided_at: datetime | None
+    decided_by: str | None
+    note: str | None
+    decided_arguments: dict[str, Any] | None
+    suspended_in: int
+    ended_in: int | None
+    template: str
+    workflow: str | None
+    step_key: str | None
+    tool_call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """A suspended turn of one conversation: what it ran, and the approvals it waits for."""
+
+    agent_id: str
+    conversation: str
+    suspended_in: int
+    template: str
+    arguments: Any
+    workflow: str | None
+    step_key: str | None
+    approvals: tuple[ApprovalInfo, ...]
+
+    @property
+    def pending(self) -> list[ApprovalInfo]:
+        """The approvals not decided yet."""
+        return [a for a in self.approvals if a.status == "pending"]
+
+    @property
+    def decided(self) -> bool:
+        """Whether every approval is decided, so that the turn can resume."""
+        return not self.pending
+
+    def decision(self, tool_call_id: str) -> ApprovalInfo | None:
+        """The approval of the tool call ``tool_call_id``, if it needed one."""
+        return next((a for a in self.approvals if a.tool_call_id == tool_call_id), None)

@@ -30,6 +30,7 @@ from .ids import validate_agent_id
 from .journal import WorkflowJournal
 from .maintenance import Maintenance
 from .parts.alarms import AlarmPart
+from .parts.approvals import ApprovalPart
 from .parts.conversation_fields import ConversationFields
 from .parts.conversations import Conversations
 from .parts.memory import MemoryPart, MemoryRows
@@ -37,6 +38,7 @@ from .parts.versioned import VersionedPart
 from .reads import StoreReads
 from .rows import current_version
 from .turns import TurnProtocol
+from .waiting import WaitingMethods
 from .workspace.cache import WorkspaceCache
 from .workspace.part import WorkspacePart
 
@@ -49,11 +51,12 @@ PARTS: tuple[VersionedPart, ...] = (
     ConversationFields(),
     MemoryPart(),
     AlarmPart(),
+    ApprovalPart(),
 )
 
 
 @watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
-class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WorkflowJournal):
+class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, WorkflowJournal):
     """The durable log of every agent in one SQLite database file or PostgreSQL database.
 
     Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,

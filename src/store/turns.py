@@ -15,6 +15,7 @@ from .engine.seam import Conn, TurnWrite
 from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION
 from .journal import STEP_UPSERT, step_number
+from .parts import approvals as _approvals
 from .parts import conversation_fields
 from .parts import conversations as _conversations
 from .records import Compaction, Handoff, LoadedAgent, TurnStart
@@ -56,8 +57,14 @@ class TurnProtocol(StoreBase):
         arguments: Any,
         step: tuple[str, str] | None = None,
         conversation: str = DEFAULT_CONVERSATION,
+        resume_only: bool = False,
     ) -> TurnStart:
         """Commit a handoff row for a turn that starts now (and its journal step).
+
+        A conversation whose turn is suspended starts no other turn: the start
+        returns the suspension, and writes nothing, unless this turn is the
+        suspended one (same template, arguments and step) and every approval it
+        waits for is decided: then it starts as that turn, resumed.
 
         Args:
             agent_id: The agent.
@@ -65,6 +72,7 @@ class TurnProtocol(StoreBase):
             template: Name of the template the turn runs.
             arguments: The template's arguments, as JSON values.
             step: ``(workflow, step key)`` when the turn is a workflow step.
+            resume_only: Start only as the conversation's suspended turn, resumed.
 
         Returns:
             The agent's committed version, the handoff of an earlier turn that did
@@ -73,9 +81,10 @@ class TurnProtocol(StoreBase):
         """
         arguments_json = dumps(arguments)
         now = time.time()
-        if step is None:
+        if step is None and not resume_only:
             # The common case: no earlier handoff to read, so one statement, in a
-            # transaction of its own, starts the turn. A conflict means there is one.
+            # transaction of its own, starts the turn. No row back means there is
+            # an earlier handoff, or a suspended turn.
             with self._db.autocommit() as conn:
                 # fetchall: the statement (and so its commit) runs to its end here.
                 rows = conn.execute(
@@ -86,6 +95,16 @@ class TurnProtocol(StoreBase):
                 return TurnStart(int(rows[0][0]), None, None)
         with self._writing() as conn:
             version = current_version(conn, agent_id) or 0
+            suspension = _approvals.open_suspension(conn, agent_id, conversation)
+            if suspension is None and resume_only:
+                return TurnStart(version, None, None, None, started=False)
+            if suspension is not None and not (
+                suspension.decided
+                and suspension.template == template
+                and suspension.arguments == json.loads(arguments_json)
+                and (suspension.workflow, suspension.step_key) == (step or (None, None))
+            ):
+                return TurnStart(version, None, None, suspension, started=False)
             row = conn.execute(
                 f"{HANDOFF_SELECT} WHERE agent_id = ? AND conversation = ?",
                 (agent_id, conversation),
@@ -139,7 +158,7 @@ class TurnProtocol(StoreBase):
                         now,
                     ),
                 )
-        return TurnStart(version, earlier, number)
+        return TurnStart(version, earlier, number, suspension)
 
     def commit_turn(
         self,
@@ -424,12 +443,14 @@ def _advance(conn: Conn, agent_id: str, base_version: int, version: int) -> None
         raise AgentInUseError(agent_id, holder)
 
 
-# A turn's handoff when no earlier one is there: a conflict returns no row.
+# A turn's handoff when no earlier one is there, and no suspended turn: else no row.
 _HANDOFF_INSERT = """
     INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
         status, host, pid, started_at)
-    VALUES (?1, ?2, coalesce((SELECT version FROM checked_agents WHERE agent_id = ?1), 0), ?3, ?4,
-        'running', ?5, ?6, ?7)
+    SELECT ?1, ?2, coalesce((SELECT version FROM checked_agents WHERE agent_id = ?1), 0), ?3, ?4,
+        'running', ?5, ?6, ?7
+     WHERE NOT EXISTS (SELECT 1 FROM approvals
+                        WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
     ON CONFLICT (agent_id, conversation) DO NOTHING
     RETURNING base_version
 """

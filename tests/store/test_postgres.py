@@ -33,9 +33,9 @@ def tables(url: str) -> list[str]:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 4)."""
+        """Opening an empty database creates the schema and marks it ours (version 5)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 4
+            assert store.check()["schema"] == SCHEMA_VERSION == 5
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:

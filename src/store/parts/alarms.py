@@ -224,6 +224,8 @@ class Claim:
     attempts: int
     token: str
     lease_until: float
+    kind: str = "alarm"  # or "event" (topic: its name), "resume" (topic: the conversation)
+    topic: str | None = None
 
 
 # -- staged writes of a turn --------------------------------------------------
@@ -417,7 +419,7 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
 
 def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[AlarmInfo]:
     """Each alarm's latest span, by next occurrence; only pending and dead ones unless asked."""
-    where = []
+    where = ["kind = 'alarm'"]
     params: list[Any] = []
     if agent_id is not None:
         where.append("agent_id = ?")
@@ -445,12 +447,13 @@ def _could_name_one(alarm_id: str) -> bool:
     return "\0" not in alarm_id and storable(alarm_id)
 
 
-def open_alarm(conn: Conn, alarm_id: str) -> AlarmInfo | None:
-    """The pending or dead alarm ``alarm_id``, or None."""
+def open_alarm(conn: Conn, alarm_id: str, *, any_kind: bool = False) -> AlarmInfo | None:
+    """The pending or dead alarm ``alarm_id`` (or event or resumption, if ``any_kind``)."""
     if not _could_name_one(alarm_id):
         return None
+    kind = "" if any_kind else " AND kind = 'alarm'"
     row: tuple[Any, ...] | None = conn.execute(
-        f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
+        f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL{kind}", (alarm_id,)
     ).fetchone()
     return None if row is None else _info(row, time.time())
 
@@ -460,7 +463,7 @@ def pending_count(conn: Conn, agent_id: str) -> int:
     count = conn.execute(
         """
         SELECT count(*) FROM alarms
-         WHERE agent_id = ? AND ended_in IS NULL AND status = 'pending'
+         WHERE agent_id = ? AND ended_in IS NULL AND status = 'pending' AND kind = 'alarm'
         """,
         (agent_id,),
     ).get
@@ -480,7 +483,7 @@ def current_version(conn: Conn, agent_id: str) -> int:
 
 def cancel(conn: Conn, alarm_id: str, agent_id: str | None) -> bool:
     """Cancel an open alarm outside a turn, as part of its agent's current version."""
-    found = open_alarm(conn, alarm_id)
+    found = open_alarm(conn, alarm_id, any_kind=agent_id is None)
     if found is None or (agent_id is not None and found.agent_id != agent_id):
         return False
     # An alarm scheduled before the agent's first commit opened at version 0.
@@ -519,7 +522,7 @@ def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
             "(done and cancelled alarms cannot be re-armed: schedule a new one)"
         )
         raise NotFoundError(msg)
-    found = open_alarm(conn, alarm_id)
+    found = open_alarm(conn, alarm_id, any_kind=True)
     assert found is not None
     return found
 
@@ -538,7 +541,7 @@ class AlarmPart:
             """
             UPDATE alarms SET status = 'cancelled', ended_in = ?3, last_error = ?4,
                    lease_owner = NULL, lease_token = NULL, updated_at = ?5
-             WHERE agent_id = ?1 AND ended_in IS NULL AND created_in > ?2
+             WHERE agent_id = ?1 AND ended_in IS NULL AND created_in > ?2 AND kind = 'alarm'
             """,
             (agent_id, to_version, new_version, note, now),
         )
@@ -550,7 +553,7 @@ class AlarmPart:
             SELECT alarm_id, ?3, agent_id, action, fire_at, fire_at, every, cron, timezone,
                    'pending', deliveries, created_at, ?4
               FROM checked_alarms AS a
-             WHERE agent_id = ?1 AND created_in <= ?2 AND ended_in > ?2
+             WHERE agent_id = ?1 AND created_in <= ?2 AND ended_in > ?2 AND kind = 'alarm'
                AND NOT EXISTS (SELECT 1 FROM alarms AS b
                                 WHERE b.alarm_id = a.alarm_id AND b.ended_in IS NULL)
             """,
@@ -563,6 +566,7 @@ class AlarmPart:
             """
             SELECT action, fire_at, every, cron, timezone, created_at FROM checked_alarms
              WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
+               AND kind = 'alarm'
              ORDER BY fire_at
             """,
             (agent_id, version),
@@ -588,6 +592,7 @@ def pending_at(conn: Conn, agent_id: str, version: int) -> list[str]:
         """
         SELECT DISTINCT alarm_id FROM alarms
          WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
+           AND kind = 'alarm'
          ORDER BY alarm_id
         """,
         (agent_id, version),

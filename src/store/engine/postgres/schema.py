@@ -84,8 +84,47 @@ CREATE TABLE runner_status (
 );
 """
 
+# Schema 5 carries events and resumptions in the runners' queue, the approvals of
+# suspended turns, and the index of workflow steps that wait for an event.
+_V5 = """
+ALTER TABLE alarms
+    ADD COLUMN kind text NOT NULL DEFAULT 'alarm' CHECK (kind IN ('alarm', 'event', 'resume')),
+    ADD COLUMN topic text;
+
+CREATE INDEX workflow_steps_waiting ON workflow_steps (agent_id, template)
+    WHERE status = 'running';
+
+CREATE TABLE approvals (
+    approval_id       text COLLATE "C" PRIMARY KEY,
+    agent_id          text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation      text COLLATE "C" NOT NULL,
+    suspended_in      bigint NOT NULL,
+    ended_in          bigint CHECK (ended_in >= suspended_in),
+    template          text NOT NULL,
+    turn_arguments    text NOT NULL,
+    workflow          text COLLATE "C",
+    step_key          text COLLATE "C",
+    tool              text NOT NULL,
+    tool_call_id      text NOT NULL,
+    arguments         text NOT NULL,
+    parameters        text NOT NULL,
+    reason            text,
+    status            text NOT NULL
+                      CHECK (status IN ('pending', 'approved', 'denied', 'cancelled')),
+    asked_at          double precision NOT NULL,
+    asked_by          text NOT NULL,
+    decided_at        double precision,
+    decided_by        text,
+    note              text,
+    decided_arguments text
+);
+
+CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in IS NULL;
+CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
-MIGRATIONS: dict[int, str] = {3: _V4}
+MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5}
 
 #: The schema version this library writes on PostgreSQL.
 SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)

@@ -91,6 +91,9 @@ CREATE TABLE workflow_steps (
 
 CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
 
+CREATE INDEX workflow_steps_waiting ON workflow_steps (agent_id, template)
+    WHERE status = 'running';
+
 CREATE TABLE compactions (
     agent_id       text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
     version        bigint NOT NULL,
@@ -195,6 +198,8 @@ CREATE TABLE alarms (
     lease_token text,
     created_at  double precision NOT NULL,
     updated_at  double precision NOT NULL,
+    kind        text NOT NULL DEFAULT 'alarm' CHECK (kind IN ('alarm', 'event', 'resume')),
+    topic       text,
     PRIMARY KEY (alarm_id, created_in),
     CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
 );
@@ -230,3 +235,33 @@ CREATE TABLE runner_status (
     reported_at double precision NOT NULL,
     report      text NOT NULL
 );
+
+-- == Events, resumptions and approvals (schema 5), as in schema.sql ==
+
+CREATE TABLE approvals (
+    approval_id       text COLLATE "C" PRIMARY KEY,
+    agent_id          text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation      text COLLATE "C" NOT NULL,
+    suspended_in      bigint NOT NULL,
+    ended_in          bigint CHECK (ended_in >= suspended_in),
+    template          text NOT NULL,
+    turn_arguments    text NOT NULL,
+    workflow          text COLLATE "C",
+    step_key          text COLLATE "C",
+    tool              text NOT NULL,
+    tool_call_id      text NOT NULL,
+    arguments         text NOT NULL,
+    parameters        text NOT NULL,
+    reason            text,
+    status            text NOT NULL
+                      CHECK (status IN ('pending', 'approved', 'denied', 'cancelled')),
+    asked_at          double precision NOT NULL,
+    asked_by          text NOT NULL,
+    decided_at        double precision,
+    decided_by        text,
+    note              text,
+    decided_arguments text
+);
+
+CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in IS NULL;
+CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE agents (
@@ -355,11 +355,90 @@ _V4 = "".join(
     for table, columns in _V3_COLUMNS.items()
 )
 
+# Schema 5 adds events and resumptions to the runners' queue (alarms.kind and
+# alarms.topic, which come before crc, so the table is rebuilt: each row's crc
+# carries its old discrepancy over, so a damaged row stays refused), the
+# approvals of suspended turns, and an index for the workflow steps that wait
+# for an event.
+_ALARM_COLUMNS = _V3_COLUMNS["alarms"]
+_V5 = f"""
+CREATE TABLE alarms_v5 (
+    alarm_id    TEXT NOT NULL,
+    created_in  INTEGER NOT NULL,
+    agent_id    TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    fire_at     REAL NOT NULL,
+    due_at      REAL NOT NULL,
+    every       REAL CHECK (every > 0),
+    cron        TEXT,
+    timezone    TEXT,
+    status      TEXT NOT NULL CHECK (status IN ('pending', 'dead', 'done', 'cancelled')),
+    ended_in    INTEGER CHECK (ended_in >= created_in),
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    deliveries  INTEGER NOT NULL DEFAULT 0,
+    last_error  TEXT,
+    lease_owner TEXT,
+    lease_token TEXT,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL,
+    kind        TEXT NOT NULL DEFAULT 'alarm' CHECK (kind IN ('alarm', 'event', 'resume')),
+    topic       TEXT,
+    crc         INTEGER,
+    PRIMARY KEY (alarm_id, created_in),
+    CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
+) STRICT;
+INSERT INTO alarms_v5 ({_ALARM_COLUMNS}, kind, topic, crc)
+SELECT {_ALARM_COLUMNS}, 'alarm', NULL,
+       updated_crc('alarms', 18, crc, {_ALARM_COLUMNS}, {_ALARM_COLUMNS}, 'alarm', NULL)
+  FROM alarms;
+DROP TABLE alarms;
+ALTER TABLE alarms_v5 RENAME TO alarms;
+CREATE INDEX alarms_due ON alarms (due_at) WHERE status = 'pending';
+CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
+CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
+CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
+
+CREATE TABLE approvals (
+    approval_id       TEXT PRIMARY KEY NOT NULL,
+    agent_id          TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation      TEXT NOT NULL,
+    suspended_in      INTEGER NOT NULL,
+    ended_in          INTEGER CHECK (ended_in >= suspended_in),
+    template          TEXT NOT NULL,
+    turn_arguments    TEXT NOT NULL,
+    workflow          TEXT,
+    step_key          TEXT,
+    tool              TEXT NOT NULL,
+    tool_call_id      TEXT NOT NULL,
+    arguments         TEXT NOT NULL,
+    parameters        TEXT NOT NULL,
+    reason            TEXT,
+    status            TEXT NOT NULL
+                      CHECK (status IN ('pending', 'approved', 'denied', 'cancelled')),
+    asked_at          REAL NOT NULL,
+    asked_by          TEXT NOT NULL,
+    decided_at        REAL,
+    decided_by        TEXT,
+    note              TEXT,
+    decided_arguments TEXT,
+    crc               INTEGER
+) STRICT;
+
+-- A turn's start looks here for its conversation's open suspension.
+CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in IS NULL;
+CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
+
+-- The last status report of each runner (written at start, on SIGUSR1, at stop).
+CREATE INDEX workflow_steps_waiting ON workflow_steps (agent_id, template)
+    WHERE status = 'running';
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
     _V3,
     _V4,
+    _V5,
 )
 
 

@@ -63,13 +63,14 @@ PAYLOAD: dict[str, str] = {
     "memory": "value",
     "workspace_log": "changeset",
     "alarms": "action",
+    "approvals": "arguments",
     "runner_status": "report",
 }
 
 #: The columns that say where a row belongs, named in a DamagedRowError.
 _AGENT = ("agent_id",)
 _CONVERSATION = ("conversation",)
-_VERSION = ("version", "added_in", "created_in", "kept_from", "base_version")
+_VERSION = ("version", "added_in", "created_in", "suspended_in", "kept_from", "base_version")
 
 
 def row_crc(table: str, *values: Any) -> int:

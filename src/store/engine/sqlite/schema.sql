@@ -1,4 +1,4 @@
--- effectful-durable database schema, version 4.
+-- effectful-durable database schema, version 5.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
@@ -109,6 +109,11 @@ CREATE TABLE workflow_steps (
 ) STRICT;
 
 CREATE UNIQUE INDEX workflow_steps_number ON workflow_steps (workflow, number);
+
+-- A step that waits for an event (template 'event:<name>') stays 'running' until
+-- the event is sent; sending one finds the waiting steps of its agent here.
+CREATE INDEX workflow_steps_waiting ON workflow_steps (agent_id, template)
+    WHERE status = 'running';
 
 -- One row per compaction: the summary message that replaced a run of older
 -- messages in the active history, and the position range those originals
@@ -229,7 +234,7 @@ CREATE TABLE workspace_log (
     PRIMARY KEY (agent_id, version, seq)
 ) STRICT;
 
--- == Alarms: scheduled actions of agents (AlarmTools, AgentRunner) ==
+-- == Alarms, events and resumptions: turns a runner delivers ==
 
 -- One row per span of an alarm's life: from the version that scheduled it (or
 -- that a rollback restored it in) to the version that delivered its last
@@ -237,6 +242,12 @@ CREATE TABLE workspace_log (
 -- spans has created_in <= v < ended_in (or ended_in IS NULL). fire_at is the
 -- occurrence to deliver next; due_at is when a runner may claim it: fire_at, a
 -- retry time after a failed delivery, or the end of a runner's lease.
+-- kind says what a delivery does: 'alarm' calls on_alarm(action); 'event' is a
+-- message sent to the agent's inbox (topic its name, action its JSON payload),
+-- delivered by on_event(name, payload) or taken by a workflow waiting for it;
+-- 'resume' resumes the agent's suspended turn in conversation topic once every
+-- approval it waits for is decided (action: {"suspended_in": version}).
+-- Rollback and fork carry alarms only: the inbox belongs to the world.
 CREATE TABLE alarms (
     alarm_id    TEXT NOT NULL,
     created_in  INTEGER NOT NULL,
@@ -256,6 +267,8 @@ CREATE TABLE alarms (
     lease_token TEXT,
     created_at  REAL NOT NULL,
     updated_at  REAL NOT NULL,
+    kind        TEXT NOT NULL DEFAULT 'alarm' CHECK (kind IN ('alarm', 'event', 'resume')),
+    topic       TEXT,
     crc         INTEGER,
     PRIMARY KEY (alarm_id, created_in),
     CHECK ((ended_in IS NULL) = (status IN ('pending', 'dead')))
@@ -266,6 +279,47 @@ CREATE INDEX alarms_due ON alarms (due_at) WHERE status = 'pending';
 CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
 CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
 CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
+
+-- == Approvals: tool calls that wait for a person's decision ==
+
+-- One row per tool call the model made that needs approval. The turn that made
+-- it is suspended: its messages so far committed as version suspended_in (the
+-- call's tool_call_id names it in the assistant's message), the call waiting
+-- here. A decision is recorded once: 'approved' (decided_arguments: what the
+-- tool runs with) or 'denied' (note: the reason the model reads). The turn,
+-- resumed once every approval of its suspension is decided, commits the tool's
+-- result as version ended_in. A rollback to before suspended_in cancels the row
+-- (ended_in set); to a version the suspension holds, asks again (pending, the
+-- decision cleared). parameters is the JSON schema the arguments must fit.
+CREATE TABLE approvals (
+    approval_id       TEXT PRIMARY KEY NOT NULL,
+    agent_id          TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation      TEXT NOT NULL,
+    suspended_in      INTEGER NOT NULL,
+    ended_in          INTEGER CHECK (ended_in >= suspended_in),
+    template          TEXT NOT NULL,
+    turn_arguments    TEXT NOT NULL,
+    workflow          TEXT,
+    step_key          TEXT,
+    tool              TEXT NOT NULL,
+    tool_call_id      TEXT NOT NULL,
+    arguments         TEXT NOT NULL,
+    parameters        TEXT NOT NULL,
+    reason            TEXT,
+    status            TEXT NOT NULL
+                      CHECK (status IN ('pending', 'approved', 'denied', 'cancelled')),
+    asked_at          REAL NOT NULL,
+    asked_by          TEXT NOT NULL,
+    decided_at        REAL,
+    decided_by        TEXT,
+    note              TEXT,
+    decided_arguments TEXT,
+    crc               INTEGER
+) STRICT;
+
+-- A turn's start looks here for its conversation's open suspension.
+CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in IS NULL;
+CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
 
 -- The last status report of each runner (written at start, on SIGUSR1, at stop).
 CREATE TABLE runner_status (

@@ -1,0 +1,366 @@
+"""PersistenceHandler's approvals: suspend a turn at a tool call that needs one, resume it after.
+
+A turn that may ask for approval (its agent has a tool marked with
+``requires_approval``, or the handler has a policy) or that resumes a suspended
+turn intercepts three of effectful's operations in its own model loop:
+
+- ``call_tool``: a call that needs approval, and has no decision, is not run; it
+  is staged (``Turn.asked``). A call the suspended turn made replays its recorded
+  result; an approved call runs, once, with the decided arguments; a denied one
+  returns the denial as the tool's result;
+- ``call_assistant``: with calls staged, the turn suspends before the model is
+  asked again (:class:`Suspend`, which PersistenceHandler commits). While
+  resuming, the recorded assistant messages are replayed, not requested;
+- ``call_user``: while resuming, the recorded user message stands for the new one.
+
+Operations of other templates (an agent called from a tool) pass through: their
+history does not hold the turn's own user message.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from effectful.handlers.llm import Template
+from effectful.ops.semantics import fwd
+from effectful.ops.syntax import ObjectInterpretation
+
+from ..agents.approvals import ApprovalPolicy, approval_rule, running_approved
+from ..agents.persistent import PersistentAgent
+from ..errors import DurableError, NotFoundError, TurnSuspended
+from ..store.parts.approvals import Asked, new_approval_id
+from ..store.records import ApprovalInfo, Suspension
+from .effectful_hooks import (
+    active_history,
+    append_to_history,
+    decode_tool_calls,
+    rebind_tool_call,
+    tool_arguments,
+    tool_message,
+    tool_name,
+    tool_parameters,
+)
+from .turn import Replay, Turn
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+log = logging.getLogger("effectful_durable.approvals")
+
+
+class Suspend(BaseException):
+    """Raised inside a turn's model loop to suspend it: carries the loop's history.
+
+    A BaseException, so that no tool-error handler (RetryLLMHandler's) takes it
+    for a tool's failure.
+    """
+
+    def __init__(self, messages: list[Any]) -> None:
+        super().__init__("suspended for approval")
+        self.messages = messages
+
+
+class NothingToResume(Exception):
+    """A resume-only turn found no decided suspension to resume (someone resumed it)."""
+
+
+class ResumeFirst(Exception):
+    """A decided suspension of another call waits: resume it, then start this call."""
+
+    def __init__(self, suspension: Suspension) -> None:
+        super().__init__(suspension.template)
+        self.suspension = suspension
+
+
+class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
+    """Answer the approval operations for PersistenceHandler (a base class of it)."""
+
+    store: Store
+    needs_approval: ApprovalPolicy | None = None
+
+    def _turns(self) -> list[Turn]:
+        raise NotImplementedError
+
+    # -- what a turn intercepts ------------------------------------------------------
+
+    def _approval_interpretation(self, turn: Turn) -> dict[Any, Any]:
+        """The operations ``turn`` intercepts: none unless it may ask or resumes."""
+        if turn.resuming is None and not self._may_ask(turn.agent):
+            return {}
+        from effectful.handlers.llm.completions import call_assistant, call_tool, call_user
+
+        def on_user(*args: Any, **kwargs: Any) -> Any:
+            if self._turns()[-1] is not turn or turn.own_message is not None:
+                return fwd()
+            if turn.resuming is not None:
+                turn.own_message = turn.resuming.user["id"]
+                return turn.resuming.user  # in the history already
+            message = fwd()
+            turn.own_message = message["id"]
+            return message
+
+        def on_assistant(env: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+            if not self._own_loop(turn):
+                return fwd()
+            replay = turn.resuming
+            if replay is not None and replay.assistants:
+                message = replay.assistants.pop(0)
+                return message, decode_tool_calls(env, message), None
+            if turn.asked:
+                history = active_history()
+                raise Suspend(list(history.values()) if history is not None else [])
+            return fwd()
+
+        def on_tool(tool_call: Any) -> Any:
+            if not self._own_loop(turn):
+                return fwd()
+            replay = turn.resuming
+            if replay is not None:
+                recorded = replay.tool_results.pop(tool_call.id, None)
+                if recorded is not None:
+                    return recorded  # in the history already
+                decided = replay.suspension.decision(tool_call.id)
+                if decided is not None:
+                    return _decided(tool_call, decided)
+            reason = self._reason(tool_call)
+            if reason is None:
+                return fwd()
+            turn.asked.append(
+                Asked(
+                    new_approval_id(),
+                    tool_name(tool_call),
+                    tool_call.id,
+                    tool_arguments(tool_call),
+                    tool_parameters(tool_call),
+                    reason,
+                )
+            )
+            # Not run, not in the history: the loop goes on to the model, which suspends.
+            return {"role": "tool", "tool_call_id": tool_call.id, "content": ""}
+
+        return {call_user: on_user, call_assistant: on_assistant, call_tool: on_tool}
+
+    def _own_loop(self, turn: Turn) -> bool:
+        if self._turns()[-1] is not turn or turn.own_message is None:
+            return False
+        history = active_history()
+        return history is not None and turn.own_message in history
+
+    def _may_ask(self, agent: PersistentAgent) -> bool:
+        return self.needs_approval is not None or _has_marked_tools(type(agent))
+
+    def _reason(self, tool_call: Any) -> str | None:
+        """Why ``tool_call`` needs approval, or None: the tool's mark, then the policy."""
+        arguments = dict(tool_call.bound_args.arguments)
+        rule = approval_rule(tool_call.tool)
+        if rule is not None:
+            reason = rule.applies(arguments)
+            if reason is not None:
+                return reason
+        if self.needs_approval is None:
+            return None
+        try:
+            verdict = self.needs_approval(tool_name(tool_call), arguments)
+        except Exception as error:
+            return f"the approval policy failed ({type(error).__name__}: {error})"
+        if not verdict:
+            return None
+        return verdict if isinstance(verdict, str) else "the approval policy asks for it"
+
+    # -- resuming ----------------------------------------------------------------------
+
+    def _replay(self, suspension: Suspension, history: list[Any]) -> Replay:
+        """What resuming ``suspension`` replays, from the committed ``history`` ending with it."""
+        call_ids = {a.tool_call_id for a in suspension.approvals}
+        last = max(
+            (
+                i
+                for i, m in enumerate(history)
+                if m.get("role") == "assistant"
+                and call_ids & {c.get("id") for c in m.get("tool_calls") or []}
+            ),
+            default=None,
+        )
+        first = None
+        if last is not None:
+            first = max((i for i in range(last) if history[i].get("role") == "user"), default=None)
+        if first is None or last is None:
+            msg = (
+                f"the suspended turn of {suspension.agent_id!r} (version "
+                f"{suspension.suspended_in}) is not at the end of its history; roll back to "
+                f"version {suspension.suspended_in - 1} to drop it"
+            )
+            raise DurableError(msg)
+        recorded = history[first:]
+        return Replay(
+            suspension,
+            recorded[0],
+            [m for m in recorded if m.get("role") == "assistant"],
+            {m["tool_call_id"]: m for m in recorded if m.get("role") == "tool"},
+        )
+
+    def _resume_call(self, agent: PersistentAgent, suspension: Suspension) -> Any:
+        """Call the suspended turn's template again, with its arguments, to resume it.
+
+        Raises:
+            NothingToResume: Someone else resumed it meanwhile.
+        """
+        template = getattr(agent, suspension.template, None)
+        if not isinstance(template, Template):
+            msg = (
+                f"cannot resume the suspended turn of {agent.agent_id!r}: "
+                f"{type(agent).__name__} has no template {suspension.template!r}"
+            )
+            raise DurableError(msg)
+        arguments = _decoded_arguments(template, suspension.arguments)
+        local = self._resume_local()
+        local.append(agent)
+        try:
+            with agent.conversation(suspension.conversation):
+                return template(**arguments)
+        finally:
+            local.remove(agent)
+
+    def _resume_local(self) -> list[PersistentAgent]:
+        raise NotImplementedError
+
+    def _suspended(self, agent: PersistentAgent, conversation: str) -> TurnSuspended:
+        """The error that tells the caller what the conversation's suspended turn waits for."""
+        found = self.store.suspension(agent.agent_id, conversation)
+        approvals: list[ApprovalInfo] = list(found.approvals) if found is not None else []
+        log.info(
+            "turn of %s suspended: waiting for %s",
+            agent.agent_id,
+            ", ".join(a.approval_id for a in approvals if a.status == "pending"),
+            extra={"agent": agent.agent_id, "conversation": conversation},
+        )
+        return TurnSuspended(agent.agent_id, approvals)
+
+    def resume_queued(self, agent: PersistentAgent, conversation: str) -> bool:
+        """Resume the conversation's suspended turn if it is decided (the runner's).
+
+        Returns:
+            False, with nothing done, when there is no such turn to resume (another
+            process resumed it, a rollback dropped it, or it is a workflow step).
+        """
+        found = self.store.suspension(agent.agent_id, conversation)
+        if found is None or found.pending or found.workflow is not None:
+            return False
+        try:
+            self._resume_call(agent, found)
+        except NothingToResume:
+            return False
+        return True
+
+    def resume(self, agent: PersistentAgent) -> Any:
+        """Resume ``agent``'s suspended turn (in its current conversation) now.
+
+        The approvals it waits for must all be decided. The turn goes on where it
+        stopped: what the model answered is not asked again, an approved tool runs
+        once, a denied one returns its denial, and the model carries on.
+
+        Returns:
+            The template's result, as the suspended call would have returned it.
+
+        Raises:
+            NotFoundError: No turn of the agent's current conversation is suspended.
+            TurnSuspended: Some approval is not decided yet, or the turn asked for
+                another one.
+            DurableError: The turn is a workflow step: run the workflow again.
+
+        .. versionadded:: 0.2.0
+        """
+        from ..agents.conversations import current_conversation
+
+        conversation = current_conversation(agent)
+        found = self.store.suspension(agent.agent_id, conversation)
+        if found is None:
+            msg = f"no turn of {agent.agent_id!r} is suspended in conversation {conversation!r}"
+            raise NotFoundError(msg)
+        if found.pending:
+            raise TurnSuspended(agent.agent_id, list(found.approvals))
+        if found.workflow is not None:
+            raise DurableError(workflow_message(found))
+        try:
+            return self._resume_call(agent, found)
+        except NothingToResume:
+            msg = f"the suspended turn of {agent.agent_id!r} was resumed by another process"
+            raise NotFoundError(msg) from None
+
+
+def workflow_message(suspension: Suspension) -> str:
+    return (
+        f"the suspended turn of {suspension.agent_id!r} is step {suspension.step_key} of "
+        f"workflow {suspension.workflow!r}; its approvals are decided: run the workflow "
+        "again to resume it"
+    )
+
+
+def _decided(tool_call: Any, decided: ApprovalInfo) -> Any:
+    """Run an approved call with its decided arguments, or answer a denied one."""
+    who = f"{decided.decided_by}" + (f" ({decided.note})" if decided.note else "")
+    if decided.status == "denied":
+        text = (
+            f"Not run: a person ({decided.decided_by}) denied this call. "
+            f"Their reason: {decided.note}"
+        )
+        message = tool_message(tool_call.id, text)
+        append_to_history(message)
+        return message
+    arguments = decided.decided_arguments or decided.arguments
+    call = tool_call
+    if arguments != tool_arguments(tool_call):
+        try:
+            call = rebind_tool_call(tool_call, arguments)
+        except (pydantic.ValidationError, ValueError, TypeError) as error:
+            message = tool_message(
+                tool_call.id,
+                f"Not run: the arguments {decided.decided_by} approved no longer fit the "
+                f"tool ({error}).",
+            )
+            append_to_history(message)
+            return message
+    with running_approved(decided.approval_id):
+        message = fwd(call)
+    note = f"Approved by {who}"
+    if call is not tool_call:
+        note += f", with the arguments changed to {arguments}"
+    content = message.get("content")
+    if isinstance(content, list):
+        content.append({"type": "text", "text": note + "."})
+    log.info(
+        "approved %s ran: %s of %s",
+        decided.approval_id,
+        decided.tool,
+        decided.agent_id,
+        extra={"approval": decided.approval_id, "agent": decided.agent_id},
+    )
+    return message
+
+
+@functools.cache
+def _has_marked_tools(cls: type) -> bool:
+    """Whether any tool of the agent class is marked with ``requires_approval``."""
+    return any(
+        approval_rule(value) is not None for klass in cls.__mro__ for value in vars(klass).values()
+    )
+
+
+def _decoded_arguments(template: Template[..., Any], recorded: Any) -> dict[str, Any]:
+    """The template's recorded arguments (JSON values) as its parameters' types."""
+    signature = template.__signature__
+    if not isinstance(recorded, dict):
+        msg = f"the suspended turn's arguments cannot be read back: {recorded!r}"
+        raise DurableError(msg)
+    arguments: dict[str, Any] = {}
+    for name, value in recorded.items():
+        parameter = signature.parameters.get(name)
+        if parameter is None or parameter.annotation is parameter.empty:
+            arguments[name] = value
+            continue
+        arguments[name] = pydantic.TypeAdapter(parameter.annotation).validate_python(value)
+    return arguments

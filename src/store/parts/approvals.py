@@ -1,0 +1,450 @@
+"""Approvals: tool calls that wait for a person's decision, and the turns they suspend.
+
+When the model calls a tool that needs approval, its turn is suspended: the
+turn's messages so far commit as a version of the agent (``suspended_in``), with
+one ``approvals`` row per call waiting (see ``engine/sqlite/schema.sql``). Each
+row is decided once, approved (with the arguments to run the tool with) or
+denied (with the reason the model reads). When the last one of a suspension is
+decided, a ``resume`` row joins the runners' queue (``parts/alarms.py``), unless
+the suspended turn is a workflow step, which the workflow's next run resumes.
+The resumed turn's commit ends the suspension (``ended_in``).
+
+How approvals follow the agent's versions:
+
+- rollback to ``v`` cancels the suspensions that began after ``v``; a suspension
+  that ``v`` holds (begun at or before it, ended after it) waits again: its
+  approvals are pending, their decisions cleared, since the turn that used them
+  was rolled back (a tool that ran stays run: see the docs' approvals page);
+- fork refuses a version that holds a suspension (its history ends with a tool
+  call no result follows): fork one before it or after it;
+- prune deletes the rows of suspensions that ended at or before ``keep_from``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import AgentInUseError, DurableError, InvalidDecisionError, NotFoundError
+from ..engine.seam import Conn
+from ..records import ApprovalInfo, ApprovalStatus, Suspension
+from ..rows import dumps, legible, storable, utc
+from .alarms import current_version
+
+#: Longest reason or note a decision may carry.
+MAX_NOTE = 2000
+#: Largest JSON text of a tool call's arguments that a decision may set.
+MAX_ARGUMENTS = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A tool call a running turn asks approval for (staged until the turn suspends)."""
+
+    approval_id: str
+    tool: str
+    tool_call_id: str
+    arguments: Mapping[str, Any]
+    parameters: Mapping[str, Any]
+    reason: str | None
+
+
+def new_approval_id() -> str:
+    """A new approval id: random, so that a turn can name it before it commits."""
+    return "apr_" + secrets.token_hex(6)
+
+
+def resume_id(agent_id: str, conversation: str, suspended_in: int) -> str:
+    """The id of the runners' ``resume`` row of a suspension: one per suspension."""
+    digest = hashlib.blake2b(
+        f"{agent_id}\0{conversation}\0{suspended_in}".encode(), digest_size=8
+    ).hexdigest()
+    return f"res_{digest}"
+
+
+@dataclass
+class ApprovalWrite:
+    """What a turn does to its conversation's approvals, in the turn's transaction.
+
+    A TurnWrite (``engine/seam.py``): ``asked`` suspends the turn (its rows are
+    written as part of the version); ``resumed`` is the suspension the turn
+    resumed, ended by this version.
+    """
+
+    conversation: str
+    template: str
+    arguments: Any
+    step: tuple[str, str] | None = None
+    asked: list[Asked] = field(default_factory=list)
+    resumed: Suspension | None = None
+
+    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+        """End the resumed suspension and record the approvals asked, as ``version``.
+
+        Raises:
+            AgentInUseError: The resumed suspension was ended or rolled back meanwhile.
+        """
+        now = time.time()
+        if self.resumed is not None:
+            _end(conn, agent_id, self.resumed, version, now)
+        workflow, step_key = self.step if self.step is not None else (None, None)
+        turn_arguments = dumps(self.arguments)
+        for asked in self.asked:
+            conn.execute(
+                """
+                INSERT INTO approvals (approval_id, agent_id, conversation, suspended_in,
+                    template, turn_arguments, workflow, step_key, tool, tool_call_id,
+                    arguments, parameters, reason, status, asked_at, asked_by)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+                """,
+                (
+                    asked.approval_id,
+                    agent_id,
+                    self.conversation,
+                    version,
+                    self.template,
+                    turn_arguments,
+                    workflow,
+                    step_key,
+                    asked.tool,
+                    asked.tool_call_id,
+                    dumps(asked.arguments),
+                    dumps(asked.parameters),
+                    asked.reason,
+                    now,
+                    _ASKED_BY,
+                ),
+            )
+
+
+def _end(conn: Conn, agent_id: str, suspension: Suspension, version: int, now: float) -> None:
+    conn.execute(
+        """
+        UPDATE approvals SET ended_in = ?4
+         WHERE agent_id = ?1 AND conversation = ?2 AND suspended_in = ?3
+           AND ended_in IS NULL AND status IN ('approved', 'denied')
+        """,
+        (agent_id, suspension.conversation, suspension.suspended_in, version),
+    )
+    if conn.changes() != len(suspension.approvals):
+        holder = "a rollback or another resumption of the same suspended turn"
+        raise AgentInUseError(agent_id, holder)
+    # The runners' resume row, unless a runner holds it: then it is that runner's
+    # turn (which marks it delivered), or the runner finds nothing left to resume.
+    conn.execute(
+        """
+        UPDATE alarms SET status = 'done', ended_in = ?2, deliveries = deliveries + 1,
+               updated_at = ?3
+         WHERE alarm_id = ?1 AND ended_in IS NULL AND lease_token IS NULL
+        """,
+        (resume_id(agent_id, suspension.conversation, suspension.suspended_in), version, now),
+    )
+
+
+_ASKED_BY = f"{socket.gethostname()}:{os.getpid()}"
+
+# -- reads ----------------------------------------------------------------------
+
+_SELECT = """
+    SELECT approval_id, agent_id, conversation, tool, arguments, status, reason, asked_at,
+           asked_by, decided_at, decided_by, note, decided_arguments, suspended_in, ended_in,
+           template, workflow, step_key, tool_call_id, turn_arguments
+      FROM checked_approvals
+"""
+
+
+def _info(row: Sequence[Any]) -> ApprovalInfo:
+    (
+        approval_id,
+        agent_id,
+        conversation,
+        tool,
+        arguments,
+        status,
+        reason,
+        asked_at,
+        asked_by,
+        decided_at,
+        decided_by,
+        note,
+        decided_arguments,
+        suspended_in,
+        ended_in,
+        template,
+        workflow,
+        step_key,
+        tool_call_id,
+        _,
+    ) = row
+    return ApprovalInfo(
+        approval_id,
+        agent_id,
+        conversation,
+        tool,
+        json.loads(arguments),
+        status,
+        reason,
+        utc(asked_at),
+        asked_by,
+        utc(decided_at) if decided_at is not None else None,
+        decided_by,
+        note,
+        json.loads(decided_arguments) if decided_arguments is not None else None,
+        suspended_in,
+        ended_in,
+        template,
+        workflow,
+        step_key,
+        tool_call_id,
+    )
+
+
+def open_suspension(conn: Conn, agent_id: str, conversation: str) -> Suspension | None:
+    """The conversation's suspended turn, if one waits (decided or not)."""
+    rows: list[tuple[Any, ...]] = conn.execute(
+        f"""{_SELECT}
+         WHERE agent_id = ? AND conversation = ? AND ended_in IS NULL
+         ORDER BY asked_at, approval_id
+        """,
+        (agent_id, conversation),
+    ).fetchall()
+    if not rows:
+        return None
+    first = rows[0]
+    return Suspension(
+        agent_id,
+        conversation,
+        first[13],
+        first[15],
+        json.loads(first[19]),
+        first[16],
+        first[17],
+        tuple(_info(row) for row in rows),
+    )
+
+
+def listed(
+    conn: Conn, *, agent_id: str | None, status: ApprovalStatus | None
+) -> list[ApprovalInfo]:
+    """The approvals (of one agent, with one status), oldest first."""
+    where, params = [], []
+    if agent_id is not None:
+        where.append("agent_id = ?")
+        params.append(agent_id)
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
+    sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
+    rows = conn.execute(sql + " ORDER BY asked_at, approval_id", params).fetchall()
+    return [_info(row) for row in rows]
+
+
+def one(conn: Conn, approval_id: str) -> ApprovalInfo | None:
+    """The approval ``approval_id``, or None."""
+    if not isinstance(approval_id, str) or "\0" in approval_id or not storable(approval_id):
+        return None
+    row = conn.execute(f"{_SELECT} WHERE approval_id = ?", (approval_id,)).fetchone()
+    return None if row is None else _info(row)
+
+
+def pending_count(conn: Conn) -> int:
+    """How many approvals wait for a decision, in the whole database."""
+    return int(conn.execute("SELECT count(*) FROM approvals WHERE status = 'pending'").get)
+
+
+# -- decisions --------------------------------------------------------------------
+
+
+def decide(
+    conn: Conn,
+    approval_id: str,
+    *,
+    approve: bool,
+    by: str,
+    note: str | None,
+    arguments: Mapping[str, Any] | None,
+    now: float,
+) -> ApprovalInfo:
+    """Record one decision; queue the turn's resumption once its last approval is decided.
+
+    Raises:
+        NotFoundError: No approval has that id.
+        InvalidDecisionError: It is decided already (or cancelled), or the edited
+            arguments do not fit the tool's parameters, or ``by``/``note`` are not
+            text of a sensible length. Nothing is written.
+    """
+    decider = _text(by, "by", 200, required=True)
+    note = _text(note, "reason" if not approve else "note", MAX_NOTE, required=not approve)
+    found = one(conn, approval_id)
+    if found is None:
+        msg = (
+            f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
+            "lists them"
+        )
+        raise NotFoundError(msg)
+    if found.status != "pending":
+        when = f" at {found.decided_at:%Y-%m-%d %H:%M:%S} UTC" if found.decided_at else ""
+        who = f" by {found.decided_by}" if found.decided_by else ""
+        msg = f"approval {approval_id} is {found.status} already{who}{when}; nothing was changed"
+        raise InvalidDecisionError(msg)
+    decided: str | None = None
+    if approve:
+        chosen = found.arguments if arguments is None else arguments
+        schema = conn.execute(
+            "SELECT parameters FROM checked_approvals WHERE approval_id = ?", (approval_id,)
+        ).get
+        decided = _checked_arguments(found, chosen, json.loads(schema))
+    conn.execute(
+        """
+        UPDATE approvals SET status = ?2, decided_at = ?3, decided_by = ?4, note = ?5,
+               decided_arguments = ?6
+         WHERE approval_id = ?1 AND status = 'pending'
+        """,
+        (approval_id, "approved" if approve else "denied", now, decider, note, decided),
+    )
+    if conn.changes() != 1:  # another decider got there first (PostgreSQL's read committed)
+        msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
+        raise InvalidDecisionError(msg)
+    suspension = open_suspension(conn, found.agent_id, found.conversation)
+    if suspension is not None and suspension.decided and suspension.workflow is None:
+        _queue_resume(conn, suspension, now)
+    decided_now = one(conn, approval_id)
+    assert decided_now is not None
+    return decided_now
+
+
+def _queue_resume(conn: Conn, suspension: Suspension, now: float) -> None:
+    alarm_id = resume_id(suspension.agent_id, suspension.conversation, suspension.suspended_in)
+    exists = conn.execute(
+        "SELECT 1 FROM alarms WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
+    ).fetchone()
+    if exists is not None:
+        return
+    conn.execute(
+        """
+        INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at,
+                            status, created_at, updated_at, kind, topic)
+        VALUES (?1, ?2, ?3, ?4, ?5, ?5, 'pending', ?5, ?5, 'resume', ?6)
+        """,
+        (
+            alarm_id,
+            current_version(conn, suspension.agent_id),
+            suspension.agent_id,
+            dumps({"suspended_in": suspension.suspended_in}),
+            now,
+            suspension.conversation,
+        ),
+    )
+
+
+def _checked_arguments(found: ApprovalInfo, arguments: object, schema: Mapping[str, Any]) -> str:
+    """``arguments`` as JSON text, if they fit the tool's parameters."""
+    if not isinstance(arguments, Mapping):
+        msg = f"arguments must be a JSON object of the tool's parameters; got {arguments!r}"
+        raise InvalidDecisionError(msg)
+    try:
+        text = dumps(dict(arguments))
+    except (TypeError, ValueError) as e:
+        msg = f"arguments must be JSON values: {e}"
+        raise InvalidDecisionError(msg) from e
+    if len(text) > MAX_ARGUMENTS:
+        msg = f"arguments must be at most {MAX_ARGUMENTS} bytes of JSON; got {len(text)}"
+        raise InvalidDecisionError(msg)
+    import jsonschema  # a tenth of a second: imported only when deciding
+
+    validator = jsonschema.Draft202012Validator(dict(schema))
+    problems = sorted(validator.iter_errors(json.loads(text)), key=lambda e: list(e.path))
+    if problems:
+        where = ".".join(str(p) for p in problems[0].path) or "arguments"
+        msg = (
+            f"arguments for {found.tool} do not fit its parameters: {where}: "
+            f"{problems[0].message}; nothing was changed"
+        )
+        raise InvalidDecisionError(msg)
+    return text
+
+
+def _text(value: object, name: str, limit: int, *, required: bool) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value.strip()):
+        msg = f"{name} must be a non-empty text; got {value!r}"
+        raise InvalidDecisionError(msg)
+    if len(value) > limit:
+        msg = f"{name} must be at most {limit} characters; got {len(value)}"
+        raise InvalidDecisionError(msg)
+    if "\0" in value or not storable(value):
+        msg = f"{name} holds a NUL character or a lone surrogate, which is not text"
+        raise InvalidDecisionError(msg)
+    return legible(value) if name == "by" else value
+
+
+# -- the VersionedPart ----------------------------------------------------------
+
+
+class ApprovalPart:
+    """How approvals follow rollback, fork, prune and delete (see the module docstring)."""
+
+    def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
+        """Cancel suspensions begun after ``to_version``; ask again those it holds."""
+        note = f"rolled back to version {to_version}"
+        conn.execute(
+            """
+            UPDATE approvals SET status = 'cancelled', ended_in = ?3, note = ?4
+             WHERE agent_id = ?1 AND suspended_in > ?2 AND ended_in IS NULL
+            """,
+            (agent_id, to_version, new_version, note),
+        )
+        conn.execute(
+            """
+            UPDATE approvals SET status = 'pending', ended_in = NULL, decided_at = NULL,
+                   decided_by = NULL, decided_arguments = NULL, note = ?3
+             WHERE agent_id = ?1 AND suspended_in <= ?2 AND ended_in > ?2
+               AND status IN ('approved', 'denied')
+            """,
+            (agent_id, to_version, f"asked again: {note}"),
+        )
+        conn.execute(  # decisions no longer stand: no resumption waits for them
+            """
+            UPDATE alarms SET status = 'cancelled', ended_in = ?2, last_error = ?3,
+                   lease_owner = NULL, lease_token = NULL, updated_at = ?4
+             WHERE agent_id = ?1 AND kind = 'resume' AND ended_in IS NULL
+            """,
+            (agent_id, new_version, note, time.time()),
+        )
+
+    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
+        """Refuse a version that holds a suspended turn; there is nothing else to copy."""
+        held = conn.execute(
+            """
+            SELECT conversation, suspended_in FROM approvals
+             WHERE agent_id = ?1 AND suspended_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
+               AND status <> 'cancelled' LIMIT 1
+            """,
+            (agent_id, version),
+        ).fetchone()
+        if held is not None:
+            conversation, suspended_in = held
+            msg = (
+                f"version {version} of {agent_id!r} holds a turn suspended for approval "
+                f"(conversation {conversation!r}, since version {suspended_in}); fork version "
+                f"{suspended_in - 1} or one after the turn resumed. Nothing was written."
+            )
+            raise DurableError(msg)
+
+    def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
+        """Delete the approvals of suspensions that ended at or before ``keep_from``."""
+        conn.execute(
+            "DELETE FROM approvals WHERE agent_id = ? AND ended_in <= ?", (agent_id, keep_from)
+        )
+
+    def delete(self, conn: Conn, agent_id: str) -> None:
+        """Delete every approval of the agent."""
+        conn.execute("DELETE FROM approvals WHERE agent_id = ?", (agent_id,))

@@ -1,0 +1,188 @@
+"""The Store's methods for what agents wait for: approvals and events (SQL in their parts)."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import NotFoundError
+from .base import StoreBase
+from .ids import DEFAULT_CONVERSATION
+from .journal import step_number
+from .parts import approvals as _approvals
+from .parts import events as _events
+from .parts.events import EventInfo
+from .records import ApprovalInfo, ApprovalStatus, Suspension
+
+
+class WaitingMethods(StoreBase):
+    """The approval and event methods of :class:`~effectful_durable.Store` (a base of it)."""
+
+    # -- approvals (SQL in parts/approvals.py) ----------------------------------
+
+    def approvals(
+        self, agent_id: str | None = None, *, status: ApprovalStatus | None = "pending"
+    ) -> list[ApprovalInfo]:
+        """The approvals (of one agent) with ``status`` (None: all of them), oldest first.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return _approvals.listed(conn, agent_id=agent_id, status=status)
+
+    def approval(self, approval_id: str) -> ApprovalInfo:
+        """One approval, by its id.
+
+        Raises:
+            NotFoundError: No approval has that id.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            found = _approvals.one(conn, approval_id)
+        if found is None:
+            msg = f"no approval {approval_id!r}; Store.approvals() lists them"
+            raise NotFoundError(msg)
+        return found
+
+    def approve(
+        self,
+        approval_id: str,
+        *,
+        by: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+        note: str | None = None,
+    ) -> ApprovalInfo:
+        """Approve a tool call that waits: the suspended turn may then run it, once.
+
+        Args:
+            approval_id: The approval, as :meth:`approvals` lists it.
+            by: Who decides (default: the operating system's user name); kept.
+            arguments: Run the tool with these instead of the model's: a JSON
+                object that must fit the tool's parameters. The model is told.
+            note: A note kept with the decision, shown to the model.
+
+        Returns:
+            The approval, decided. Once the last approval of its turn is decided, a
+            runner resumes the turn (a workflow's turn: the workflow's next run).
+
+        Raises:
+            NotFoundError: No approval has that id.
+            InvalidDecisionError: It was decided already, or cancelled by a
+                rollback, or ``arguments`` do not fit. Nothing was changed.
+
+        .. versionadded:: 0.2.0
+        """
+        return self._decide(approval_id, approve=True, by=by, note=note, arguments=arguments)
+
+    def deny(self, approval_id: str, *, reason: str, by: str | None = None) -> ApprovalInfo:
+        """Deny a tool call that waits: the model reads ``reason`` as the tool's result.
+
+        Raises:
+            NotFoundError: No approval has that id.
+            InvalidDecisionError: It was decided already, or cancelled, or the
+                reason is empty or not text. Nothing was changed.
+
+        .. versionadded:: 0.2.0
+        """
+        return self._decide(approval_id, approve=False, by=by, note=reason, arguments=None)
+
+    def _decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str | None,
+        note: str | None,
+        arguments: Mapping[str, Any] | None,
+    ) -> ApprovalInfo:
+        with self._writing() as conn:
+            found = _approvals.one(conn, approval_id)
+            if found is not None:  # deciders of one turn's approvals go one at a time
+                self._db.serialize(conn, "approvals", found.agent_id)
+            return _approvals.decide(
+                conn,
+                approval_id,
+                approve=approve,
+                by=getpass.getuser() if by is None else by,
+                note=note,
+                arguments=arguments,
+                now=time.time(),
+            )
+
+    def suspension(
+        self, agent_id: str, conversation: str = DEFAULT_CONVERSATION
+    ) -> Suspension | None:
+        """The conversation's suspended turn, if one waits (decided or not).
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return _approvals.open_suspension(conn, agent_id, conversation)
+
+    # -- events (SQL in parts/events.py) -------------------------------------------
+
+    def send_event(
+        self,
+        agent_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        create: bool = False,
+    ) -> EventInfo:
+        """Send an event to an agent: a runner delivers it as a turn (``on_event``).
+
+        If a workflow step waits for an event of that name for that agent, the
+        event is that step's result instead, in this same transaction.
+
+        Args:
+            agent_id: The agent the event is for.
+            name: What happened (``"payment_received"``): printable text.
+            payload: Any JSON value, at most 64 KiB as JSON.
+            key: An idempotency key: sending again with the same key (a retried
+                sender) returns the first event and sends nothing.
+            create: Accept an agent id the database does not know yet (the
+                runner's agent factory builds it). Default: refuse it.
+
+        Raises:
+            InvalidEventError: The id, name, payload or key is not valid, or the key
+                was used for another event. Nothing was sent.
+            NotFoundError: No such agent, and ``create`` is False.
+
+        .. versionadded:: 0.2.0
+        """
+        payload_json = _events.check_event(agent_id, name, payload, key)
+        with self._writing() as conn:
+            self._db.serialize(conn, "events", agent_id)
+            event, _ = _events.send(
+                conn, agent_id, name, payload_json, key, create=create, now=time.time()
+            )
+        return event
+
+    def events(
+        self, agent_id: str | None = None, *, include_delivered: bool = False
+    ) -> list[EventInfo]:
+        """The events (of one agent), oldest first: pending and dead ones, unless asked.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return _events.listed(conn, agent_id, include_delivered=include_delivered)
+
+    def wait_event(
+        self, workflow: str, step_key: str, agent_id: str, name: str, timeout: float
+    ) -> tuple[bool, str | None, float]:
+        """Begin or look again at a workflow step that waits for an event (the handler's).
+
+        Returns:
+            ``(done, result JSON, deadline)``; see ``parts/events.py``'s ``wait``.
+        """
+        now = time.time()
+        with self._writing() as conn:
+            self._db.serialize(conn, "workflow", workflow)
+            self._db.serialize(conn, "events", agent_id)
+            number = step_number(conn, workflow, step_key)
+            return _events.wait(conn, workflow, step_key, number, agent_id, name, timeout, now)
