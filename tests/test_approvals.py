@@ -411,3 +411,21 @@ class TestRunner:
         with persisted(store_url, FakeLLM(["new"])):
             assert Shop(agent_id="shop").ask("refund A-1") == "new"
         assert len(RAN) == 1
+
+
+def test_a_backup_carries_the_suspension_and_the_inbox(store_url: str, tmp_path: Any) -> None:
+    """A copy made while a turn waits resumes there, with its decision and its events."""
+    llm = FakeLLM([BIG, "resumed in the copy"])
+    approval_id = suspend_one(store_url, llm)
+    with Store(store_url) as store:
+        store.send_event("shop", "ping", {"n": 1}, key="k1")
+        store.approve(approval_id, by="alice")
+        store.backup(tmp_path / "copy.db")
+    copy = str(tmp_path / "copy.db")
+    with Store(copy) as copied:
+        assert copied.approval(approval_id).status == "approved"
+        assert [e.name for e in copied.events()] == ["ping"]
+        assert copied.send_event("shop", "ping", {"n": 1}, key="k1").status == "pending"
+    with persisted(copy, llm):
+        assert Shop(agent_id="shop").ask("refund A-1") == "resumed in the copy"
+    assert len(RAN) == 1
