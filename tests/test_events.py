@@ -1,6 +1,7 @@
 """Events and waiting workflows: an inbox delivered once; workflows that wait, then resume."""
 
 import dataclasses
+import itertools
 import threading
 import time
 from typing import Any
@@ -269,3 +270,36 @@ class TestWaitingWorkflows:
         assert sorted(w.agent_id or "" for w in waits) == ["a", "b"]
         with Store(store_url) as store:
             assert sorted(a.agent_id for a in store.approvals()) == ["a", "b"]
+
+
+def test_two_runners_deliver_each_event_once(store_url: str) -> None:
+    """Two runners (threads, real clock) share 40 events of 4 agents: each is one turn."""
+    from alarms_app import in_threads
+
+    for agent_id in ("a", "b", "c", "d"):
+        start(store_url, agent_id)
+    with Store(store_url) as store:
+        for n in range(40):
+            store.send_event("abcd"[n % 4], "tick", {"n": n}, key=f"tick-{n}")
+
+    def handlers(config: Any) -> list[Any]:
+        return [LiteLLMProvider(model="fake"), FakeLLM(itertools.repeat("ok"))]
+
+    runners = [
+        AgentRunner(store_url, agents=lambda i: Clerk(agent_id=i), handlers=handlers)
+        for _ in range(2)
+    ]
+    with Store(store_url) as store, in_threads(*runners):
+        deadline = time.monotonic() + 60
+        while store.events() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with Store(store_url) as store:
+        events = store.events(include_delivered=True)
+        assert [e.status for e in events] == ["done"] * 40
+        for agent_id in "abcd":
+            turns = [v for v in store.versions(agent_id) if v.template == "on_event"]
+            assert len(turns) == 10
+            delivered = {e.delivered_in for e in events if e.agent_id == agent_id}
+            assert delivered == {v.version for v in turns}
+        assert integrity(store_url) == "ok"
+    assert sum(r.turns for r in runners) == 40
