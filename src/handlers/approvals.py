@@ -228,6 +228,10 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
     def _resume_local(self) -> list[PersistentAgent]:
         raise NotImplementedError
 
+    def _resuming(self, agent: PersistentAgent) -> bool:
+        """Whether this thread is calling ``agent``'s suspended turn again, to resume it."""
+        return any(a is agent for a in self._resume_local())
+
     def _suspended(self, agent: PersistentAgent, conversation: str) -> TurnSuspended:
         """The error that tells the caller what the conversation's suspended turn waits for."""
         found = self.store.suspension(agent.agent_id, conversation)

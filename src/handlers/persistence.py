@@ -225,7 +225,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             return fwd()  # a nested call on the same agent belongs to its turn
         if agent is not None:
             validate_agent_id(agent.agent_id)
-        resume_only = agent is not None and any(a is agent for a in self._resume_local())
+        resume_only = agent is not None and self._resuming(agent)
         journal = self.journal if (agent is not None or not turns) and not resume_only else None
         if agent is None and journal is None:
             return fwd()  # a free template, and not a workflow step: not ours

@@ -58,11 +58,18 @@ class _Armed:
 
 class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Installed just outside PersistenceHandler: when the delivering turn's ``on_alarm``
-    starts, stage "alarm delivered" on that turn, so it commits with it."""
+    starts, stage "alarm delivered" on that turn, so it commits with it.
+
+    The delivering turn of an event or alarm is the runner's own call, not a
+    suspended turn that call resumes first (its approvals decided), which commits
+    on its own: marked there, the event would be done even if the runner's turn
+    never committed. The delivering turn of a resumption is the resumed turn.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.armed: _Armed | None = None
+        self.persistence: PersistenceHandler | None = None
 
     @implements(Template.__apply__)  # type: ignore[untyped-decorator]
     def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -71,10 +78,16 @@ class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call
             armed is not None
             and not armed.marked
             and bound_agent(template, PersistentAgent) is armed.agent
+            and self._resuming(armed.agent) == (armed.claim.kind == "resume")
         ):
             armed.marked = True
             alarm_delivered(armed.agent, armed.claim, armed.next_fire, armed.now)
         return fwd()
+
+    def _resuming(self, agent: PersistentAgent) -> bool:
+        """Whether this call on ``agent`` resumes its suspended turn."""
+        persistence = self.persistence
+        return persistence is not None and persistence._resuming(agent)
 
 
 @dataclasses.dataclass
@@ -574,6 +587,7 @@ class AgentRunner:
         persistence.clock = self.clock.now
         at = stack.index(persistence)
         stack.insert(at, self._delivery)  # just outside: it sees the turn already begun
+        self._delivery.persistence = persistence
         self._stack, self._persistence = stack, persistence
 
     @contextlib.contextmanager

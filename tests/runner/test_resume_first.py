@@ -1,0 +1,82 @@
+"""An event or alarm delivered to an agent whose decided, suspended turn must resume first.
+
+The runner's delivery of an event (or alarm) is marked done in the commit of the
+turn that delivers it. When the agent's conversation holds a suspended turn whose
+approvals are all decided, the delivering call resumes that turn first (it commits
+on its own), then runs its own turn: the delivery belongs to that second turn.
+"""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from approvals_app import TOOL_LOG_ENV, Shop, answer, text_of
+from effectful.handlers.llm.completions import LiteLLMProvider
+from effectful.ops.semantics import handler
+
+from effectful_durable import AgentRunner, PersistenceHandler, RunnerConfig, Store, TurnSuspended
+from effectful_durable.runner import FakeClock
+from effectful_durable.testing import FakeCall, FakeLLM, Reply
+
+START = 1_800_000_000.0
+
+
+@pytest.fixture(autouse=True)
+def _tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOOL_LOG_ENV, str(tmp_path / "tool-runs.jsonl"))
+
+
+def _suspend(store_url: str) -> str:
+    """Suspend a turn of shop-0 at its ``pay`` call; the approval's id."""
+    persistence = PersistenceHandler(store_url)
+    with (
+        handler(LiteLLMProvider(model="fake")),
+        handler(FakeLLM(respond=answer)),
+        handler(persistence),
+        pytest.raises(TurnSuspended) as suspended,
+    ):
+        Shop(agent_id="shop-0").ask("o1")
+    persistence.close()
+    return str(suspended.value.approvals[0].approval_id)
+
+
+class TestEventAfterResumeFirst:
+    """An event that arrives while the agent's turn waits for a decision."""
+
+    def test_event_marked_done_by_its_own_turn(self, store_url: str) -> None:
+        """The event's delivery commits with its on_event turn, not the resumed turn."""
+        approval_id = _suspend(store_url)
+        with Store(store_url) as store:
+            event = store.send_event("shop-0", "restock", {"nonce": "pl-1"})
+            time.sleep(0.01)  # the event is due before the resumption
+            store.approve(approval_id, by="alice")
+            failures = []
+
+            def answer_once_failing(call: FakeCall) -> Reply:
+                if "restock" in call.last_user_text and not failures:
+                    failures.append(call)
+                    raise RuntimeError("the model is down")
+                return answer(call)
+
+            def handlers(config: RunnerConfig) -> list[Any]:
+                return [LiteLLMProvider(model="fake"), FakeLLM(respond=answer_once_failing)]
+
+            config = RunnerConfig(backoff_base=1.0)
+            with AgentRunner(
+                store_url,
+                agents=lambda agent_id: Shop(agent_id=agent_id),
+                handlers=handlers,
+                config=config,
+                clock=FakeClock(START),
+            ) as runner:
+                runner.run(until=START + 3600)
+            assert failures, "the event's turn never ran"
+            (done,) = store.events(include_delivered=True)
+            assert (done.event_id, done.status) == (event.event_id, "done")
+            versions = store.versions("shop-0")
+            assert [v.template for v in versions] == ["ask", "ask", "on_event"]
+            assert versions[1].detail == {"resumed": 1}
+            assert done.delivered_in == 3  # by its own turn, which its retry committed
+            history = store.history("shop-0")
+            assert sum("pl-1" in text_of(m) for m in history) == 1
