@@ -245,6 +245,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             try:
                 return self._run_turn(agent, turn, arguments, resume_only=resume_only)
             except ResumeFirst as first:
+                if resume_only:
+                    # The turn this call was to resume was resumed elsewhere since it
+                    # was read, and a later one waits, decided: resume that one. Never
+                    # run the call read as a new turn: it would ask its approvals again.
+                    return self._resume_call(agent, first.suspension)
                 # The conversation's suspended turn, decided, was another call: it
                 # goes first (its result is in the history), then this call.
                 log.info(
