@@ -25,7 +25,8 @@ The roles (agents in ``tests/approvals_app.py``):
     raises TurnSuspended.
 ``runner``
     An AgentRunner over the same agents and fake model: it delivers the events
-    and the resumptions the deciders queue.
+    and the resumptions the deciders queue, one turn at a time or (half of the
+    runners) up to four turns of different agents at once.
 ``decider``
     Approves (80 %) or denies pending approvals, mostly the oldest one, so that
     two deciders often race for it.
@@ -183,13 +184,15 @@ def drive(db: str, agents: int, rng: random.Random) -> None:
                 time.sleep(0.01)  # a runner (or another resumption) has it
 
 
-def run_runner(db: str) -> None:
+def run_runner(db: str, rng: random.Random) -> None:
     """The runner role, until killed (or stopped with SIGTERM)."""
     from approvals_app import make_agent, make_handlers
 
     from effectful_durable import AgentRunner, RunnerConfig
 
-    config = RunnerConfig(poll_interval=0.05, lease_seconds=LEASE_SECONDS)
+    config = RunnerConfig(
+        poll_interval=0.05, lease_seconds=LEASE_SECONDS, concurrency=rng.choice([1, 4])
+    )
     with AgentRunner(db, agents=make_agent, handlers=make_handlers, config=config) as runner:
         runner.run()
 
@@ -220,7 +223,7 @@ def serve(db: str, agents: int) -> int:
                 elif role == "decider":
                     decide(db, rng)
                 else:
-                    run_runner(db)
+                    run_runner(db, rng)
             except BaseException as error:
                 say("error", role, os.getpid(), f"{type(error).__name__}: {error}"[:400])
                 code = 1
