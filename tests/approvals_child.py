@@ -9,10 +9,11 @@
     zombie would look alive to a runner freeing the leases of dead runners on
     this host). A child whose role ends with an error prints ``error ...``.
 
-``python tests/approvals_child.py race DB IDS_FILE START_AT``
-    Decide the approvals listed in IDS_FILE (one per line), the n-th at the epoch
-    time START_AT + n * RACE_STEP, as the decider role does: two of these race for
-    each approval at the same moment. It imports no litellm (it starts fast).
+``python tests/approvals_child.py race DB IDS_FILE``
+    Connect, print ``ready``, read an epoch time START_AT from stdin, then decide
+    the approvals listed in IDS_FILE (one per line), the n-th at START_AT + n *
+    RACE_STEP, as the decider role does: two of these race for each approval at
+    the same moment. It imports no litellm (it starts fast).
 
 The roles (agents in ``tests/approvals_app.py``):
 
@@ -232,7 +233,7 @@ def serve(db: str, agents: int) -> int:
     return 0
 
 
-def race(db: str, ids_file: str, start_at: float) -> int:
+def race(db: str, ids_file: str) -> int:
     """Decide every approval of ``ids_file``, each at its moment (module docstring)."""
     ids = Path(ids_file).read_text().split()
     log = os.environ[DECISIONS_ENV]
@@ -240,6 +241,8 @@ def race(db: str, ids_file: str, start_at: float) -> int:
     rng = random.Random(os.getpid())
     with Store(db) as store:
         store.approvals()  # connected before the start
+        say("ready")
+        start_at = float(sys.stdin.readline())
         for n, approval_id in enumerate(ids):
             time.sleep(max(start_at + n * RACE_STEP - time.time(), 0))
             decide_one(store, approval_id, approve=rng.random() < 0.5, by=by, log=log)
@@ -252,7 +255,7 @@ def main() -> int:
         agents = int(rest[1]) if rest[:1] == ["--agents"] else 4
         return serve(db, agents)
     if command == "race":
-        return race(db, rest[0], float(rest[1]))
+        return race(db, rest[0])
     say(f"unknown command {command!r}")
     return 2
 

@@ -514,19 +514,28 @@ def _suspended_shops(db: str, count: int) -> list[str]:
 def _racers(
     db: str, ids_file: Path, log: Path, count: int
 ) -> Iterator[list[subprocess.Popen[str]]]:
-    start_at = time.time() + 3.0  # both imported and connected by then
+    """``count`` racing deciders, connected, then given one start time."""
     env = {**os.environ, DECISIONS_ENV: str(log)}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(CHILD), "race", db, str(ids_file), str(start_at)],
+            [sys.executable, str(CHILD), "race", db, str(ids_file)],
             env=env,
             text=True,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         for _ in range(count)
     ]
     try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready", proc.poll()
+        start_at = time.time() + 0.5
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start_at}\n")
+            proc.stdin.flush()
         yield procs
     finally:
         for proc in procs:
