@@ -123,7 +123,7 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
                 recorded = replay.tool_results.pop(tool_call.id, None)
                 if recorded is not None:
                     return recorded  # in the history already
-                decided = replay.suspension.decision(tool_call.id)
+                decided = replay.decisions.pop(tool_call.id, None)  # used once
                 if decided is not None:
                     return _decided(tool_call, decided)
             reason = self._reason(tool_call)
@@ -201,6 +201,7 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
             recorded[0],
             [m for m in recorded if m.get("role") == "assistant"],
             {m["tool_call_id"]: m for m in recorded if m.get("role") == "tool"},
+            {a.tool_call_id: a for a in suspension.approvals},
         )
 
     def _resume_call(self, agent: PersistentAgent, suspension: Suspension) -> Any:
