@@ -210,7 +210,7 @@ class Outcome:
     targeted: int = 0
     seconds: float = 0.0
     drain_seconds: float = 0.0
-    stats: dict[str, int] = field(default_factory=dict)
+    stats: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 def open_work(db: str) -> tuple[int, int, int]:
@@ -314,7 +314,7 @@ def _dead(db: str) -> str:
     return f"dead: {rows}"
 
 
-def verify(db: str, server: Server, sent: Sent) -> dict[str, int]:
+def verify(db: str, server: Server, sent: Sent) -> collections.Counter[str]:
     """Check what the module docstring promises; return what was counted."""
     stats: collections.Counter[str] = collections.Counter()
     assert integrity(db) == "ok"
@@ -441,7 +441,7 @@ def verify(db: str, server: Server, sent: Sent) -> dict[str, int]:
             assert sum(v.template == "on_event" for v in listed) == delivered[agent], agent
         stats["events"] = len(events)
         stats["events re-sent"] = sent.resends
-    return dict(stats)
+    return stats
 
 
 def _event_agents(sent: Sent) -> set[str]:
