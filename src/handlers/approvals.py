@@ -123,7 +123,7 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
                 recorded = replay.tool_results.pop(tool_call.id, None)
                 if recorded is not None:
                     return recorded  # in the history already
-                decided = replay.suspension.decision(tool_call.id)
+                decided = replay.decisions.pop(tool_call.id, None)  # used once
                 if decided is not None:
                     return _decided(tool_call, decided)
             reason = self._reason(tool_call)
@@ -201,6 +201,7 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
             recorded[0],
             [m for m in recorded if m.get("role") == "assistant"],
             {m["tool_call_id"]: m for m in recorded if m.get("role") == "tool"},
+            {a.tool_call_id: a for a in suspension.approvals},
         )
 
     def _resume_call(self, agent: PersistentAgent, suspension: Suspension) -> Any:
@@ -227,6 +228,10 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
 
     def _resume_local(self) -> list[PersistentAgent]:
         raise NotImplementedError
+
+    def _resuming(self, agent: PersistentAgent) -> bool:
+        """Whether this thread is calling ``agent``'s suspended turn again, to resume it."""
+        return any(a is agent for a in self._resume_local())
 
     def _suspended(self, agent: PersistentAgent, conversation: str) -> TurnSuspended:
         """The error that tells the caller what the conversation's suspended turn waits for."""

@@ -225,7 +225,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             return fwd()  # a nested call on the same agent belongs to its turn
         if agent is not None:
             validate_agent_id(agent.agent_id)
-        resume_only = agent is not None and any(a is agent for a in self._resume_local())
+        resume_only = agent is not None and self._resuming(agent)
         journal = self.journal if (agent is not None or not turns) and not resume_only else None
         if agent is None and journal is None:
             return fwd()  # a free template, and not a workflow step: not ours
@@ -245,6 +245,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             try:
                 return self._run_turn(agent, turn, arguments, resume_only=resume_only)
             except ResumeFirst as first:
+                if resume_only:
+                    # The turn this call was to resume was resumed elsewhere since it
+                    # was read, and a later one waits, decided: resume that one. Never
+                    # run the call read as a new turn: it would ask its approvals again.
+                    return self._resume_call(agent, first.suspension)
                 # The conversation's suspended turn, decided, was another call: it
                 # goes first (its result is in the history), then this call.
                 log.info(

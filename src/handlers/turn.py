@@ -17,7 +17,7 @@ from ..store.engine.seam import TurnWrite
 from ..store.history import ActiveHistory
 from ..store.ids import DEFAULT_CONVERSATION
 from ..store.parts.approvals import Asked
-from ..store.records import Suspension
+from ..store.records import ApprovalInfo, Suspension
 from .effects import Compacted
 from .journal import Step
 
@@ -71,4 +71,5 @@ class Replay:
     suspension: Suspension
     user: dict[str, Any]
     assistants: list[dict[str, Any]]
-    tool_results: dict[str, dict[str, Any]]
+    tool_results: dict[str, dict[str, Any]]  # by tool call id, replayed once
+    decisions: dict[str, ApprovalInfo]  # by tool call id, used once

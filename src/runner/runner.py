@@ -61,6 +61,11 @@ class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call
     """Installed just outside PersistenceHandler: when the delivering turn's ``on_alarm``
     starts, stage "alarm delivered" on that turn, so it commits with it.
 
+    The delivering turn of an event or alarm is the runner's own call, not a
+    suspended turn that call resumes first (its approvals decided), which commits
+    on its own: marked there, the event would be done even if the runner's turn
+    never committed. The delivering turn of a resumption is the resumed turn.
+
     Each thread delivers its own claim (``armed`` is per thread). Once ``cancel`` is
     set, a turn running in a worker thread stops at its next template call or
     model request (the runner is stopping past its grace period).
@@ -70,6 +75,7 @@ class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call
         super().__init__()
         self._local = threading.local()
         self.cancel = threading.Event()
+        self.persistence: PersistenceHandler | None = None
 
     @property
     def armed(self) -> _Armed | None:
@@ -106,10 +112,16 @@ class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call
             armed is not None
             and not armed.marked
             and bound_agent(template, PersistentAgent) is armed.agent
+            and self._resuming(armed.agent) == (armed.claim.kind == "resume")
         ):
             armed.marked = True
             alarm_delivered(armed.agent, armed.claim, armed.next_fire, armed.now)
         return fwd()
+
+    def _resuming(self, agent: PersistentAgent) -> bool:
+        """Whether this call on ``agent`` resumes its suspended turn."""
+        persistence = self.persistence
+        return persistence is not None and persistence._resuming(agent)
 
 
 @dataclasses.dataclass
@@ -229,6 +241,7 @@ class AgentRunner:
         self._tasks: queue.SimpleQueue[tuple[Claim, float] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._cut_off: float | None = None  # when run() stops waiting for stuck turns
+        self._inline = False  # a turn runs in run()'s own thread right now
         self._wake = threading.Event()
         self._listener: AlarmListener = Polling()
         self._stopping = threading.Event()
@@ -542,7 +555,11 @@ class AgentRunner:
             self._in_flight[claim.alarm_id] = started
             self._turn_done.clear()
         if self._concurrency() == 1:
-            self._run_claim(claim, now)
+            self._inline = True  # a signal may interrupt it: it runs in this thread
+            try:
+                self._run_claim(claim, now)
+            finally:
+                self._inline = False
             return
         with self._lock:
             if len(self._workers) < len(self._in_flight):  # the workers live as long as we do
@@ -750,6 +767,7 @@ class AgentRunner:
         at = stack.index(persistence)
         stack.insert(at, self._delivery)  # just outside: it sees the turn already begun
         stack.append(self._delivery.at_requests())
+        self._delivery.persistence = persistence
         self._stack, self._persistence = stack, persistence
 
     @contextlib.contextmanager
@@ -805,9 +823,13 @@ class AgentRunner:
         # connection. SimpleQueue.put is safe here (it is reentrant).
         stop = signum in (signal.SIGINT, signal.SIGTERM)
         if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
-            # The grace period is over, or a second Ctrl-C: interrupt the turn now.
+            # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
-            raise KeyboardInterrupt
+            if self._inline:
+                raise KeyboardInterrupt  # the turn runs in this thread
+            self._delivery.cancel.set()  # the workers' turns, at their next request
+            self._cut_off = time.monotonic()
+            return
         self._signals.put(signum)
 
     def _control(self) -> None:
@@ -833,7 +855,7 @@ class AgentRunner:
         log.warning("grace period of %g s over: interrupting the turns in progress", grace)
         self._delivery.cancel.set()  # worker threads: at their next request
         self._cut_off = time.monotonic() + _CUT_OFF
-        if self._concurrency() > 1 or not self._in_main:
+        if not (self._inline and self._in_main):
             return  # a turn in another thread cannot be interrupted in a request
         self._interrupting = True
         # A real signal to the main thread, not _thread.interrupt_main(): that one

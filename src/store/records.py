@@ -283,7 +283,3 @@ class Suspension:
     def decided(self) -> bool:
         """Whether every approval is decided, so that the turn can resume."""
         return not self.pending
-
-    def decision(self, tool_call_id: str) -> ApprovalInfo | None:
-        """The approval of the tool call ``tool_call_id``, if it needed one."""
-        return next((a for a in self.approvals if a.tool_call_id == tool_call_id), None)

@@ -59,6 +59,11 @@ class SQLiteDatabase:
         self._local = threading.local()
         self._connections: list[apsw.Connection] = []
         self._connections_lock = threading.Lock()
+        # This process's writers take turns here before SQLite's write lock: a
+        # queue on a lock instead of SQLite's busy handler, whose sleeps let one
+        # thread of many miss the lock for seconds (other processes still meet
+        # that handler, one writer of ours at a time).
+        self._writer = threading.Lock()
         self._closed = False
         self.damage = DamageWatch(self.path, self._connections)
         try:
@@ -331,6 +336,8 @@ class _Write:
 
     __slots__ = ("_conn", "_db", "_nested", "_transaction")
 
+    _conn: apsw.Connection
+
     def __init__(self, db: SQLiteDatabase, *, transaction: bool) -> None:
         self._db = db
         self._transaction = transaction
@@ -341,14 +348,26 @@ class _Write:
         conn = self._conn = db.connection()
         # Autocommit statements inside this thread's open write join it; it translates.
         self._nested = not self._transaction and conn.in_transaction
+        if self._nested:
+            return conn
+        if not db._writer.acquire(timeout=db.busy_timeout):
+            raise DatabaseBusyError(db.path, db.busy_timeout)
         if self._transaction:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except BaseException as error:
+                db._writer.release()
                 raise self._translated(error) from error
         return conn
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        try:
+            self._finish(error)
+        finally:
+            if not self._nested:
+                self._db._writer.release()
+
+    def _finish(self, error: BaseException | None) -> None:
         raised = error
         if self._transaction:
             try:
