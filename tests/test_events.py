@@ -303,3 +303,19 @@ def test_two_runners_deliver_each_event_once(store_url: str) -> None:
             assert delivered == {v.version for v in turns}
         assert integrity(store_url) == "ok"
     assert sum(r.turns for r in runners) == 40
+
+
+def test_an_event_for_an_agent_waiting_for_a_decision_is_put_back(store_url: str) -> None:
+    """No turn can begin while the conversation waits: the event is put back, not leased."""
+    with persisted(store_url, FakeLLM([ToolCall("pay", {"invoice": "F-9"})])):
+        with pytest.raises(TurnSuspended):
+            Clerk(agent_id="clerk").ask("pay F-9")
+    with Store(store_url) as store:
+        sent = store.send_event("clerk", "reminder", {"invoice": "F-9"})
+    runner = run_runner(store_url, FakeLLM([]))
+    assert runner.turns == 0
+    with Store(store_url) as store:
+        (event,) = store.events()
+        assert (event.event_id, event.status, event.attempts) == (sent.event_id, "pending", 0)
+        assert store.alarms(include_ended=True) == []  # events are not listed as alarms
+        assert store.alarm_queue.counts(0.0)["events_pending"] == 1

@@ -41,6 +41,7 @@ log = logging.getLogger("effectful_durable.runner")
 
 _RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
+_SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a decision
 # Seconds between looks at the database while commits that make an alarm due wake
 # the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
 _LISTENING_POLL = 30.0
@@ -667,10 +668,21 @@ class AgentRunner:
                 msg = f"the turn delivering {claim.alarm_id} of {claim.agent_id!r} never began"
                 raise DurableError(msg)
         except TurnSuspended as suspended:
-            # The turn committed up to a tool call that waits for a person (the
-            # delivery with it); a decision queues its resumption.
-            self._count(turns=1)
-            log.info("turn suspended: %s", suspended, extra=context)
+            armed = self._delivery.armed
+            if armed is not None and armed.marked:
+                # The turn committed up to a tool call that waits for a person (the
+                # delivery with it); a decision queues its resumption.
+                self._count(turns=1)
+                log.info("turn suspended: %s", suspended, extra=context)
+            else:
+                # The agent's conversation waits for a decision: no turn began.
+                self._queue.release(claim, now + _SUSPENDED_RETRY)
+                log.info(
+                    "agent waits for a decision; %s put back for %g s",
+                    claim.alarm_id,
+                    _SUSPENDED_RETRY,
+                    extra=context,
+                )
         except AlarmLeaseLostError as error:
             self._count(errors=1)
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
