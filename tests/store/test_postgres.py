@@ -70,6 +70,28 @@ class TestOpening:
         with psycopg.connect(postgres_url) as conn:
             assert conn.execute("SELECT schema_version FROM effectful_durable").fetchone() == (99,)
 
+    def test_opening_connects_once(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """The connection opening makes to tell a refusal apart is the pool's first one."""
+        name = postgres_url.rsplit("/", 1)[1]
+
+        def sessions() -> int:  # the server counts them as backends end (PostgreSQL 14+)
+            with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT sessions FROM pg_stat_database WHERE datname = %s", (name,)
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        before = sessions()
+        for _ in range(3):
+            Store(postgres_url).close()
+        deadline = time.monotonic() + 5
+        while sessions() - before < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a second session per Store would be counted by now
+        assert sessions() - before == 3
+
     def test_a_password_is_not_in_messages(self) -> None:
         """The URL named in an error has its password masked."""
         url = "postgresql://me:secret@127.0.0.1:1/nowhere?connect_timeout=1"

@@ -51,7 +51,7 @@ from ....errors import (
 )
 from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, redacted
 from .listen import KEEPALIVES, NotifyListener
-from .opening import first_connection, unavailable_reason
+from .opening import first_connection, pool_connections, unavailable_reason
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
@@ -113,9 +113,10 @@ class PostgresDatabase:
         started = time.monotonic()
         # In this thread, so that a refusal is raised at once, in the server's words;
         # the pool's own attempts only log why they fail (opening.py).
-        first_connection(url, self.location, self._connect_kwargs, timeout=wait)
+        first = first_connection(url, self.location, self._connect_kwargs, timeout=wait)
         self._pool = psycopg_pool.ConnectionPool(
             url,
+            connection_class=pool_connections(first),
             min_size=1,
             max_size=pool_size,
             kwargs=self._connect_kwargs,

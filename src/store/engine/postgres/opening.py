@@ -31,7 +31,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -45,8 +45,8 @@ _MIN_CONNECT_TIMEOUT = 2  # libpq takes a connect_timeout below 2 s as 2 s
 
 def first_connection(
     url: str, location: str, options: Mapping[str, Any], *, timeout: float
-) -> None:
-    """Connect to ``url`` once (closing the connection at once), within ``timeout`` seconds.
+) -> psycopg.Connection[Any]:
+    """Connect to ``url`` once, within ``timeout`` seconds; the pool's first connection.
 
     Args:
         url: The ``postgresql://`` URL, as given.
@@ -54,6 +54,9 @@ def first_connection(
         options: psycopg's connection options, as the pool will pass them.
         timeout: Seconds to wait for a server that does not answer, or answers
             that it cannot take the connection now.
+
+    Returns:
+        The connection, for the pool to take over (:func:`pool_connections`).
 
     Raises:
         DatabaseAccessError: The server refused the connection for a reason
@@ -71,8 +74,7 @@ def first_connection(
         if not given_timeout:
             attempt["connect_timeout"] = max(_MIN_CONNECT_TIMEOUT, math.ceil(remaining))
         try:
-            psycopg.connect(url, **attempt).close()
-            return
+            return psycopg.Connection.connect(url, **attempt)
         except psycopg.Error as error:
             refusal = access_error(error, url, location)
             if refusal is not None:
@@ -83,6 +85,26 @@ def first_connection(
                 raise DatabaseUnavailableError(location, reason, opening=True) from error
         time.sleep(min(pause, remaining))  # the last attempt at the deadline
         pause = min(pause * 2, _RETRY_MAX)
+
+
+def pool_connections(first: psycopg.Connection[Any]) -> type[psycopg.Connection[Any]]:
+    """A connection class for the pool whose first ``connect()`` returns ``first``.
+
+    The pool makes its connections with ``connection_class.connect(conninfo,
+    **kwargs)``; the first one is then the connection :func:`first_connection`
+    made (with the same options), not a second one to the server.
+    """
+    handed = [first]
+
+    class PoolConnection(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                return cast(Self, handed.pop())
+            except IndexError:  # the first one is taken: a new one
+                return super().connect(conninfo, **kwargs)
+
+    return PoolConnection
 
 
 def access_error(error: psycopg.Error, url: str, location: str) -> DatabaseAccessError | None:
