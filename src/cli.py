@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -60,14 +62,20 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as stop:  # --help, or a usage error argparse already printed
         return stop.code if isinstance(stop.code, int) else 2
+    if args.command == "run":
+        return _run(args)  # a long-running process: it logs, library loggers included
+    with _library_logs_quiet():
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run every command but ``run``; its errors as one line on stderr."""
     if args.command == "delete" and not args.yes:
         return _fail(
             f"delete removes agent {args.agent!r} with all its versions and messages "
             "for good; pass --yes to confirm",
             code=2,
         )
-    if args.command == "run":
-        return _run(args)
     if args.command == "copy":
         return _copy(args)
     if args.command == "prune" and args.keep is None and args.older_than is None:
@@ -97,6 +105,28 @@ def main(argv: list[str] | None = None) -> int:
         # Python from failing again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+# The libraries whose loggers a command keeps off the terminal: psycopg_pool logs
+# each failed connection attempt as a WARNING, which Python's last-resort handler
+# prints above the command's one line (docs.python.org/3/howto/logging.html, "What
+# happens if no configuration is provided"). A program that calls main() with
+# logging configured still gets them: the records propagate as before.
+_LIBRARY_LOGGERS = ("psycopg",)
+
+
+@contextmanager
+def _library_logs_quiet() -> Iterator[None]:
+    """Keep the libraries' log records off stderr while a command runs."""
+    quiet = logging.NullHandler()
+    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(quiet)
 
 
 def _unusable(path: str) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-from typing import Any
+from typing import Any, Literal
 
 
 class DurableError(Exception):
@@ -409,6 +409,14 @@ class NotSupportedError(DurableError):
 class DatabaseUnavailableError(DurableError):
     """The database server could not be reached, or the connection broke mid-operation.
 
+    A condition that may pass, so retrying can help: the server did not answer
+    (down, restarting, a network cut, a host name that did not resolve) or
+    answered that it cannot take the connection now (starting up, too many
+    connections). A server that answers with a refusal that lasts (no such
+    database or role, a wrong password) raises :class:`DatabaseAccessError`
+    instead. Opening a Store (``opening`` true) waits ``busy_timeout`` (at least
+    5 s) for the server before raising this.
+
     The operation did not commit, unless the connection broke during its COMMIT:
     then it may have. Every earlier commit is intact. The next operation
     connects again.
@@ -416,12 +424,75 @@ class DatabaseUnavailableError(DurableError):
     .. versionadded:: 0.2.0
     """
 
-    def __init__(self, location: str, reason: str) -> None:
+    def __init__(self, location: str, reason: str, *, opening: bool = False) -> None:
         self.location = location
         self.reason = reason
+        if opening:
+            msg = (
+                f"cannot reach the database {location}: {reason}. Nothing was read or "
+                "written. Check that the server is up and that the URL names its host "
+                "and port, then retry."
+            )
+        else:
+            msg = (
+                f"cannot reach the database {location}: {reason}. The operation did not "
+                "commit (if the connection broke while committing, it may have); every "
+                "earlier commit is intact. Check that the server is up, then retry."
+            )
+        super().__init__(msg)
+
+
+type AccessProblem = Literal[
+    "missing-database", "missing-role", "authentication", "not-permitted", "settings"
+]
+
+
+class DatabaseAccessError(DurableError):
+    """The database server answered, and refused what the URL asks for; retrying cannot help.
+
+    Raised when a Store opens a ``postgresql://`` URL, at once (without the wait
+    for a server that does not answer): the URL names a database or a role the
+    server does not have, its credentials are refused, the server's rules
+    (``pg_hba.conf``, the ``CONNECT`` privilege, ``LOGIN``) keep the role out, or
+    the URL's settings are invalid. Unlike
+    :class:`DatabaseUnavailableError`, trying again with the same URL fails the
+    same way until someone changes the URL or the server. Nothing was read or
+    written.
+
+    ``problem`` says which, for a program to act on (create the database, ask
+    for a password):
+
+    - ``"missing-database"``: no database of that name on the server;
+    - ``"missing-role"``: no role of that name (with password authentication the
+      server reports a wrong user name as ``"authentication"`` instead);
+    - ``"authentication"``: the password (or other credential) was refused, or
+      none was given where one is needed;
+    - ``"not-permitted"``: the role exists and was authenticated, or could have
+      been, but may not connect (``pg_hba.conf``, ``CONNECT``, ``LOGIN``);
+    - ``"settings"``: the URL, or libpq's ``PG*`` environment variables, ask
+      for something invalid.
+
+    ``reason`` is the server's (or libpq's) own words, ``advice`` what to do.
+
+    >>> error = DatabaseAccessError(
+    ...     "postgresql://app@db/agents",
+    ...     'database "agents" does not exist',
+    ...     problem="missing-database",
+    ...     advice="Create it (`createdb -h db -U app agents`)",
+    ... )
+    >>> print(error)  # doctest: +NORMALIZE_WHITESPACE
+    cannot connect to postgresql://app@db/agents: database "agents" does not exist.
+    Create it (`createdb -h db -U app agents`); retrying will not help until then.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, location: str, reason: str, *, problem: AccessProblem, advice: str) -> None:
+        self.location = location
+        self.reason = reason
+        self.problem: AccessProblem = problem
+        self.advice = advice
         msg = (
-            f"cannot reach the database {location}: {reason}. The operation did not "
-            "commit (if the connection broke while committing, it may have); every "
-            "earlier commit is intact. Check that the server is up, then retry."
+            f"cannot connect to {location}: {reason}. {advice}; retrying will not help until then."
         )
         super().__init__(msg)

@@ -5,6 +5,7 @@ import dataclasses
 import datetime
 import enum
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -398,3 +399,11 @@ def run_cli_in_fresh_python(command: str, db: str) -> subprocess.CompletedProces
     return subprocess.run(
         [sys.executable, "-c", script, db], capture_output=True, text=True, cwd=root
     )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (it was free a moment ago)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port

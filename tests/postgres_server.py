@@ -146,10 +146,13 @@ class PostgresServer:
 
     # -- databases ---------------------------------------------------------------
 
-    def url(self, database: str = "postgres") -> str:
+    def url(
+        self, database: str = "postgres", *, user: str = "postgres", password: str | None = None
+    ) -> str:
         """A ``postgresql://`` URL for ``database`` on this server's socket."""
         host = urllib.parse.quote(self.directory, safe="")
-        return f"postgresql://postgres@{host}/{database}"
+        login = user if password is None else f"{user}:{urllib.parse.quote(password, safe='')}"
+        return f"postgresql://{login}@{host}/{database}"
 
     def new_database(self) -> str:
         """Create an empty database and return its URL."""
@@ -176,6 +179,30 @@ class PostgresServer:
         """Drop the database of ``url``, closing its connections."""
         name = urllib.parse.urlsplit(url).path.lstrip("/")
         self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def new_password_role(self, password: str) -> str:
+        """Create a role that the server lets in with ``password`` only; its name.
+
+        A ``scram-sha-256`` rule for that role alone goes first in ``pg_hba.conf``
+        (on the Unix socket, as every rule here): every other role stays trusted.
+        Returns once the server applies the rule (a reload is asynchronous).
+        """
+        import psycopg
+
+        role = f"pw_{os.getpid()}_{next(self._names)}"
+        self.admin(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
+        hba = Path(self.data) / "pg_hba.conf"
+        hba.write_text(f"local all {role} scram-sha-256\n{hba.read_text()}")
+        self._run("pg_ctl", "-D", self.data, "reload")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                psycopg.connect(self.url(user=role)).close()
+            except psycopg.OperationalError:
+                return role  # a password is asked for now
+            time.sleep(0.05)
+        msg = f"the server did not apply the password rule for {role} within 10 s"
+        raise RuntimeError(msg)
 
     def admin(self, sql: str) -> None:
         """Run one statement outside a transaction on the ``postgres`` database."""

@@ -6,14 +6,17 @@ were, vacuum, backup) stays on SQLite.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres_server import PostgresServer
 
 from effectful_durable import CompactionHandler, PersistenceHandler, Store
 from effectful_durable.cli import main
@@ -22,6 +25,7 @@ from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import (
     Assistant,
     Keeper,
+    free_port,
     persisted,
     persisted_rows,
     run_cli_in_fresh_python,
@@ -639,6 +643,86 @@ class TestOnPostgres:
         assert code == 1 and "hunter2" not in err and ":***@" in err
         code, out, _ = run(capsys, "status", secret)  # "no runner has reported on <url>"
         assert code == 0 and "hunter2" not in out and ":***@" in out
+
+
+class TestPostgresConnectionErrors:
+    """The command run as a user runs it, against a server that cannot be used: one
+    line on stderr, at once when retrying cannot help."""
+
+    def cli(self, *argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+        """``python -m effectful_durable ARGV``, with no stored password to find."""
+        env = {name: value for name, value in os.environ.items() if name != "PGPASSWORD"}
+        env["PGPASSFILE"] = str(tmp_path / "no-pgpass")
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "effectful_durable", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=Path(__file__).parents[1],
+            timeout=60,
+        )
+        print(f"{' '.join(argv[:1])}: exit {done.returncode} after "
+              f"{time.monotonic() - started:.2f} s: {done.stderr.strip()}")  # fmt: skip
+        return done
+
+    def one_error_line(self, done: subprocess.CompletedProcess[str]) -> str:
+        assert done.returncode == 1
+        assert done.stdout == ""
+        [line] = done.stderr.splitlines()  # no log lines of psycopg_pool above it
+        assert line.startswith("effectful-durable: error: ")
+        return line
+
+    def test_no_server_on_the_port(self, tmp_path: Path) -> None:
+        """Nothing listening: after the wait, one line saying so and to retry."""
+        url = f"postgresql://postgres@127.0.0.1:{free_port()}/agents"
+        line = self.one_error_line(self.cli("agents", url, tmp_path=tmp_path))
+        assert f"cannot reach the database {url}: " in line
+        assert "Connection refused" in line and "then retry" in line
+
+    def test_a_missing_database(self, postgres_server: PostgresServer, tmp_path: Path) -> None:
+        """A running server without the database: one line naming it, at once."""
+        line = self.one_error_line(
+            self.cli("agents", postgres_server.url("no_such_db"), tmp_path=tmp_path)
+        )
+        assert 'database "no_such_db" does not exist' in line
+        assert "createdb" in line and "retry" not in line.replace("retrying will not", "")
+
+    def test_a_missing_role(self, postgres_server: PostgresServer, tmp_path: Path) -> None:
+        line = self.one_error_line(
+            self.cli("history", postgres_server.url(user="nobody_here"), "bot", tmp_path=tmp_path)
+        )
+        assert 'role "nobody_here" does not exist' in line
+
+    def test_a_wrong_password(self, postgres_server: PostgresServer, tmp_path: Path) -> None:
+        """A refused password: one line saying so, without the password."""
+        role = postgres_server.new_password_role("right horse")
+        url = postgres_server.url(user=role, password="wrong-horse")
+        line = self.one_error_line(self.cli("agents", url, tmp_path=tmp_path))
+        assert f'password authentication failed for user "{role}"' in line
+        assert "wrong-horse" not in line and ":***@" in line
+        line = self.one_error_line(
+            self.cli("rollback", postgres_server.url(user=role), "bot", "1", tmp_path=tmp_path)
+        )
+        assert "asks for a password and none was given" in line
+
+    def test_library_warnings_stay_off_the_terminal(self, db: str) -> None:
+        """What psycopg_pool logs while a command runs (a reconnection, say) is not printed."""
+        script = (
+            "import logging, sys\n"
+            "from effectful_durable import Store, cli\n"
+            "agents = Store.agents\n"
+            "def logging_agents(store):\n"
+            "    logging.getLogger('psycopg.pool').warning('error connecting in pool')\n"
+            "    return agents(store)\n"
+            "Store.agents = logging_agents\n"
+            "sys.exit(cli.main(['agents', sys.argv[1]]))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, db], capture_output=True, text=True, timeout=60
+        )
+        assert (done.returncode, done.stderr) == (0, "")
+        assert "planner" in done.stdout
 
 
 class TestImports:

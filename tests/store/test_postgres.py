@@ -3,6 +3,8 @@ refuse the parts it does not carry yet, and survive a server restart."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -16,11 +18,23 @@ from effectful_durable import (
     SchemaTooNewError,
     Store,
 )
-from effectful_durable.errors import DatabaseUnavailableError, NotSupportedError
+from effectful_durable.errors import (
+    DatabaseAccessError,
+    DatabaseUnavailableError,
+    NotSupportedError,
+)
+from effectful_durable.store.engine.postgres.opening import access_error
 from effectful_durable.store.engine.postgres.schema import SCHEMA_VERSION
 from effectful_durable.store.engine.seam import APPLICATION_ID
 from effectful_durable.testing import FakeLLM
-from tests.helpers import Assistant, commit_message, in_new_process, integrity, persisted
+from tests.helpers import (
+    Assistant,
+    commit_message,
+    free_port,
+    in_new_process,
+    integrity,
+    persisted,
+)
 
 
 def tables(url: str) -> list[str]:
@@ -56,12 +70,156 @@ class TestOpening:
         with psycopg.connect(postgres_url) as conn:
             assert conn.execute("SELECT schema_version FROM effectful_durable").fetchone() == (99,)
 
+    def test_opening_connects_once(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """The connection opening makes to tell a refusal apart is the pool's first one."""
+        name = postgres_url.rsplit("/", 1)[1]
+
+        def sessions() -> int:  # the server counts them as backends end (PostgreSQL 14+)
+            with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT sessions FROM pg_stat_database WHERE datname = %s", (name,)
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        before = sessions()
+        for _ in range(3):
+            Store(postgres_url).close()
+        deadline = time.monotonic() + 5
+        while sessions() - before < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a second session per Store would be counted by now
+        assert sessions() - before == 3
+
     def test_a_password_is_not_in_messages(self) -> None:
         """The URL named in an error has its password masked."""
         url = "postgresql://me:secret@127.0.0.1:1/nowhere?connect_timeout=1"
         with pytest.raises(DatabaseUnavailableError) as raised:
             Store(url, busy_timeout=0.5)
         assert "secret" not in str(raised.value) and "***" in str(raised.value)
+
+
+@pytest.fixture(scope="module")
+def role(postgres_server: PostgresServer) -> str:
+    """A role the server lets in with the password 'right horse' only."""
+    return postgres_server.new_password_role("right horse")
+
+
+class TestRefusals:
+    """A server that answers and refuses the URL: DatabaseAccessError at once, in its words."""
+
+    @pytest.fixture(autouse=True)
+    def _no_stored_password(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        monkeypatch.delenv("PGPASSWORD", raising=False)
+        monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-pgpass"))
+
+    def refused(self, url: str) -> DatabaseAccessError:
+        started = time.monotonic()
+        with pytest.raises(DatabaseAccessError) as raised:
+            Store(url, busy_timeout=10.0)
+        print(f"refused after {time.monotonic() - started:.2f} s: {raised.value}")
+        assert not isinstance(raised.value, DatabaseUnavailableError)  # retrying cannot help
+        return raised.value
+
+    def test_a_missing_database(self, postgres_server: PostgresServer) -> None:
+        """A database the server does not have is named, with the createdb that makes it."""
+        error = self.refused(postgres_server.url("no_such_db"))
+        assert error.problem == "missing-database"
+        assert error.reason == 'database "no_such_db" does not exist'
+        assert f"`createdb -h {postgres_server.directory} -U postgres no_such_db`" in str(error)
+        assert isinstance(error.__cause__, psycopg.OperationalError)
+        assert error.location == postgres_server.url("no_such_db")
+
+    def test_a_missing_role(self, postgres_server: PostgresServer) -> None:
+        """A role the server does not have is named, with the statement that makes it."""
+        error = self.refused(postgres_server.url(user="nobody_here"))
+        assert error.problem == "missing-role"
+        assert error.reason == 'role "nobody_here" does not exist'
+        assert "Correct the user name in the URL, or create the role" in str(error)
+        assert 'CREATE ROLE "nobody_here" LOGIN' in str(error)
+
+    def test_a_wrong_password(self, postgres_server: PostgresServer, role: str) -> None:
+        """A refused password says so, and the password is not in the message."""
+        error = self.refused(postgres_server.url(user=role, password="wrong horse"))
+        assert error.problem == "authentication"
+        assert error.reason == f'password authentication failed for user "{role}"'
+        assert "Check the user name and password in the URL" in str(error)
+        assert "wrong" not in str(error) and ":***@" in str(error)
+
+    def test_no_password(self, postgres_server: PostgresServer, role: str) -> None:
+        """A server that asks for a password, given none, is told one."""
+        error = self.refused(postgres_server.url(user=role))
+        assert error.problem == "authentication"
+        assert "asks for a password and none was given" in str(error)
+
+    def test_the_right_password_opens(self, postgres_server: PostgresServer, role: str) -> None:
+        """The password in the URL reaches the first connection and the pool's."""
+        url = postgres_server.new_database()
+        name = url.rsplit("/", 1)[1]
+        postgres_server.admin(f'ALTER DATABASE "{name}" OWNER TO "{role}"')
+        postgres_server.admin(f'GRANT ALL ON SCHEMA public TO "{role}"')  # (it is per database)
+        try:
+            with Store(postgres_server.url(name, user=role, password="right horse")) as store:
+                assert store.agents() == []
+        finally:
+            postgres_server.drop_database(url)
+
+    def test_an_invalid_url_never_shows_its_password(self) -> None:
+        """libpq's complaint about a URL it cannot parse quotes it: the password is masked."""
+        with pytest.raises(DatabaseAccessError) as raised:
+            Store("postgresql://me:se%zzcret@127.0.0.1:1/agents")
+        assert raised.value.problem == "settings"
+        assert "se%zzcret" not in str(raised.value) and "***" in str(raised.value)
+
+    def test_a_server_that_does_not_answer_is_still_unavailable(self) -> None:
+        """No server on the port: the wait, then DatabaseUnavailableError with libpq's reason."""
+        url = f"postgresql://postgres@127.0.0.1:{free_port()}/agents"
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailableError) as raised:
+            Store(url, busy_timeout=0.5)
+        print(f"unavailable after {time.monotonic() - started:.2f} s: {raised.value}")
+        assert "Connection refused" in raised.value.reason
+        assert "Check that the server is up" in str(raised.value)
+
+    def test_a_server_coming_up_within_the_wait_is_waited_for(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """Opening while the server restarts retries until it answers, then opens."""
+        Store(postgres_url).close()
+        restart = threading.Thread(target=postgres_server.restart, kwargs={"down": 1.0})
+        restart.start()
+        try:
+            time.sleep(0.3)  # the server is down now (an immediate stop takes ~0.1 s)
+            started = time.monotonic()
+            with Store(postgres_url) as store:
+                print(f"opened after {time.monotonic() - started:.2f} s")
+                assert store.agents() == []
+        finally:
+            restart.join()
+
+    @pytest.mark.parametrize(
+        ("message", "problem"),
+        [
+            ('FATAL:  database "x" does not exist', "missing-database"),
+            ('FATAL:  permission denied for database "x"', "not-permitted"),
+            ('FATAL:  role "x" is not permitted to log in', "not-permitted"),
+            ('FATAL:  no pg_hba.conf entry for host "[local]", user "x", database "y"',
+             "not-permitted"),
+            ('FATAL:  Peer authentication failed for user "x"', "authentication"),
+            ("FATAL:  la base de données « x » n'existe pas", None),
+            ("FATAL:  the database system is starting up", None),
+            ("FATAL:  sorry, too many clients already", None),
+        ],
+    )  # fmt: skip
+    def test_which_words_are_lasting_refusals(self, message: str, problem: str | None) -> None:
+        """Only PostgreSQL's (English) words for a lasting refusal are one; any other
+        failure may pass (a server starting up, out of slots, or speaking French)."""
+        line = f'connection failed: connection to server on socket "/s" failed: {message}'
+        found = access_error(psycopg.OperationalError(line), "postgresql:///y", "db")
+        assert (found and found.problem) == problem
+        if found is not None:
+            assert found.reason == message.removeprefix("FATAL:  ")
 
 
 def catalog(url: str) -> dict[str, list[tuple[object, ...]]]:

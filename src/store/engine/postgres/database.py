@@ -51,6 +51,7 @@ from ....errors import (
 )
 from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, redacted
 from .listen import KEEPALIVES, NotifyListener
+from .opening import first_connection, pool_connections, unavailable_reason
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
@@ -70,7 +71,10 @@ class PostgresDatabase:
     Raises:
         NotOurDatabaseError: Its schema holds tables, and none of them is ours.
         SchemaTooNewError: A newer effectful-durable made its tables.
-        DatabaseUnavailableError: The server could not be reached.
+        DatabaseAccessError: The server refused the URL's database, role or
+            credentials, or the URL is invalid (at once: retrying cannot help).
+        DatabaseUnavailableError: The server could not be reached within
+            ``busy_timeout`` (at least 5 s).
     """
 
     kind = "postgresql"
@@ -105,21 +109,29 @@ class PostgresDatabase:
             "application_name": f"effectful-durable {_HOST} {os.getpid()}",
             "options": options,
         }
+        wait = max(busy_timeout, 5.0)
+        started = time.monotonic()
+        # In this thread, so that a refusal is raised at once, in the server's words;
+        # the pool's own attempts only log why they fail (opening.py).
+        first = first_connection(url, self.location, self._connect_kwargs, timeout=wait)
         self._pool = psycopg_pool.ConnectionPool(
             url,
+            connection_class=pool_connections(first),
             min_size=1,
             max_size=pool_size,
             kwargs=self._connect_kwargs,
             check=psycopg_pool.ConnectionPool.check_connection,
             open=False,
-            timeout=max(busy_timeout, 5.0),
+            timeout=wait,
             name=f"effectful-durable {self.location}",
         )
         try:
-            self._pool.open(wait=True, timeout=max(busy_timeout, 5.0))
+            self._pool.open(wait=True, timeout=max(wait - (time.monotonic() - started), 1.0))
         except psycopg_pool.PoolTimeout as e:
             self._pool.close()
-            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+            raise DatabaseUnavailableError(
+                self.location, unavailable_reason(e, url), opening=True
+            ) from e
         try:
             self._prepare()
             #: This machine's directory of the agents' SQL workspace files (their
@@ -145,7 +157,7 @@ class PostgresDatabase:
         try:
             return psycopg.connect(self.url, **(self._connect_kwargs | options))
         except psycopg.OperationalError as e:
-            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+            raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
 
     @contextmanager
     def _transaction(self, begin: str | None) -> Iterator[PostgresConn]:
@@ -177,7 +189,7 @@ class PostgresDatabase:
                 finally:
                     self._local.conn = None
         except psycopg_pool.PoolTimeout as e:
-            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+            raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
         except pg_errors.LockNotAvailable as e:
             raise DatabaseBusyError(self.location, self.busy_timeout) from e
         except pg_errors.ReadOnlySqlTransaction as e:
@@ -186,7 +198,7 @@ class PostgresDatabase:
             )
             raise DurableError(msg) from e
         except psycopg.OperationalError as e:
-            raise DatabaseUnavailableError(self.location, _reason(e)) from e
+            raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
 
     def writing(self) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises."""
@@ -535,11 +547,6 @@ def _key(scope: str, name: str) -> int:
     return int.from_bytes(digest, signed=True)
 
 
-def _reason(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
 class _AdvisoryLocks:
     """The agents a Store holds: session advisory locks on one connection of its own.
 
@@ -598,7 +605,9 @@ class _AdvisoryLocks:
             except psycopg.OperationalError as e:
                 self._drop()
                 if attempt == 2:
-                    raise DatabaseUnavailableError(self._db.location, _reason(e)) from e
+                    raise DatabaseUnavailableError(
+                        self._db.location, unavailable_reason(e, self._db.url)
+                    ) from e
         return False  # not reached
 
     def _connection(self) -> psycopg.Connection[Any]:
