@@ -45,6 +45,8 @@ _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another proc
 # the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
 _LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
+# Seconds before trying again an alarm or event whose conversation waits for approval.
+_BEHIND_SUSPENSION = 60.0
 
 
 @dataclasses.dataclass
@@ -476,10 +478,20 @@ class AgentRunner:
                 msg = f"the turn delivering {claim.alarm_id} of {claim.agent_id!r} never began"
                 raise DurableError(msg)
         except TurnSuspended as suspended:
-            # The turn committed up to a tool call that waits for a person (the
-            # delivery with it); a decision queues its resumption.
-            self.turns += 1
-            log.info("turn suspended: %s", suspended, extra=context)
+            if self._queue.release(claim, now + _BEHIND_SUSPENSION):
+                # No turn began: the conversation's turn waits for a decision, and
+                # resumes before another starts there. The claim (still ours: a
+                # turn that commits clears it) waits; no attempt is counted.
+                log.info(
+                    "%s waits behind a turn suspended for approval; put back",
+                    claim.alarm_id,
+                    extra=context,
+                )
+            else:
+                # The turn committed up to a tool call that waits for a person (the
+                # delivery with it); a decision queues its resumption.
+                self.turns += 1
+                log.info("turn suspended: %s", suspended, extra=context)
         except AlarmLeaseLostError as error:
             self.errors += 1
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
