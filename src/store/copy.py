@@ -39,6 +39,7 @@ TABLES: tuple[str, ...] = (
     "memory",
     "workspace_log",
     "alarms",
+    "approvals",
     "runner_status",
 )
 
@@ -54,7 +55,7 @@ class CopyResult:
 
 
 def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
-    """Copy every agent (versions, journals, memory, SQL tables, alarms) and the
+    """Copy every agent (versions, journals, memory, SQL tables, alarms, approvals) and the
     runners' status reports to ``target``.
 
     Raises:
