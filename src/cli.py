@@ -631,7 +631,10 @@ def _json_arguments(args: argparse.Namespace) -> str | None:
             try:
                 args.arguments_value = _parse_json(args.arguments)
             except ValueError as error:
-                return f"--arguments is not valid JSON ({error}): {_quoted(args.arguments)}"
+                return (
+                    f"--arguments is not valid JSON ({error}): {_quoted(args.arguments)}; "
+                    "nothing was changed"
+                )
     if args.command == "send-event":
         args.payload_value = None
         if args.payload is not None:
