@@ -330,6 +330,7 @@ class TestRefusals:
             ),
             (["send-event", "DB", "shop", ""], 1, "the name must be a non-empty text"),
             (["send-event", "DB", "shop", "a\nb"], 1, "must be printable text"),
+            (["send-event", "DB", "", "paid"], 1, "such as 'support-bot-42'. Nothing was sent."),
         ],
         ids=[
             "approve-unknown-id",
@@ -349,6 +350,7 @@ class TestRefusals:
             "payload-malformed",
             "name-empty",
             "name-control",
+            "agent-id-empty",
         ],
     )
     def test_refused_in_one_line_and_nothing_written(
