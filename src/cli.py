@@ -906,6 +906,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--config", metavar="FILE", help="TOML config, re-read on SIGHUP")
     sub.add_argument(
+        "--concurrency",
+        type=_positive,
+        metavar="N",
+        help="turns of different agents run at once (default: the config's, 1)",
+    )
+    sub.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
     sub.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")

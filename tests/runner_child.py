@@ -1,6 +1,6 @@
 """A forking server for tests/test_runner_crash.py: imports once, forks a runner per "go".
 
-Usage: ``python tests/runner_child.py DB_PATH``
+Usage: ``python tests/runner_child.py DB_PATH [CONCURRENCY]``
 
 Importing litellm costs seconds, so this process imports everything once, prints
 ``loaded``, and then for each ``go`` line on stdin forks a child that runs an
@@ -27,15 +27,16 @@ def say(*words: object) -> None:
     os.write(sys.stdout.fileno(), (" ".join(map(str, words)) + "\n").encode())
 
 
-def run(db_path: str) -> None:
+def run(db_path: str, concurrency: int) -> None:
     """Run a runner until killed (or stopped with SIGTERM)."""
-    config = RunnerConfig(poll_interval=0.05, lease_seconds=30)
+    config = RunnerConfig(poll_interval=0.05, lease_seconds=30, concurrency=concurrency)
     with AgentRunner(db_path, agents=make_agent, handlers=make_handlers, config=config) as runner:
         runner.run()
 
 
 def main() -> int:
     db_path = sys.argv[1]
+    concurrency = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     say("loaded")
     for line in sys.stdin:
@@ -46,7 +47,7 @@ def main() -> int:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = 0
             try:
-                run(db_path)
+                run(db_path, concurrency)
             except BaseException:
                 code = 1
             os._exit(code)

@@ -6,7 +6,7 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 #: Whether a tool call needs approval, from the tool's name (the method's) and its
 #: arguments: falsy runs it; True, or a text saying why, asks a person first.
@@ -35,16 +35,6 @@ class ApprovalRule:
             except Exception as error:
                 return f"the approval rule failed ({type(error).__name__}: {error})"
         return self.reason or "this tool needs approval"
-
-
-@overload
-def requires_approval[F: Callable[..., Any]](function: F, /) -> F: ...
-
-
-@overload
-def requires_approval[F: Callable[..., Any]](
-    *, when: Callable[..., Any] | None = None, reason: str | None = None
-) -> Callable[[F], F]: ...
 
 
 def requires_approval(

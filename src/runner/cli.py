@@ -72,7 +72,13 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         agents = load(args.agents, "--agents")
         handlers = load(args.handlers, "--handlers") if args.handlers else None
-        with AgentRunner(args.db, agents=agents, handlers=handlers, config=args.config) as runner:
+        with AgentRunner(
+            args.db,
+            agents=agents,
+            handlers=handlers,
+            config=args.config,
+            max_concurrency=getattr(args, "concurrency", None),
+        ) as runner:
             return runner.run()
     except DurableError as error:
         print(f"effectful-durable: error: {error}", file=sys.stderr)

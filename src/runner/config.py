@@ -58,7 +58,8 @@ class RunnerConfig:
         backoff_base = 10       # first retry after 10 s, then 20 s, 40 s, ...
         backoff_max = 3600      # ... at most an hour apart
         missed = "coalesce"     # or "each": deliver every missed occurrence
-        grace_seconds = 30      # SIGTERM lets the turn in progress finish this long
+        grace_seconds = 30      # SIGTERM lets the turns in progress finish this long
+        concurrency = 1         # turns of different agents run at once (SIGHUP may change it)
 
         [agents.support-bot]
         paused = false
@@ -78,7 +79,10 @@ class RunnerConfig:
         backoff_max: Longest delay between retries.
         missed: ``"coalesce"`` delivers a recurring alarm's missed occurrences once;
             ``"each"`` delivers each of them.
-        grace_seconds: How long a stop waits for the turn in progress.
+        grace_seconds: How long a stop waits for the turns in progress.
+        concurrency: How many turns, of different agents, run at once (see
+            :doc:`/production`); ``AgentRunner(max_concurrency=...)`` and ``run
+            --concurrency`` override it.
         agents: Per-agent settings, by agent id.
         features: Feature flags, passed on to agents' ``on_config_update``.
         source: The file it was read from, if any.
@@ -94,6 +98,7 @@ class RunnerConfig:
     backoff_max: float = 3600.0
     missed: Literal["coalesce", "each"] = "coalesce"
     grace_seconds: float = 30.0
+    concurrency: int = 1
     agents: Mapping[str, AgentSettings] = field(default_factory=dict)
     features: Mapping[str, Any] = field(default_factory=dict)
     source: str | None = None
@@ -111,6 +116,7 @@ class RunnerConfig:
             _bad(f"max_attempts must be an integer >= 1, not {self.max_attempts!r}")
         if self.missed not in ("coalesce", "each"):
             _bad(f"missed must be 'coalesce' or 'each', not {self.missed!r}")
+        check_concurrency(self.concurrency, "concurrency")
         if self.model is not None and not isinstance(self.model, str):
             _bad(f"model must be a string, not {self.model!r}")
 
@@ -165,6 +171,7 @@ class RunnerConfig:
             "backoff_max",
             "missed",
             "grace_seconds",
+            "concurrency",
         }
         unknown = set(runner) - allowed
         if unknown:
@@ -200,6 +207,16 @@ def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
         _bad(f"{name} must be a table ([{name}])")
     checked: Mapping[str, Any] = table
     return checked
+
+
+#: The most turns one runner may run at once.
+MAX_CONCURRENCY = 1024
+
+
+def check_concurrency(value: object, name: str) -> None:
+    """Raise ConfigError unless ``value`` is a number of turns a runner may run at once."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        _bad(f"{name} must be an integer from 1 to {MAX_CONCURRENCY}, not {value!r}")
 
 
 def _number(value: object) -> bool:

@@ -35,7 +35,7 @@ from ..store.alarm_queue import runner_id
 from ..store.engine.seam import AlarmListener, Polling
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
-from .config import ConfigError, RunnerConfig
+from .config import ConfigError, RunnerConfig, check_concurrency
 
 log = logging.getLogger("effectful_durable.runner")
 
@@ -45,6 +45,7 @@ _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another proc
 # the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
 _LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
+_CUT_OFF = 5.0  # seconds run() still waits, past the grace period, for turns in workers
 # Seconds before trying again an alarm or event whose conversation waits for approval.
 _BEHIND_SUSPENSION = 60.0
 
@@ -60,14 +61,48 @@ class _Armed:
 
 class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     """Installed just outside PersistenceHandler: when the delivering turn's ``on_alarm``
-    starts, stage "alarm delivered" on that turn, so it commits with it."""
+    starts, stage "alarm delivered" on that turn, so it commits with it.
+
+    Each thread delivers its own claim (``armed`` is per thread). Once ``cancel`` is
+    set, a turn running in a worker thread stops at its next template call or
+    model request (the runner is stopping past its grace period).
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.armed: _Armed | None = None
+        self._local = threading.local()
+        self.cancel = threading.Event()
+
+    @property
+    def armed(self) -> _Armed | None:
+        armed: _Armed | None = getattr(self._local, "armed", None)
+        return armed
+
+    @armed.setter
+    def armed(self, armed: _Armed | None) -> None:
+        self._local.armed = armed
+
+    def _cancelled(self) -> None:
+        if self.cancel.is_set() and threading.current_thread() is not threading.main_thread():
+            msg = "the runner is stopping: its grace period is over"
+            raise KeyboardInterrupt(msg)
+
+    def at_requests(self) -> dict[Any, Any]:
+        """An interpretation that stops a cancelled turn at its next model request.
+
+        Built when the stack is (effectful's completions module imports litellm).
+        """
+        from effectful.handlers.llm.completions import completion
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            self._cancelled()
+            return fwd()
+
+        return {completion: checked}
 
     @implements(Template.__apply__)  # type: ignore[untyped-decorator]
     def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._cancelled()
         armed = self.armed
         if (
             armed is not None
@@ -83,8 +118,10 @@ class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call
 class _InProgress:
     agent_id: str
     alarm_id: str
+    kind: str
     started: float  # time.monotonic()
     started_at: float  # epoch seconds
+    claim: Claim
 
 
 class AgentRunner:
@@ -138,6 +175,11 @@ class AgentRunner:
         clock: Where the time comes from (:class:`~effectful_durable.runner.FakeClock`
             in tests).
         durability: As for PersistenceHandler, when ``db`` is a path.
+        max_concurrency: How many turns, of different agents, run at once (in
+            worker threads, each with its own handler stack, so tools and
+            handlers must be thread-safe); default: the config's ``concurrency``,
+            1. One agent's turns never run at once and keep their order. See
+            :doc:`/production`.
 
     Raises:
         ConfigError: The config file does not parse.
@@ -154,7 +196,10 @@ class AgentRunner:
         config: RunnerConfig | str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
         durability: Durability = "normal",
+        max_concurrency: int | None = None,
     ) -> None:
+        if max_concurrency is not None:
+            check_concurrency(max_concurrency, "max_concurrency")
         self.store = db if isinstance(db, Store) else Store(db, durability=durability)
         self._owns_store = not isinstance(db, Store)
         self._agents_factory = agents
@@ -173,6 +218,7 @@ class AgentRunner:
         self.id = runner_id()
         self.turns = 0
         self.errors = 0
+        self.max_concurrency = max_concurrency
         self.agents: dict[str, PersistentAgent] = {}
         self._queue = self.store.alarm_queue
         self._delivery = _Delivery()
@@ -180,7 +226,11 @@ class AgentRunner:
         self._persistence: PersistenceHandler | None = None
         self._own_persistence: PersistenceHandler | None = None
         self._pending_config: RunnerConfig | None = None
-        self._in_progress: _InProgress | None = None
+        self._in_flight: dict[str, _InProgress] = {}  # by alarm id
+        self._lock = threading.Lock()  # the in-flight turns, the counters, the agents
+        self._tasks: queue.SimpleQueue[tuple[Claim, float] | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._cut_off: float | None = None  # when run() stops waiting for stuck turns
         self._wake = threading.Event()
         self._listener: AlarmListener = Polling()
         self._stopping = threading.Event()
@@ -209,6 +259,8 @@ class AgentRunner:
         control = threading.Thread(target=self._control, name="runner-control", daemon=True)
         control.start()
         self._started, self._started_at = time.monotonic(), time.time()
+        self._delivery.cancel.clear()
+        self._cut_off = None
         where = self.store._db.location  # the URL without its password
         log.info(
             "runner %s started on %s",
@@ -220,9 +272,17 @@ class AgentRunner:
             self._listener = self._queue.listen(self._wake.set)
         self._running = True
         self._record("running")
+        done = threading.Event()
+        keeper = threading.Thread(
+            target=self._keep_leases, args=(done,), name="runner-leases", daemon=True
+        )
+        keeper.start()
         try:
             self._loop(until)
+            self._drain()
         finally:
+            done.set()
+            keeper.join(timeout=5)
             self._listener.close()
             self._listener = Polling()
             self._running = False
@@ -241,27 +301,31 @@ class AgentRunner:
         return 0
 
     def stop(self, *, grace: float | None = None) -> None:
-        """Stop claiming alarms; the turn in progress may finish within ``grace`` seconds.
+        """Stop claiming alarms; the turns in progress may finish within ``grace`` seconds.
 
         ``grace`` defaults to the config's ``grace_seconds``. Past it, a turn running
-        in the main thread is interrupted (KeyboardInterrupt), which leaves its handoff.
-        Thread-safe; :meth:`run` returns once the turn ends.
+        in the main thread is interrupted (KeyboardInterrupt), which leaves its
+        handoff; turns running in worker threads (``max_concurrency`` above 1)
+        stop at their next model request or template call, as interrupted, and
+        :meth:`run` returns at most ``_CUT_OFF`` seconds later even if one is
+        stuck in a request (ending the process then cuts it off, as a crash would).
+        Thread-safe; :meth:`run` returns once the turns end.
         """
         if self._stopping.is_set():
             return
         self._stopping.set()
         self._wake.set()
         grace = self.config.grace_seconds if grace is None else grace
-        in_progress = self._in_progress
-        if in_progress is None:
+        in_flight = self._running_turns()
+        if not in_flight:
             log.info("stopping", extra={"runner": self.id})
             return
         log.info(
-            "stopping: waiting up to %g s for the turn of %s (alarm %s)",
+            "stopping: waiting up to %g s for %d turn(s): %s",
             grace,
-            in_progress.agent_id,
-            in_progress.alarm_id,
-            extra={"agent": in_progress.agent_id, "alarm": in_progress.alarm_id},
+            len(in_flight),
+            ", ".join(f"{p.agent_id} ({p.kind} {p.alarm_id})" for p in in_flight),
+            extra={"turns": [p.alarm_id for p in in_flight]},
         )
         threading.Thread(target=self._interrupt_after, args=(grace,), daemon=True).start()
 
@@ -295,7 +359,7 @@ class AgentRunner:
             counts = self._queue.counts(self.clock.now())
         except DurableError as error:
             counts = {"error": str(error)}  # type: ignore[dict-item]
-        in_progress = self._in_progress
+        in_flight = self._running_turns()
         return {
             "runner": self.id,
             "pid": os.getpid(),
@@ -311,13 +375,16 @@ class AgentRunner:
             "resumptions_pending": counts.get("resumes_pending"),
             "approvals_pending": counts.get("approvals_pending"),
             "agents_seen": len(self.agents),
-            "in_progress": None
-            if in_progress is None
-            else {
-                "agent": in_progress.agent_id,
-                "alarm": in_progress.alarm_id,
-                "seconds": round(time.monotonic() - in_progress.started, 3),
-            },
+            "max_concurrency": self._concurrency(),
+            "in_progress": [
+                {
+                    "agent": p.agent_id,
+                    "alarm": p.alarm_id,
+                    "kind": p.kind,
+                    "seconds": round(time.monotonic() - p.started, 3),
+                }
+                for p in in_flight
+            ],
             "config": {
                 "path": self.config_path,
                 "generation": self.config_generation,
@@ -336,14 +403,16 @@ class AgentRunner:
             report["alarms_pending"],
             report["alarms_dead"],
             report["agents_seen"],
-            "" if report["in_progress"] is None else f", in turn {report['in_progress']}",
+            f", in turns {report['in_progress']}" if report["in_progress"] else "",
             extra={"status": report},
         )
         self._record("running" if self._running else "stopped", report)
         return report
 
     def close(self) -> None:
-        """Close the stores the runner opened."""
+        """End the runner's worker threads and close the stores it opened."""
+        for _ in self._workers:
+            self._tasks.put(None)
         if self._own_persistence is not None:
             self._own_persistence.close()
         if self._owns_store:
@@ -359,7 +428,8 @@ class AgentRunner:
 
     def _loop(self, until: float | None) -> None:
         # The handler stack stays installed between turns (installing it costs
-        # milliseconds), and is installed again when a reload rebuilt it.
+        # milliseconds), and is installed again when a reload rebuilt it; each
+        # worker thread installs its own (effectful's handlers are per thread).
         with contextlib.ExitStack() as installed:
             stack: list[Any] | None = None
             while not self._stopping.is_set():
@@ -388,28 +458,36 @@ class AgentRunner:
         Returns:
             True when ``until`` has passed.
         """
-        self.errors += 1
+        self._count(errors=1)
         wait = self.config.poll_interval
         log.error("the database failed, trying again in %g s: %s", wait, error)
         return self._sleep(wait, self.clock.now(), until)
 
     def _step(self, until: float | None) -> bool:
-        """Deliver one due alarm, or sleep until one may be due; True when ``until`` passed."""
+        """Start one due turn, or sleep until one may be due; True when ``until`` passed."""
         now = self.clock.now()
         if time.monotonic() >= self._next_reclaim:
             freed = self._queue.reclaim_dead_owners(now)
             if freed:
                 log.info("took back %d alarm(s) from dead runners", freed)
             self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
-        due = self._queue.next_due()  # a read: claim (a write) only when one is due
-        if due is not None and due <= now:
-            claim = self._queue.claim(self.id, now, self.config.lease_seconds)
-            if claim is not None:
-                self._deliver(claim, now)
-                return False
-            due = self._queue.next_due()
-            if due is not None and due <= now:  # another runner is claiming it right now
-                due = now + _CONTENDED
+        busy = self._busy_agents()
+        due = None
+        if len(busy) < self._concurrency():
+            due = self._queue.next_due(busy)  # a read: claim (a write) only when one is due
+            if due is not None and due <= now:
+                claim = self._queue.claim(self.id, now, self.config.lease_seconds, busy)
+                if claim is not None:
+                    self._start(claim, now)
+                    return False
+                due = self._queue.next_due(busy)
+                if due is not None and due <= now:  # another runner is claiming it right now
+                    due = now + _CONTENDED
+        if busy and not self._polls:
+            # A fake clock jumps only once the turns in flight are done: their
+            # agents' next alarms must not be skipped over.
+            self._turn_done.wait(0.05)
+            return False
         if not self._polls:  # a fake clock in a test has no other process to notice
             wait = 1e9
         elif self._listener.listening:
@@ -419,6 +497,104 @@ class AgentRunner:
         if due is not None:
             wait = min(wait, max(due - now, 0.0))
         return self._sleep(wait, now, until)
+
+    def _concurrency(self) -> int:
+        """How many turns may run at once: the argument, else the config's ``concurrency``."""
+        return self.max_concurrency or self.config.concurrency
+
+    def _busy_agents(self) -> list[str]:
+        with self._lock:
+            return sorted({p.agent_id for p in self._in_flight.values()})
+
+    def _running_turns(self) -> list[_InProgress]:
+        with self._lock:
+            return list(self._in_flight.values())
+
+    def _count(self, *, turns: int = 0, errors: int = 0) -> None:
+        with self._lock:
+            self.turns += turns
+            self.errors += errors
+
+    def _keep_leases(self, done: threading.Event) -> None:
+        """Extend the leases of the turns in flight every third of ``lease_seconds``.
+
+        A thread of its own (with its own connection), so that a turn longer than
+        the lease keeps it whichever thread runs it.
+        """
+        while not done.wait(max(self.config.lease_seconds / 3, 0.05)):
+            claims = [p.claim for p in self._running_turns()]
+            try:
+                lost = self._queue.renew(claims, self.clock.now() + self.config.lease_seconds)
+            except DurableError as error:
+                log.warning("could not renew the leases of the turns in flight: %s", error)
+                continue
+            for claim in lost:
+                log.warning(
+                    "lease on %s lost: its turn will commit nothing",
+                    claim.alarm_id,
+                    extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
+                )
+
+    def _start(self, claim: Claim, now: float) -> None:
+        """Run the claimed turn: here when one turn runs at a time, else in a worker thread."""
+        started = _InProgress(
+            claim.agent_id, claim.alarm_id, claim.kind, time.monotonic(), time.time(), claim
+        )
+        with self._lock:
+            self._in_flight[claim.alarm_id] = started
+            self._turn_done.clear()
+        if self._concurrency() == 1:
+            self._run_claim(claim, now)
+            return
+        with self._lock:
+            if len(self._workers) < len(self._in_flight):  # the workers live as long as we do
+                worker = threading.Thread(
+                    target=self._work, name=f"runner-worker-{len(self._workers)}", daemon=True
+                )
+                self._workers.append(worker)
+                worker.start()
+        self._tasks.put((claim, now))
+
+    def _work(self) -> None:
+        """A worker thread: run claimed turns, under a handler stack of its own."""
+        with contextlib.ExitStack() as installed:
+            stack: list[Any] | None = None
+            while True:
+                task = self._tasks.get()
+                if task is None:
+                    return
+                if stack is not self._stack:
+                    installed.close()
+                    installed.enter_context(self._installed())
+                    stack = self._stack
+                self._run_claim(*task)
+
+    def _run_claim(self, claim: Claim, now: float) -> None:
+        try:
+            self._deliver(claim, now)
+        except BaseException:
+            log.exception("delivering %s failed", claim.alarm_id)
+        finally:
+            with self._lock:
+                self._in_flight.pop(claim.alarm_id, None)
+                if not self._in_flight:
+                    self._turn_done.set()
+            self._wake.set()
+
+    def _drain(self) -> None:
+        """Wait for the turns in flight (after a stop: its grace, then a short cut-off)."""
+        while self._running_turns():
+            if self._turn_done.wait(0.1):
+                break
+            if self._cut_off is not None and time.monotonic() > self._cut_off:
+                left = self._running_turns()
+                log.warning(
+                    "%d turn(s) still in a model request past the grace period; leaving "
+                    "them to be cut off (their handoffs tell the next turns): %s",
+                    len(left),
+                    ", ".join(p.alarm_id for p in left),
+                )
+                return
 
     @property
     def _polls(self) -> bool:
@@ -451,8 +627,6 @@ class AgentRunner:
         log.info(
             "delivering %s %s to %s", claim.kind, claim.alarm_id, claim.agent_id, extra=context
         )
-        self._in_progress = _InProgress(claim.agent_id, claim.alarm_id, started, time.time())
-        self._turn_done.clear()
         try:
             agent = self._agent(claim.agent_id)
             assert self._persistence is not None
@@ -490,10 +664,10 @@ class AgentRunner:
             else:
                 # The turn committed up to a tool call that waits for a person (the
                 # delivery with it); a decision queues its resumption.
-                self.turns += 1
+                self._count(turns=1)
                 log.info("turn suspended: %s", suspended, extra=context)
         except AlarmLeaseLostError as error:
-            self.errors += 1
+            self._count(errors=1)
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
         except AgentInUseError:
             self._queue.release(claim, now + _IN_USE_RETRY)
@@ -506,15 +680,16 @@ class AgentRunner:
             log.warning("turn interrupted; alarm put back", extra=context)
             self._stopping.set()
         except Exception as error:
-            self.errors += 1
+            self._count(errors=1)
             self._failed(claim, error, now, settings.max_attempts or config.max_attempts)
         else:
-            self.turns += 1
+            self._count(turns=1)
             duration = time.monotonic() - started
             committed = agent.__dict__.get("__durable__")
             version = getattr(committed, "version", None)
             log.info(
-                "delivered alarm %s to %s as version %s in %.3f s",
+                "delivered %s %s to %s as version %s in %.3f s",
+                claim.kind,
                 claim.alarm_id,
                 claim.agent_id,
                 version,
@@ -523,8 +698,6 @@ class AgentRunner:
             )
         finally:
             self._delivery.armed = None
-            self._in_progress = None
-            self._turn_done.set()
 
     def _failed(self, claim: Claim, error: Exception, now: float, max_attempts: int) -> None:
         attempts = claim.attempts + 1
@@ -551,14 +724,16 @@ class AgentRunner:
             )
 
     def _agent(self, agent_id: str) -> PersistentAgent:
-        agent = self.agents.get(agent_id)
+        with self._lock:
+            agent = self.agents.get(agent_id)
         if agent is None:
             agent = self._agents_factory(agent_id)
             if not isinstance(agent, PersistentAgent) or agent.agent_id != agent_id:
                 msg = f"the agent factory returned {agent!r} for agent id {agent_id!r}"
                 raise DurableError(msg)
             self._notify(agent, self.config)
-            self.agents[agent_id] = agent
+            with self._lock:
+                self.agents[agent_id] = agent
         return agent
 
     # -- handler stack and config ------------------------------------------------
@@ -586,6 +761,7 @@ class AgentRunner:
         persistence.clock = self.clock.now
         at = stack.index(persistence)
         stack.insert(at, self._delivery)  # just outside: it sees the turn already begun
+        stack.append(self._delivery.at_requests())
         self._stack, self._persistence = stack, persistence
 
     @contextlib.contextmanager
@@ -640,7 +816,7 @@ class AgentRunner:
         # transaction: hand the work to the control thread, which has its own
         # connection. SimpleQueue.put is safe here (it is reentrant).
         stop = signum in (signal.SIGINT, signal.SIGTERM)
-        if stop and (self._interrupting or (self._stopping.is_set() and self._in_progress)):
+        if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
             # The grace period is over, or a second Ctrl-C: interrupt the turn now.
             self._interrupting = False
             raise KeyboardInterrupt
@@ -664,9 +840,13 @@ class AgentRunner:
                 log.exception("handling signal %s failed", signum)
 
     def _interrupt_after(self, grace: float) -> None:
-        if self._turn_done.wait(grace) or not self._in_main:
-            return  # done in time; or in another thread, where it cannot be interrupted
-        log.warning("grace period of %g s over: interrupting the turn in progress", grace)
+        if self._turn_done.wait(grace):
+            return  # done in time
+        log.warning("grace period of %g s over: interrupting the turns in progress", grace)
+        self._delivery.cancel.set()  # worker threads: at their next request
+        self._cut_off = time.monotonic() + _CUT_OFF
+        if self._concurrency() > 1 or not self._in_main:
+            return  # a turn in another thread cannot be interrupted in a request
         self._interrupting = True
         # A real signal to the main thread, not _thread.interrupt_main(): that one
         # only sets a flag, which a blocking call (a model request) never checks.

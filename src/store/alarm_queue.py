@@ -16,7 +16,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Literal
 
 from .engine.seam import AlarmListener, Conn, Database
@@ -62,15 +62,29 @@ def runner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def next_due(conn: Conn) -> float | None:
-    """When the earliest pending alarm becomes claimable: one indexed read."""
-    due = conn.execute("SELECT min(due_at) FROM alarms WHERE status = 'pending'").get
+def next_due(conn: Conn, busy: Collection[str] = ()) -> float | None:
+    """When the earliest pending alarm of an agent not in ``busy`` becomes claimable.
+
+    One indexed read (the agents a runner is running turns of are few).
+    """
+    due = conn.execute(
+        f"SELECT min(due_at) FROM alarms WHERE status = 'pending'{_not_busy(busy)}", tuple(busy)
+    ).get
     return None if due is None else float(due)
 
 
-def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Claim | None:
+def _not_busy(busy: Collection[str]) -> str:
+    return f" AND agent_id NOT IN ({', '.join('?' * len(busy))})" if busy else ""
+
+
+def claim(
+    db: Database, conn: Conn, owner: str, now: float, lease: float, busy: Collection[str] = ()
+) -> Claim | None:
     """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
 
+    Alarms of the agents in ``busy`` (whose turns the runner is running) are
+    left for later, so that one agent's turns run one at a time and in order, and
+    an agent with many due alarms takes one of the runner's turns at a time.
     The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
     makes the alarm claimable again through the same index. An alarm another
     runner is claiming at this moment is skipped, never waited for
@@ -78,12 +92,13 @@ def claim(db: Database, conn: Conn, owner: str, now: float, lease: float) -> Cla
     """
     row: tuple[Any, ...] | None = db.select_for_claim(
         conn,
-        """
+        f"""
         SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts,
                kind, topic
-          FROM checked_alarms WHERE status = 'pending' AND due_at <= ? ORDER BY due_at LIMIT 1
+          FROM checked_alarms WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)}
+         ORDER BY due_at LIMIT 1
         """,
-        (now,),
+        (now, *busy),
     ).fetchone()
     if row is None:
         return None
@@ -113,6 +128,27 @@ def finish(conn: Conn, claim: Claim) -> bool:
         (claim.alarm_id, claim.token, current_version(conn, claim.agent_id), time.time()),
     )
     return bool(conn.changes())
+
+
+def renew(conn: Conn, claims: Collection[Claim], until: float) -> list[Claim]:
+    """Extend the leases of ``claims`` (turns still running) to ``until``.
+
+    Returns:
+        The claims whose lease was lost meanwhile (another runner took the alarm
+        after it ran out, or it was cancelled); their turns will commit nothing.
+    """
+    lost = []
+    for held in claims:
+        conn.execute(
+            """
+            UPDATE alarms SET due_at = ?3, updated_at = ?4
+             WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
+            """,
+            (held.alarm_id, held.token, until, time.time()),
+        )
+        if not conn.changes():
+            lost.append(held)
+    return lost
 
 
 def release(conn: Conn, claim: Claim, due_at: float) -> bool:
@@ -261,15 +297,24 @@ class AlarmQueue:
         """
         return self._store._db.listen_alarms(wake)
 
-    def next_due(self) -> float | None:
-        """When the earliest pending alarm becomes claimable (one indexed read)."""
+    def next_due(self, busy: Collection[str] = ()) -> float | None:
+        """When the earliest pending alarm of an agent not in ``busy`` becomes claimable."""
         with self._store._reading() as conn:
-            return next_due(conn)
+            return next_due(conn, busy)
 
-    def claim(self, owner: str, now: float, lease: float) -> Claim | None:
-        """Lease the earliest claimable alarm to ``owner``, or return None."""
+    def claim(
+        self, owner: str, now: float, lease: float, busy: Collection[str] = ()
+    ) -> Claim | None:
+        """Lease the earliest claimable alarm (of an agent not in ``busy``), or None."""
         with self._store._writing() as conn:
-            return claim(self._store._db, conn, owner, now, lease)
+            return claim(self._store._db, conn, owner, now, lease, busy)
+
+    def renew(self, claims: Collection[Claim], until: float) -> list[Claim]:
+        """Extend the leases of running turns' claims; return those that were lost."""
+        if not claims:
+            return []
+        with self._store._writing() as conn:
+            return renew(conn, claims, until)
 
     def release(self, claim: Claim, due_at: float) -> bool:
         """Give a claim back, due again at ``due_at``, without counting an attempt."""

@@ -55,8 +55,8 @@ class CopyResult:
 
 
 def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
-    """Copy every agent (versions, journals, memory, SQL tables, alarms, approvals) and the
-    runners' status reports to ``target``.
+    """Copy every agent (versions, journals, memory, SQL tables, alarms, events,
+    approvals) and the runners' status reports to ``target``.
 
     Raises:
         DurableError: ``target`` already holds agents or journals, or lacks a

@@ -96,7 +96,7 @@ class ApprovalWrite:
             _end(conn, agent_id, self.resumed, version, now)
         workflow, step_key = self.step if self.step is not None else (None, None)
         turn_arguments = dumps(self.arguments)
-        for asked in self.asked:
+        for order, asked in enumerate(self.asked):
             conn.execute(
                 """
                 INSERT INTO approvals (approval_id, agent_id, conversation, suspended_in,
@@ -118,7 +118,7 @@ class ApprovalWrite:
                     dumps(asked.arguments),
                     dumps(asked.parameters),
                     asked.reason,
-                    now,
+                    now + order * 1e-6,  # listed in the order the model made the calls
                     _ASKED_BY,
                 ),
             )
