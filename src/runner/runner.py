@@ -231,6 +231,7 @@ class AgentRunner:
         self._tasks: queue.SimpleQueue[tuple[Claim, float] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._cut_off: float | None = None  # when run() stops waiting for stuck turns
+        self._inline = False  # a turn runs in run()'s own thread right now
         self._wake = threading.Event()
         self._listener: AlarmListener = Polling()
         self._stopping = threading.Event()
@@ -544,7 +545,11 @@ class AgentRunner:
             self._in_flight[claim.alarm_id] = started
             self._turn_done.clear()
         if self._concurrency() == 1:
-            self._run_claim(claim, now)
+            self._inline = True  # a signal may interrupt it: it runs in this thread
+            try:
+                self._run_claim(claim, now)
+            finally:
+                self._inline = False
             return
         with self._lock:
             if len(self._workers) < len(self._in_flight):  # the workers live as long as we do
@@ -817,9 +822,13 @@ class AgentRunner:
         # connection. SimpleQueue.put is safe here (it is reentrant).
         stop = signum in (signal.SIGINT, signal.SIGTERM)
         if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
-            # The grace period is over, or a second Ctrl-C: interrupt the turn now.
+            # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
-            raise KeyboardInterrupt
+            if self._inline:
+                raise KeyboardInterrupt  # the turn runs in this thread
+            self._delivery.cancel.set()  # the workers' turns, at their next request
+            self._cut_off = time.monotonic()
+            return
         self._signals.put(signum)
 
     def _control(self) -> None:
@@ -845,7 +854,7 @@ class AgentRunner:
         log.warning("grace period of %g s over: interrupting the turns in progress", grace)
         self._delivery.cancel.set()  # worker threads: at their next request
         self._cut_off = time.monotonic() + _CUT_OFF
-        if self._concurrency() > 1 or not self._in_main:
+        if not (self._inline and self._in_main):
             return  # a turn in another thread cannot be interrupted in a request
         self._interrupting = True
         # A real signal to the main thread, not _thread.interrupt_main(): that one

@@ -23,7 +23,9 @@ START_TIMEOUT = 120.0
 class Runner:
     """One ``effectful-durable run`` process whose log lines are read with deadlines."""
 
-    def __init__(self, store_url: str, config: Path, *, slow: float) -> None:
+    def __init__(
+        self, store_url: str, config: Path, *, slow: float, extra: tuple[str, ...] = ()
+    ) -> None:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -42,6 +44,7 @@ class Runner:
                 "alarms_app:make_handlers",
                 "--config",
                 str(config),
+                *extra,
             ],
             stderr=subprocess.PIPE,
             text=True,
@@ -157,3 +160,28 @@ class TestSignals:
         (handoff,) = persisted_rows(store_url, "SELECT status, error FROM handoffs")
         assert handoff[0] == "failed" and "KeyboardInterrupt" in handoff[1]
         assert persisted_rows(store_url, "SELECT count(*) FROM versions") == [(0,)]
+
+    def test_turns_at_once_are_listed_and_all_finish_on_sigterm(
+        self, store_url: str, tmp_path: Path
+    ) -> None:
+        """``--concurrency 4``: four slow turns run at once, SIGUSR1 lists them, SIGTERM waits."""
+        hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
+        write_config(config, hooks, "calm", grace=30)
+        runner = Runner(store_url, config, slow=3, extra=("--concurrency", "4"))
+        try:
+            runner.expect("started", timeout=START_TIMEOUT)
+            for n in range(4):
+                schedule(store_url, f"k{n}", "slow job")
+            for _ in range(4):
+                runner.expect("delivering alarm")
+            runner.signal(signal.SIGUSR1)
+            line = runner.expect("status:")
+            assert line.count("'kind': 'alarm'") == 4, line
+            runner.signal(signal.SIGTERM)
+            runner.expect("stopping: waiting up to 30 s for 4 turn(s)")
+            runner.expect("stopped after 4 turns")
+            assert runner.proc.wait(timeout=30) == 0
+        finally:
+            runner.stop()
+        rows = persisted_rows(store_url, "SELECT status FROM alarms")
+        assert rows == [("done",)] * 4
