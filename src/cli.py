@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -24,6 +25,7 @@ from .store import Store
 from .store.copy import copy_store
 from .store.engine.seam import is_postgres_url, redacted
 from .store.history import message_text
+from .store.records import ApprovalInfo
 from .store.workspace.workspace import jsonable
 
 PROG = "effectful-durable"
@@ -50,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit code: 0 on success, 1 on an error or a failed ``check``, 2 on a
         usage error (including ``delete`` and ``prune`` without ``--yes``, and
-        ``reset-workflow`` without it when agents would be deleted), 130 on Ctrl-C.
+        ``reset-workflow`` without it when agents would be deleted, and JSON
+        arguments that do not parse), 130 on Ctrl-C.
 
     Example::
 
@@ -80,6 +83,9 @@ def _command(args: argparse.Namespace) -> int:
         return _copy(args)
     if args.command == "prune" and args.keep is None and args.older_than is None:
         return _fail("prune needs a rule: pass --keep N, --older-than AGE or both", code=2)
+    problem = _json_arguments(args)
+    if problem:
+        return _fail(problem, code=2)
     if args.command == "prune" and not args.yes:
         whose = f"agent {args.agent!r}" if args.agent else "every agent"
         return _fail(
@@ -173,6 +179,12 @@ def _cli_words(message: str, db: str) -> str:
             "open it once read-write to migrate it",
             f"run `{PROG} vacuum {db}` once to migrate it",
         ),
+        (
+            "`effectful-durable approvals` (Store.approvals()) lists them",
+            f"`{PROG} approvals {db}` lists them",
+        ),
+        ("(Store.agents() lists them)", f"(`{PROG} agents {db}` lists them)"),
+        ("pass create=True (--create)", "pass --create"),
         ("invalid agent_id", "invalid agent id"),
         ("made with Store.backup", f"made with `{PROG} backup`"),
         (
@@ -367,8 +379,10 @@ def _alarms(store: Store, args: argparse.Namespace) -> int:
 
 def _status(store: Store, args: argparse.Namespace) -> int:
     reports = store.runner_statuses()
+    counts = store.alarm_queue.counts(time.time())
+    waiting = {ours: counts[theirs] for ours, theirs in _WAITING.items()}
     if args.json:
-        _print_json(reports)
+        _print_json({"waiting": waiting, "runners": reports})
         return 0
     if not reports:
         print(f"no runner has reported on {redacted(args.db)} yet")
@@ -377,6 +391,68 @@ def _status(store: Store, args: argparse.Namespace) -> int:
         for key, value in report.items():
             if key not in ("runner", "pid", "host"):
                 print(f"  {key}: {_cell(value)}")
+    print(f"waiting in {redacted(args.db)} now")
+    for key, value in waiting.items():
+        print(f"  {key}: {value}")
+    return 0
+
+
+# What status counts, in the runner report's words (the queue's own names on the right).
+_WAITING = {
+    "approvals_pending": "approvals_pending",
+    "resumptions_pending": "resumes_pending",
+    "resumptions_dead": "resumes_dead",
+    "events_pending": "events_pending",
+    "events_dead": "events_dead",
+    "alarms_pending": "pending",
+    "alarms_due": "due",
+    "alarms_dead": "dead",
+}
+
+
+def _approvals(store: Store, args: argparse.Namespace) -> int:
+    approvals = store.approvals(args.agent, status=None if args.all else "pending")
+    if args.json:
+        _print_json([dataclasses.asdict(approval) for approval in approvals])
+        return 0
+    columns = ["approval_id", "agent_id", "conversation", "tool", "asked_at", "reason"]
+    if args.all:
+        columns[3:3] = ["status"]
+        columns += ["decided_by", "decided_at", "note"]
+    rows = [[*columns, "arguments"]]
+    for approval in approvals:
+        cells = [_cell(getattr(approval, column)) for column in columns]
+        rows.append([*cells, _arguments_cell(approval)])
+    _print_rows(rows)
+    return 0
+
+
+def _arguments_cell(approval: ApprovalInfo) -> str:
+    """The arguments the tool runs with, and what the model asked where they differ."""
+    asked, decided = approval.arguments, approval.decided_arguments
+    if decided is None or decided == asked:
+        return _cell(asked)
+    changed = {
+        key: asked.get(key) for key in {**asked, **decided} if asked.get(key) != decided.get(key)
+    }
+    return f"{_cell(decided)} (asked {_cell(changed)})"
+
+
+def _events(store: Store, args: argparse.Namespace) -> int:
+    columns = [
+        "event_id",
+        "agent_id",
+        "name",
+        "status",
+        "sent_at",
+        "attempts",
+        "delivered_in",
+        "last_error",
+        "payload",
+    ]
+    if args.all:
+        columns[-1:-1] = ["taken_by"]
+    _show(args, store.events(args.agent, include_delivered=args.all), columns)
     return 0
 
 
@@ -395,9 +471,13 @@ _READS = frozenset(
         "sql",
         "alarms",
         "status",
+        "approvals",
+        "events",
     }
 )
 _READ_ONLY = _READS | {"backup"}
+# Writes that print what they wrote as JSON when asked.
+_JSON_WRITES = frozenset({"approve", "deny", "send-event"})
 
 # -- maintenance ------------------------------------------------------------------
 
@@ -435,6 +515,75 @@ def _delete(store: Store, args: argparse.Namespace) -> int:
 def _rearm(store: Store, args: argparse.Namespace) -> int:
     alarm = store.rearm_alarm(args.alarm)
     print(f"{alarm.alarm_id} of {alarm.agent_id}: pending again, due {_cell(alarm.due_at)}")
+    return 0
+
+
+# -- decisions and events -----------------------------------------------------------
+
+
+def _approve(store: Store, args: argparse.Namespace) -> int:
+    decided = store.approve(
+        args.approval, by=args.by, arguments=args.arguments_value, note=args.note
+    )
+    changed = ""
+    if decided.decided_arguments not in (None, decided.arguments):
+        changed = f", with arguments {_cell(decided.decided_arguments)}"
+    return _decided(store, args, decided, f"approved by {decided.decided_by}{changed}")
+
+
+def _deny(store: Store, args: argparse.Namespace) -> int:
+    decided = store.deny(args.approval, reason=args.reason, by=args.by)
+    return _decided(store, args, decided, f"denied by {decided.decided_by}")
+
+
+def _decided(store: Store, args: argparse.Namespace, decided: ApprovalInfo, what: str) -> int:
+    """Print a decision, and what its suspended turn waits for now."""
+    if args.json:
+        _print_json(dataclasses.asdict(decided))
+        return 0
+    where = f"{decided.tool} of agent {decided.agent_id!r}"
+    if decided.conversation != "default":
+        where += f" (conversation {decided.conversation!r})"
+    print(f"{decided.approval_id}: {where} {what}")
+    suspension = store.suspension(decided.agent_id, decided.conversation)
+    if suspension is None or suspension.suspended_in != decided.suspended_in:
+        return 0  # resumed already, by a runner quicker than this line
+    if suspension.pending:
+        ids = ", ".join(approval.approval_id for approval in suspension.pending)
+        print(f"the turn still waits for {ids}")
+    elif suspension.workflow is not None:
+        print(f"the turn resumes when workflow {suspension.workflow!r} runs again")
+    else:
+        print(
+            "the turn resumes when a runner delivers it "
+            f"(`{PROG} run`), or when the agent is called again"
+        )
+    return 0
+
+
+def _send_event(store: Store, args: argparse.Namespace) -> int:
+    started = time.time()
+    event = store.send_event(
+        args.agent, args.name, args.payload_value, key=args.key, create=args.create
+    )
+    if args.json:
+        _print_json(dataclasses.asdict(event))
+        return 0
+    if event.sent_at.timestamp() < started:  # the key's earlier event came back
+        print(
+            f"{event.event_id}: sent before with key {args.key!r}, at {_cell(event.sent_at)} "
+            f"({event.status}); nothing was sent again"
+        )
+    elif event.taken_by is not None:
+        print(
+            f"{event.event_id}: {event.name!r} to agent {event.agent_id!r} taken by "
+            f"{event.taken_by}, which goes on when the workflow runs again"
+        )
+    else:
+        print(
+            f"{event.event_id}: {event.name!r} to agent {event.agent_id!r} pending; "
+            f"a runner delivers it (`{PROG} run`)"
+        )
     return 0
 
 
@@ -498,6 +647,53 @@ def _run(args: argparse.Namespace) -> int:
     from .runner.cli import run_command
 
     return run_command(args)
+
+
+def _json_arguments(args: argparse.Namespace) -> str | None:
+    """Parse the JSON a command takes (``--arguments``, ``PAYLOAD_JSON``) onto ``args``.
+
+    Returns:
+        Why a text is not JSON, or None. Nothing is opened before it parses.
+    """
+    if args.command == "approve":
+        args.arguments_value = None
+        if args.arguments is not None:
+            try:
+                args.arguments_value = _parse_json(args.arguments)
+            except ValueError as error:
+                return (
+                    f"--arguments is not valid JSON ({error}): {_quoted(args.arguments)}; "
+                    "nothing was changed"
+                )
+    if args.command == "send-event":
+        args.payload_value = None
+        if args.payload is not None:
+            try:
+                args.payload_value = _parse_json(args.payload)
+            except ValueError as error:
+                return (
+                    f"PAYLOAD_JSON is not valid JSON ({error}): {_quoted(args.payload)}; "
+                    "nothing was sent"
+                )
+    return None
+
+
+def _parse_json(text: str) -> Any:
+    """JSON ``text`` as a value; NaN and Infinity, which JSON lacks, are refused."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except json.JSONDecodeError as error:
+        msg = f"{error.msg} at line {error.lineno} column {error.colno}"
+        raise ValueError(msg) from None
+
+
+def _not_json(name: str) -> Any:
+    msg = f"{name} is not a JSON value"
+    raise ValueError(msg)
+
+
+def _quoted(text: str) -> str:
+    return repr(_shorten(text, 60))
 
 
 # -- output -----------------------------------------------------------------------
@@ -619,7 +815,7 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, run: _Run, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("db", metavar="DB", help="the database file, or a postgresql:// URL")
-        if name in _READS:
+        if name in _READS or name in _JSON_WRITES:
             sub.add_argument("--json", action="store_true", help="print JSON")
         sub.set_defaults(run=run)
         return sub
@@ -690,9 +886,45 @@ def _parser() -> argparse.ArgumentParser:
     sub = command("alarms", _alarms, "list the pending and dead alarms")
     sub.add_argument("--agent", metavar="AGENT", help="only this agent's alarms")
     sub.add_argument("--all", action="store_true", help="include delivered and cancelled ones")
-    command("status", _status, "print each runner's last status report (see SIGUSR1)")
-    sub = command("rearm", _rearm, "make a dead alarm pending again, due now")
+    command("status", _status, "print what waits (approvals, events, alarms) and runner reports")
+    sub = command("rearm", _rearm, "make a dead alarm (or event) pending again, due now")
     sub.add_argument("alarm", metavar="ALARM", help="the alarm id")
+    sub = command("approvals", _approvals, "list the tool calls that wait for a decision")
+    sub.add_argument("--agent", metavar="AGENT", help="only this agent's approvals")
+    sub.add_argument("--all", action="store_true", help="include decided and cancelled ones")
+    sub = command("approve", _approve, "let a tool call that waits run, once")
+    sub.add_argument("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)")
+    sub.add_argument("--by", metavar="NAME", help="who decides (default: your user name)")
+    sub.add_argument(
+        "--arguments",
+        metavar="JSON",
+        help="run the tool with this JSON object instead of the model's arguments",
+    )
+    sub.add_argument("--note", metavar="TEXT", help="a note kept with the decision")
+    sub = command("deny", _deny, "refuse a tool call that waits; the model reads the reason")
+    sub.add_argument("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)")
+    sub.add_argument(
+        "--reason", required=True, metavar="TEXT", help="why; the model reads it, kept as is"
+    )
+    sub.add_argument("--by", metavar="NAME", help="who decides (default: your user name)")
+    sub = command("send-event", _send_event, "send an event to an agent's inbox")
+    agent(sub)
+    sub.add_argument("name", metavar="NAME", help="what happened (payment_received)")
+    sub.add_argument(
+        "payload",
+        nargs="?",
+        metavar="PAYLOAD_JSON",
+        help="any JSON value, at most 64 KiB (default: null)",
+    )
+    sub.add_argument(
+        "--key", metavar="KEY", help="idempotency key: sending again with it sends nothing"
+    )
+    sub.add_argument(
+        "--create", action="store_true", help="accept an agent the database does not hold yet"
+    )
+    sub = command("events", _events, "list the events that wait in agents' inboxes")
+    sub.add_argument("--agent", metavar="AGENT", help="only this agent's events")
+    sub.add_argument("--all", action="store_true", help="include delivered ones")
     sub = command("run", _run_placeholder, "deliver alarms as agent turns until stopped")
     sub.add_argument(
         "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"

@@ -312,7 +312,8 @@ class InvalidEventError(DurableError, ValueError):
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
-        super().__init__(f"cannot send the event: {reason}. Nothing was sent.")
+        # A reason may be a sentence of its own (an invalid agent id's): one full stop.
+        super().__init__(f"cannot send the event: {reason.rstrip('.')}. Nothing was sent.")
 
 
 class AlarmLeaseLostError(DurableError):

@@ -78,8 +78,11 @@ class TestStatus:
         assert code == 0
         assert out.splitlines()[0].startswith("runner host:1:x")
         assert "  turns: 3" in out and "  state: running" in out
+        assert "  alarms_dead: 1" in out.split("waiting in")[1]  # counted now, not reported
         _, out, _ = run(capsys, "status", db, "--json")
-        assert json.loads(out)[0]["errors"] == 1
+        report = json.loads(out)
+        assert report["runners"][0]["errors"] == 1
+        assert (report["waiting"]["alarms_pending"], report["waiting"]["alarms_dead"]) == (2, 1)
 
 
 class TestRun:

@@ -174,10 +174,11 @@ COMMANDS = [
     "agents", "history", "conversations", "state", "memory", "versions", "handoffs",
     "workflows", "steps", "check", "sql", "alarms", "status", "rollback", "fork",
     "delete-conversation", "delete", "rearm", "reset-workflow", "prune", "vacuum", "backup",
+    "approvals", "events", "approve", "deny", "send-event",
 ]  # fmt: skip
 READS = {
     "agents", "history", "conversations", "state", "memory", "versions", "handoffs",
-    "workflows", "steps", "check", "sql", "alarms", "status", "backup",
+    "workflows", "steps", "check", "sql", "alarms", "status", "backup", "approvals", "events",
 }  # fmt: skip
 WORDS = st.sampled_from(
     [
@@ -185,6 +186,7 @@ WORDS = st.sampled_from(
         "--conversation", "--keep", "--older-than", "--from-step", "--drop-compacted",
         "--agent", "0", "1", "2", "-1", "99", "7d", "1x", "", "--", "-h", "SELECT 1",
         "SELECT * FROM items", "copy.db", "state.db", "alm_x", "nan", "1e999",
+        "--reason", "--arguments", "--create", "--key", "apr_x", "{}", "[1]", '{"a": 1}', "{",
     ]
 )  # fmt: skip
 # Arguments a shell can pass: no NUL, no path outside the working directory.
