@@ -221,7 +221,7 @@ class TestResume:
             Shop(agent_id="shop").ask("refund A-1")
         assert RAN == [("refund", {"order": "A-1", "amount": 200.0}, approval_id)]
         told = llm.calls[1].messages[-1]["content"][-1]["text"]
-        assert "changed to {'order': 'A-1', 'amount': 200}" in told
+        assert 'changed to {"order": "A-1", "amount": 200}' in told
 
     def test_explicit_resume_returns_the_suspended_calls_result(self, store_url: str) -> None:
         """``PersistenceHandler.resume(agent)`` resumes without naming the call."""

@@ -20,6 +20,7 @@ history does not hold the turn's own user message.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -333,10 +334,10 @@ def _decided(tool_call: Any, decided: ApprovalInfo) -> Any:
         message = fwd(call)
     note = f"Approved by {who}"
     if call is not tool_call:
-        note += f", with the arguments changed to {arguments}"
+        note += f", with the arguments changed to {json.dumps(arguments)}"
     content = message.get("content")
     if isinstance(content, list):
-        content.append({"type": "text", "text": note + "."})
+        content.append({"type": "text", "text": f"\n({note}.)"})
     log.info(
         "approved %s ran: %s of %s",
         decided.approval_id,

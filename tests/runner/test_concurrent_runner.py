@@ -113,12 +113,12 @@ def test_an_agent_with_many_alarms_does_not_starve_the_others(store_url: str) ->
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_leases_are_renewed_while_a_turn_runs(store_url: str, concurrency: int) -> None:
     """Turns longer than the lease keep it: a second runner never takes their alarms."""
-    model = SlowModel(1.0)
+    model = SlowModel(4.0)  # a lease of 1.5 s, renewed every 0.5 s: slack for a busy machine
     with Store(store_url) as store:
         for n in range(4):
             schedule(store, f"l{n}", f"l{n}:long")
         runners = [
-            runner(store_url, model, max_concurrency=concurrency, config={"lease_seconds": 0.3})
+            runner(store_url, model, max_concurrency=concurrency, config={"lease_seconds": 1.5})
             for _ in range(2)
         ]
         with in_threads(*runners):

@@ -375,13 +375,13 @@ def _text(value: object, name: str, limit: int, *, required: bool) -> str | None
     if value is None and not required:
         return None
     if not isinstance(value, str) or (required and not value.strip()):
-        msg = f"{name} must be a non-empty text; got {value!r}"
+        msg = f"{name} must be a non-empty text; got {value!r}; nothing was changed"
         raise InvalidDecisionError(msg)
     if len(value) > limit:
-        msg = f"{name} must be at most {limit} characters; got {len(value)}"
+        msg = f"{name} must be at most {limit} characters; got {len(value)}; nothing was changed"
         raise InvalidDecisionError(msg)
     if "\0" in value or not storable(value):
-        msg = f"{name} holds a NUL character or a lone surrogate, which is not text"
+        msg = f"{name} holds a NUL character or a lone surrogate; nothing was changed"
         raise InvalidDecisionError(msg)
     return legible(value) if name == "by" else value
 

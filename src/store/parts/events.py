@@ -92,8 +92,9 @@ def check_event(agent_id: object, name: object, payload: object, key: object) ->
         _invalid(f"the payload must be JSON values (objects, lists, text, numbers): {e}")
     if not storable(text) or "\0" in text:
         text = json.dumps(payload, ensure_ascii=True, allow_nan=False, sort_keys=True)
-    if len(text.encode()) > MAX_PAYLOAD:
-        _invalid(f"the payload must be at most {MAX_PAYLOAD} bytes as JSON; got {len(text)}")
+    size = len(text.encode())
+    if size > MAX_PAYLOAD:
+        _invalid(f"the payload must be at most {MAX_PAYLOAD} bytes as JSON; got {size}")
     return text
 
 
