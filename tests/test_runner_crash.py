@@ -26,6 +26,7 @@ from effectful_durable.store.alarms import make_schedule
 
 CHILD = Path(__file__).with_name("runner_child.py")
 KILLS = 20
+FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
 AGENTS = 4
 ONE_SHOTS = 240
 
@@ -56,8 +57,11 @@ class TestRunnerCrash:
     ) -> None:
         """After 20+ SIGKILLs and a last runner, each alarm's turn is in its history once.
 
-        With 8 turns at once, a kill cuts off several turns of different agents.
+        With 8 turns at once, a kill cuts off several turns of different agents
+        (on PostgreSQL with ``EFFECTFUL_DURABLE_CRASH=full``, to keep the default run short).
         """
+        if concurrency > 1 and "://" in str(store_url) and not FULL:
+            pytest.skip("8 turns at once on PostgreSQL: EFFECTFUL_DURABLE_CRASH=full")
         now = time.time()
         with Store(store_url) as store:
             for n in range(ONE_SHOTS):

@@ -68,8 +68,9 @@ def wait_until_done(store: Store, timeout: float = 60.0) -> None:
     raise AssertionError(f"alarms still pending: {store.alarms()}")
 
 
-def test_turns_of_different_agents_run_at_once(store_url: str) -> None:
+def test_turns_of_different_agents_run_at_once(db_path: Path) -> None:
     """16 agents' alarms, 0.3 s of model latency each: up to 8 turns run at once, no more."""
+    store_url = str(db_path)  # SQLite: what is tested here is the runner's own
     model = SlowModel(0.3)
     with Store(store_url) as store:
         for n in range(16):
@@ -82,8 +83,9 @@ def test_turns_of_different_agents_run_at_once(store_url: str) -> None:
     assert 2 <= model.most_at_once <= 8  # how many overlap depends on the machine's load
 
 
-def test_one_agent_runs_one_turn_at_a_time_in_order(store_url: str) -> None:
+def test_one_agent_runs_one_turn_at_a_time_in_order(db_path: Path) -> None:
     """An agent's five due alarms are delivered one after the other, by due time."""
+    store_url = str(db_path)  # SQLite: what is tested here is the runner's own
     model = SlowModel(0.05)
     with Store(store_url) as store:
         for n in range(5):
@@ -96,8 +98,9 @@ def test_one_agent_runs_one_turn_at_a_time_in_order(store_url: str) -> None:
     assert model.overlaps == []
 
 
-def test_an_agent_with_many_alarms_does_not_starve_the_others(store_url: str) -> None:
+def test_an_agent_with_many_alarms_does_not_starve_the_others(db_path: Path) -> None:
     """200 due alarms of one agent and one each of four others: the four go early."""
+    store_url = str(db_path)  # SQLite: what is tested here is the runner's own
     model = SlowModel(0.01)
     with Store(store_url) as store:
         for n in range(200):
@@ -129,8 +132,9 @@ def test_leases_are_renewed_while_a_turn_runs(store_url: str, concurrency: int) 
     assert sum(r.turns for r in runners) == 4
 
 
-def test_stop_lets_every_turn_in_flight_finish(store_url: str) -> None:
+def test_stop_lets_every_turn_in_flight_finish(db_path: Path) -> None:
     """A stop within the grace period: the turns in flight all commit, no new one starts."""
+    store_url = str(db_path)  # SQLite: what is tested here is the runner's own
     model = SlowModel(0.5)
     with Store(store_url) as store:
         for n in range(6):
@@ -152,9 +156,10 @@ def test_stop_lets_every_turn_in_flight_finish(store_url: str) -> None:
 
 
 def test_stop_past_the_grace_period_cancels_turns_at_their_next_request(
-    store_url: str,
+    db_path: Path,
 ) -> None:
     """Turns still running past the grace stop at their next model request, as interrupted."""
+    store_url = str(db_path)  # SQLite: what is tested here is the runner's own
     model = SlowModel(0.4)
     with Store(store_url) as store:
         for n in range(2):
@@ -200,8 +205,9 @@ def test_concurrency_comes_from_the_config_and_a_reload_changes_it(
         AgentRunner(store_url, agents=make_agent, max_concurrency=0)
 
 
-def test_a_fake_clock_waits_for_the_turns_in_flight(store_url: str) -> None:
+def test_a_fake_clock_waits_for_the_turns_in_flight(db_path: Path) -> None:
     """On a fake clock, time jumps only when no turn runs: a day of hourly alarms, 4 agents."""
+    store_url = str(db_path)
     clock = FakeClock(1_900_000_000.0)
     model = SlowModel(0.0)
     with Store(store_url) as store:
