@@ -6,9 +6,10 @@ It reads the client's side of the protocol (postgresql.org/docs/current/protocol
 and counts, for all connections together:
 
 * statements: each simple ``Query`` message and each ``Execute`` of the extended protocol;
-* round trips: each message after which the server flushes its answer to a client that
-  waits for it: a ``Query`` or a ``Sync`` (each answered by ``ReadyForQuery``) and a
-  ``Flush``. Messages sent before one of these travel with it (pipeline mode).
+* round trips: each time the server answers after the client asked for an answer: a
+  ``Query``, a ``Sync`` (each answered by ``ReadyForQuery``) or a ``Flush``. Messages
+  sent before the answer travel with it (pipeline mode), and a ``Flush`` sent right
+  after a ``Sync``, with nothing left to flush, is no round trip of its own.
 
 A count is exact and deterministic, whatever the machine's speed: it is a count of
 messages, not of time. Startup and authentication are not counted.
@@ -25,7 +26,7 @@ import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 
-_ROUND_TRIPS = frozenset(b"QSH")
+_ASKS = frozenset(b"QSH")
 _STATEMENTS = frozenset(b"QE")
 
 
@@ -90,22 +91,33 @@ class WireCounter:
                 return
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.connect(self.server_socket)
-            threading.Thread(target=self._client_side, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._server_side, args=(server, client), daemon=True).start()
+            session = _Session()
+            for side, args in (
+                (self._client_side, (client, server, session)),
+                (self._server_side, (server, client, session)),
+            ):
+                threading.Thread(target=side, args=args, daemon=True).start()
 
-    def _server_side(self, server: socket.socket, client: socket.socket) -> None:
+    def _server_side(
+        self, server: socket.socket, client: socket.socket, session: _Session
+    ) -> None:
         try:
             while data := server.recv(65536):
+                with self._lock:
+                    if session.asked:  # the answer the client waits for: a round trip
+                        session.asked = False
+                        self._counts.round_trips += 1
                 client.sendall(data)
         except OSError:
             pass
         finally:
             _shut(client)
 
-    def _client_side(self, client: socket.socket, server: socket.socket) -> None:
+    def _client_side(
+        self, client: socket.socket, server: socket.socket, session: _Session
+    ) -> None:
         buffer = b""
         started = False
-        session = _Session()
         try:
             while data := client.recv(65536):
                 buffer += data
@@ -138,8 +150,8 @@ class WireCounter:
         with self._lock:
             counts = self._counts
             counts.messages[chr(kind)] += 1
-            if kind in _ROUND_TRIPS:
-                counts.round_trips += 1
+            if kind in _ASKS:
+                session.asked = True
             if kind in _STATEMENTS:
                 counts.statements += 1
             if kind == ord("Q"):
@@ -156,10 +168,13 @@ class WireCounter:
 
 @dataclass
 class _Session:
-    """One client connection's prepared statements, by name, and the one last bound."""
+    """One client connection: its prepared statements, by name, the one last bound,
+    and whether it waits for an answer."""
 
     statements: dict[bytes, str] = field(default_factory=dict)
     bound: str = ""
+    #: The client asked for an answer that has not come yet.
+    asked: bool = False
 
 
 def _text(body: bytes) -> str:

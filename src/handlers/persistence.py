@@ -28,7 +28,7 @@ from ..agents.persistent import PersistentAgent
 from ..agents.state import conversation_fields, dump_state, reset_conversation_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError, TurnSuspended
-from ..store import Compaction, Durability, Handoff, Store
+from ..store import Compaction, Durability, Handoff, Store, TurnStart
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -278,8 +278,17 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     def _run_turn(
         self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
     ) -> Any:
-        with self.store.agent_lock(agent.agent_id, wait=self.wait):
-            self._begin(agent, turn, arguments, resume_only=resume_only)
+        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+        with self.store.locked_turn(
+            agent.agent_id,
+            wait=self.wait,
+            template=turn.template,
+            arguments=arguments,
+            step=step,
+            conversation=turn.conversation,
+            resume_only=resume_only,
+        ) as start:
+            self._begin(agent, turn, start)
             self._turns().append(turn)
             set_in_turn(agent, True)
             try:
@@ -361,18 +370,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             turns = self._local.turns = []
         return turns
 
-    def _begin(
-        self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
-    ) -> None:
-        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
-        start = self.store.begin_turn(
-            agent.agent_id,
-            template=turn.template,
-            arguments=arguments,
-            step=step,
-            conversation=turn.conversation,
-            resume_only=resume_only,
-        )
+    def _begin(self, agent: PersistentAgent, turn: Turn, start: TurnStart) -> None:
+        """Carry on with the turn the store began (or refuse it): load what it needs."""
         suspension = start.suspension
         if not start.started:  # nothing was written
             if suspension is None:
