@@ -5,7 +5,8 @@ byte both ways to the server's socket; ``url(database)`` names a database throug
 It reads the client's side of the protocol (postgresql.org/docs/current/protocol-flow.html)
 and counts, for all connections together:
 
-* statements: each simple ``Query`` message and each ``Execute`` of the extended protocol;
+* statements: each statement the server ran to its end (its ``CommandComplete``
+  answer), whether it came in a ``Query`` string of several or in an ``Execute``;
 * round trips: each time the server answers after the client asked for an answer: a
   ``Query``, a ``Sync`` (each answered by ``ReadyForQuery``) or a ``Flush``. Messages
   sent before the answer travel with it (pipeline mode), and a ``Flush`` sent right
@@ -27,7 +28,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _ASKS = frozenset(b"QSH")
-_STATEMENTS = frozenset(b"QE")
 
 
 @dataclass
@@ -102,11 +102,20 @@ class WireCounter:
         self, server: socket.socket, client: socket.socket, session: _Session
     ) -> None:
         try:
+            buffer = b""
             while data := server.recv(65536):
+                buffer += data
                 with self._lock:
                     if session.asked:  # the answer the client waits for: a round trip
                         session.asked = False
                         self._counts.round_trips += 1
+                    while len(buffer) >= 5:  # the server's messages are all typed
+                        (length,) = struct.unpack("!i", buffer[1:5])
+                        if len(buffer) < 1 + length:
+                            break
+                        if buffer[0] == ord("C"):  # CommandComplete
+                            self._counts.statements += 1
+                        buffer = buffer[1 + length :]
                 client.sendall(data)
         except OSError:
             pass
@@ -152,8 +161,6 @@ class WireCounter:
             counts.messages[chr(kind)] += 1
             if kind in _ASKS:
                 session.asked = True
-            if kind in _STATEMENTS:
-                counts.statements += 1
             if kind == ord("Q"):
                 counts.sql.append(_text(body))
             elif kind == ord("P"):  # Parse: the statement's name, then its text
