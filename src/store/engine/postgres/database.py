@@ -168,7 +168,7 @@ class PostgresDatabase:
     @contextmanager
     def _transaction(self, begin: str | None, *, batch: bool = False) -> Iterator[PostgresConn]:
         """A pooled connection in a transaction started by ``begin`` (None: autocommit),
-        its statements sent with the commit if ``batch`` (see PostgresConn.defer)."""
+        its statements pipelined with the commit if ``batch``."""
         if self._closed:
             msg = f"Store({self.location!r}) is closed; open a new Store to use it"
             raise DurableError(msg)
@@ -178,7 +178,7 @@ class PostgresDatabase:
             return
         try:
             with self._pool.connection() as raw:
-                conn = PostgresConn(raw, batch=batch and begin is not None)
+                conn = PostgresConn(raw)
                 self._local.conn = conn
                 try:
                     if begin is None:
@@ -186,10 +186,13 @@ class PostgresDatabase:
                         return
                     try:
                         if batch:
-                            conn.defer(begin)
-                            yield conn
-                            conn.defer("COMMIT")
-                            conn.send()
+                            # One round trip: BEGIN, the block's statements and COMMIT
+                            # go out together, and the pipeline's end waits for them
+                            # (raising the first error; the server skips what follows).
+                            with raw.pipeline() as conn.pipeline:
+                                raw.execute(begin)
+                                yield conn
+                                raw.execute("COMMIT")
                         else:
                             raw.execute(begin)
                             yield conn
@@ -203,6 +206,8 @@ class PostgresDatabase:
                             with suppress(psycopg.Error):  # the pool discards it then
                                 raw.execute("ROLLBACK")
                         raise
+                    finally:
+                        conn.pipeline = None
                 finally:
                     self._local.conn = None
         except psycopg.Error as e:
@@ -233,9 +238,8 @@ class PostgresDatabase:
     def writing(self, *, batch: bool = False) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises.
 
-        A ``batch`` is sent as one query string with the ``COMMIT``: one round trip
-        for the whole transaction, unless the block reads rows (each read sends
-        what is queued so far, see PostgresConn.defer).
+        A ``batch`` runs in pipeline mode: one round trip for the whole transaction,
+        unless the block reads rows (each read waits for its statement's answer).
         """
         return self._transaction("BEGIN", batch=batch)
 
@@ -479,35 +483,22 @@ class PostgresDatabase:
 
 
 class PostgresConn:
-    """A pooled psycopg connection in one of the Store's transactions, as a Conn.
-
-    In a batch (``writing(batch=True)``) statements are queued, their parameters
-    bound on this side, and sent together as one query string (PostgreSQL's simple
-    query protocol runs them in order and skips the rest after an error) when the
-    block reads rows or ends: one round trip, one write to the socket, instead of
-    one per statement. psycopg's pipeline mode also takes one round trip but
-    sends and polls each statement on its own, which cost more than the round
-    trips it saves on a local socket.
-    """
+    """A pooled psycopg connection in one of the Store's transactions, as a Conn."""
 
     in_transaction = True
 
-    def __init__(self, raw: psycopg.Connection[Any], *, batch: bool = False) -> None:
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
-        self._changes = 0
-        self._queue: list[_Queued] | None = [] if batch else None
-        self._binder: psycopg.ClientCursor[Any] | None = None
+        #: The block's pipeline, in a batch (``writing(batch=True)``).
+        self.pipeline: psycopg.Pipeline | None = None
+        self._last: psycopg.Cursor[Any] | None = None
 
     def execute(self, statements: str, bindings: Any = None, /) -> PostgresRows:
         """Run one statement written with ``?``/``?N`` parameters."""
         query, numbered = _rewritten(statements)
-        if self._queue is not None:
-            queued = _Queued(self._bound(query, _params(bindings, numbered)))
-            self._queue.append(queued)
-            return PostgresRows(queued, self)
         cursor = self.raw.execute(query, _params(bindings, numbered))
-        self._changes = max(cursor.rowcount, 0)
-        return PostgresRows(cursor, self)
+        self._last = cursor
+        return PostgresRows(cursor, self.pipeline)
 
     def executemany(self, statements: str, sequenceofbindings: Iterable[Any], /) -> None:
         """Run one statement for each set of parameters (pipelined by psycopg)."""
@@ -515,79 +506,33 @@ class PostgresConn:
         params = [_params(bindings, numbered) for bindings in sequenceofbindings]
         if not params:
             return
-        if self._queue is not None:
-            self._queue.extend(_Queued(self._bound(query, one)) for one in params)
-            return
-        with self.raw.cursor() as cursor:
-            cursor.executemany(query, params)
-            self._changes = max(cursor.rowcount, 0)
+        cursor = self.raw.cursor()
+        cursor.executemany(query, params)
+        self._last = cursor
 
     def changes(self) -> int:
-        """Rows changed by the last INSERT, UPDATE or DELETE (in a batch, this sends
-        what is queued)."""
-        if self._queue:
-            self.send()
-        return self._changes
-
-    def defer(self, statement: str) -> None:
-        """Queue a statement without parameters (the batch's BEGIN and COMMIT)."""
-        assert self._queue is not None
-        self._queue.append(_Queued(statement))
-
-    def send(self) -> None:
-        """Send the queued statements as one query string, and keep their answers."""
-        queue, self._queue = self._queue, []
-        if not queue:
-            return
-        cursor = self.raw.execute(";\n".join(queued.sql for queued in queue).encode())
-        for i, queued in enumerate(queue):
-            if i:
-                cursor.nextset()
-            queued.rows = cursor.fetchall() if cursor.description else []
-            self._changes = max(cursor.rowcount, 0)
-
-    def _bound(self, query: str, params: Any) -> str:
-        """``query`` with its parameters bound as literals, as psycopg's ClientCursor does."""
-        if self._binder is None:
-            self._binder = psycopg.ClientCursor(self.raw)
-        return self._binder.mogrify(query, params)
-
-
-class _Queued:
-    """A statement of a batch, and its rows once it has run."""
-
-    __slots__ = ("rows", "sql")
-
-    def __init__(self, sql: str) -> None:
-        self.sql = sql
-        self.rows: list[Any] | None = None
+        """Rows changed by the last INSERT, UPDATE or DELETE (in a batch, this waits
+        for the answers so far)."""
+        if self._last is None:
+            return 0
+        _answered(self._last, self.pipeline)
+        return max(self._last.rowcount, 0)
 
 
 class PostgresRows:
-    """A psycopg cursor's rows (or a batch's statement's), read as apsw's Cursor is."""
+    """A psycopg cursor's rows, read as apsw's Cursor is."""
 
-    def __init__(self, source: psycopg.Cursor[Any] | _Queued, conn: PostgresConn) -> None:
-        self._source = source
-        self._conn = conn
+    def __init__(self, cursor: psycopg.Cursor[Any], pipeline: psycopg.Pipeline | None) -> None:
+        self._cursor = cursor
+        self._pipeline = pipeline
 
     def fetchone(self) -> Any:
-        if isinstance(self._source, _Queued):
-            rows = self._queued_rows(self._source)
-            return rows.pop(0) if rows else None
-        return self._source.fetchone() if self._source.description else None
+        _answered(self._cursor, self._pipeline)
+        return self._cursor.fetchone() if self._cursor.description else None
 
     def fetchall(self) -> list[Any]:
-        if isinstance(self._source, _Queued):
-            rows = self._queued_rows(self._source)
-            self._source.rows = []
-            return rows
-        return self._source.fetchall() if self._source.description else []
-
-    def _queued_rows(self, queued: _Queued) -> list[Any]:
-        if queued.rows is None:
-            self._conn.send()
-        assert queued.rows is not None
-        return queued.rows
+        _answered(self._cursor, self._pipeline)
+        return self._cursor.fetchall() if self._cursor.description else []
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.fetchall())
@@ -600,6 +545,12 @@ class PostgresRows:
         if len(rows) == 1:
             return rows[0][0] if len(rows[0]) == 1 else rows[0]
         return rows
+
+
+def _answered(cursor: psycopg.Cursor[Any], pipeline: psycopg.Pipeline | None) -> None:
+    """Wait for the answer to ``cursor``'s statement, if it was sent in ``pipeline``."""
+    if pipeline is not None and cursor.pgresult is None:
+        pipeline.sync()
 
 
 def _still_open(conn: psycopg.Connection[Any]) -> None:
@@ -759,21 +710,19 @@ class _AdvisoryLocks:
     def _try_first(
         self, conn: psycopg.Connection[Any], key: int, first: Statement
     ) -> list[Any] | None:
-        """The lock and ``first`` as one query string: one round trip. The lock's
-        function raises if another session holds it, and the server then skips
-        ``first``, which runs in a statement (and snapshot) of its own after it."""
+        """The lock and ``first`` in one pipeline: one round trip. The lock's function
+        raises if another session holds it, and the server then skips ``first``."""
         query, numbered = _rewritten(first[0])
-        bound = psycopg.ClientCursor(conn).mogrify(query, _params(first[1], numbered))
-        sql = f"SELECT effectful_durable_lock({int(key)});\n{bound}"
         try:
-            cursor = conn.execute(sql.encode())
+            with conn.pipeline():
+                conn.execute("SELECT effectful_durable_lock(%s)", (key,))
+                cursor = conn.execute(query, _params(first[1], numbered))
         except psycopg.Error as e:
             if e.sqlstate != _HELD and not conn.broken:
                 # The lock was taken, and first failed: let the lock go.
                 with suppress(psycopg.Error):
                     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
             raise
-        cursor.nextset()
         return cursor.fetchall() if cursor.description else []
 
     def _connection(self) -> psycopg.Connection[Any]:
