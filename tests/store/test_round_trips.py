@@ -10,12 +10,11 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from helpers import Assistant, persisted
 from postgres_server import PostgresServer
-from wire_counter import Counts, WireCounter
 
-from effectful_durable import PersistenceHandler
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
+from tests.helpers import Assistant, persisted
+from tests.wire_counter import Counts, WireCounter
 
 #: The most round trips a plain turn of an agent already loaded may take (issue 25).
 PLAIN_TURN_ROUND_TRIPS = 4
@@ -49,7 +48,7 @@ def counted_turn(counter: WireCounter, bot: Assistant, question: str) -> Counts:
     return counter.counts()
 
 
-def warm(bot: Assistant, persistence: PersistenceHandler) -> None:
+def warm(bot: Assistant) -> None:
     """Enough turns that every statement a turn runs is prepared on its connection."""
     for i in range(8):
         bot.ask(f"warm-up {i}")
@@ -59,9 +58,9 @@ def warm(bot: Assistant, persistence: PersistenceHandler) -> None:
 class TestRoundTrips:
     def test_a_plain_turn(self, counter: WireCounter, counted_url: str) -> None:
         """A plain turn of an agent in memory takes at most four round trips."""
-        with persisted(counted_url, FakeLLM(respond=reply)) as persistence:
+        with persisted(counted_url, FakeLLM(respond=reply)):
             bot = Assistant(agent_id="bot")
-            warm(bot, persistence)
+            warm(bot)
             counts = counted_turn(counter, bot, "what is new?")
             print(f"plain turn: {counts}")
             assert counts.round_trips <= PLAIN_TURN_ROUND_TRIPS, counts
@@ -71,9 +70,9 @@ class TestRoundTrips:
     def test_a_tool_turn(self, counter: WireCounter, counted_url: str) -> None:
         """A turn that calls a tool (two model requests) takes no more round trips than a
         plain one: the tool's messages commit with the turn."""
-        with persisted(counted_url, FakeLLM(respond=reply)) as persistence:
+        with persisted(counted_url, FakeLLM(respond=reply)):
             bot = Assistant(agent_id="bot")
-            warm(bot, persistence)
+            warm(bot)
             plain = counted_turn(counter, bot, "what is new?")
             tool = counted_turn(counter, bot, "remember this")
             print(f"tool turn: {tool}")
