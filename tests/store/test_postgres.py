@@ -47,7 +47,7 @@ def tables(url: str) -> list[str]:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 5)."""
+        """Opening an empty database creates the schema and marks it ours (version 6)."""
         with Store(postgres_url) as store:
             assert store.check()["schema"] == SCHEMA_VERSION == 6
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
