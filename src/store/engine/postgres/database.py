@@ -8,14 +8,21 @@ schema's identification) is here. See ``engine/seam.py`` for the seam.
 
 - Transactions: a write is ``BEGIN`` (read committed) ... ``COMMIT`` on a pooled
   connection; a read is one ``REPEATABLE READ READ ONLY`` snapshot. A block
-  nested in this thread's open block uses that block's connection.
+  nested in this thread's open block uses that block's connection. A turn's
+  commit is a batch: its statements go with ``BEGIN`` and ``COMMIT`` in one
+  pipeline, one round trip.
 - One writer per agent: a session advisory lock on a connection of its own per
   Store, keyed by a hash of the agent id; the server drops it when the holding
-  process dies. Each commit also locks the agent's row and checks its version
-  (fencing: a writer that lost its lock cannot commit over another's turn).
+  process dies. A turn takes it with its handoff row in one round trip (the
+  schema's ``effectful_durable_lock`` raises when another session holds it, and
+  the server skips the insert). Each commit also locks the agent's row and
+  checks its version (fencing: a writer that lost its lock cannot commit over
+  another's turn; ``effectful_durable_advance`` raises, so that a batch reads
+  nothing back before its commit).
 - A lost connection (server restart, network) fails the block in flight with
   DatabaseUnavailableError; the pool checks connections before handing them
-  out, so the next block connects afresh.
+  out (reading what the server sent, without a query), so the next block
+  connects afresh.
 - The agents' SQL workspaces: their log is in this database, like every other
   part; each machine keeps its SQLite files of the agents' tables in a
   stamped cache of its own, one directory per database
