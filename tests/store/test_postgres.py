@@ -331,6 +331,36 @@ class TestBackup:
 
 
 class TestSingleWriter:
+    def test_a_waiting_turn_starts_when_the_holder_lets_go(self, postgres_url: str) -> None:
+        """A turn's start (the lock and its handoff row in one round trip) on an agent
+        another session holds writes nothing; waiting, it starts once that lets go."""
+        with Store(postgres_url) as holder, Store(postgres_url) as waiter:
+            held, go = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                with holder.agent_lock("bot"):
+                    held.set()
+                    go.wait(10)
+                    time.sleep(0.2)
+
+            thread = threading.Thread(target=hold)
+            thread.start()
+            try:
+                held.wait(10)
+                with (
+                    pytest.raises(AgentInUseError, match="process"),
+                    waiter.locked_turn("bot", template="t", arguments={}),
+                ):
+                    pass
+                assert waiter.handoffs() == []
+                go.set()
+                with waiter.locked_turn("bot", wait=10, template="t", arguments={"a": 1}) as start:
+                    assert start.version == 0
+                    assert [h.arguments for h in waiter.handoffs()] == [{"a": 1}]
+            finally:
+                go.set()
+                thread.join()
+
     def test_a_second_process_gets_agent_in_use_naming_the_holder(self, postgres_url: str) -> None:
         """While this process holds an agent, another process's turn on it is refused,
         and the error names this process's pid and host."""

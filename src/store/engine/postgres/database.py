@@ -560,6 +560,13 @@ def _answered(cursor: psycopg.Cursor[Any], pipeline: psycopg.Pipeline | None) ->
         pipeline.sync()
 
 
+def _unlock_quietly(conn: psycopg.Connection[Any], key: int) -> None:
+    """Let an advisory lock go after a failure; a lost connection let it go already."""
+    if not conn.broken:
+        with suppress(psycopg.Error):
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
 def _still_open(conn: psycopg.Connection[Any]) -> None:
     """The pool's check of a connection it hands out, without a round trip to the server.
 
@@ -662,14 +669,16 @@ class _AdvisoryLocks:
         """Take the agent's lock, then run ``first``; its rows (None without ``first``)."""
         deadline = time.monotonic() + wait
         pause = _POLL_SECONDS
+        together = True
         while True:
             with self._mutex:
                 holder = self._held.get(agent_id)
                 if holder is None:
-                    taken, rows = self._try(agent_id, first)
+                    taken, rows = self._try(agent_id, first, together=together)
                     if taken:
                         self._held[agent_id] = threading.current_thread()
                         return rows
+                    together = False  # poll without errors in the server's log
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if holder is not None:
@@ -688,17 +697,27 @@ class _AdvisoryLocks:
             except psycopg.OperationalError:
                 self._drop()  # the server dropped every lock of that session already
 
-    def _try(self, agent_id: str, first: Statement | None) -> tuple[bool, list[Any] | None]:
+    def _try(
+        self, agent_id: str, first: Statement | None, *, together: bool = True
+    ) -> tuple[bool, list[Any] | None]:
         """Try the advisory lock once, and run ``first`` if it was taken: whether it
-        was, and ``first``'s rows. Reconnect once if the lock connection was lost."""
+        was, and ``first``'s rows. Reconnect once if the lock connection was lost.
+
+        ``together`` sends both in one round trip, through the schema's
+        ``effectful_durable_lock``, which raises when another session holds the
+        lock, so that the server skips ``first``. The server logs that error:
+        polls after the first use plain ``pg_try_advisory_lock``, which does not.
+        """
         key = _key("agent", agent_id)
         for attempt in (1, 2):
             conn = self._connection()
             try:
-                if first is None:
-                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+                if first is not None and together:
+                    return True, self._lock_with(conn, key, first)
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+                if first is None or not (row and row[0]):
                     return bool(row and row[0]), None
-                return True, self._try_first(conn, key, first)
+                return True, self._after_lock(conn, key, first)
             except psycopg.OperationalError as e:
                 self._drop()
                 if attempt == 2:
@@ -714,21 +733,26 @@ class _AdvisoryLocks:
                 raise ours from e
         return False, None  # not reached
 
-    def _try_first(
-        self, conn: psycopg.Connection[Any], key: int, first: Statement
-    ) -> list[Any] | None:
-        """The lock and ``first`` in one pipeline: one round trip. The lock's function
-        raises if another session holds it, and the server then skips ``first``."""
+    def _lock_with(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
+        """The lock and ``first`` in one pipeline: one round trip."""
         query, numbered = _rewritten(first[0])
         try:
             with conn.pipeline():
                 conn.execute("SELECT effectful_durable_lock(%s)", (key,))
                 cursor = conn.execute(query, _params(first[1], numbered))
         except psycopg.Error as e:
-            if e.sqlstate != _HELD and not conn.broken:
-                # The lock was taken, and first failed: let the lock go.
-                with suppress(psycopg.Error):
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            if e.sqlstate != _HELD:
+                _unlock_quietly(conn, key)  # the lock was taken, and first failed
+            raise
+        return cursor.fetchall() if cursor.description else []
+
+    def _after_lock(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
+        """Run ``first`` with the lock just taken; let the lock go if it fails."""
+        query, numbered = _rewritten(first[0])
+        try:
+            cursor = conn.execute(query, _params(first[1], numbered))
+        except psycopg.Error:
+            _unlock_quietly(conn, key)
             raise
         return cursor.fetchall() if cursor.description else []
 
