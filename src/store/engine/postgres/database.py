@@ -248,7 +248,7 @@ class PostgresDatabase:
         A ``batch`` runs in pipeline mode: one round trip for the whole transaction,
         unless the block reads rows (each read waits for its statement's answer).
         """
-        return self._transaction("BEGIN", batch=batch)
+        return self._transaction("BEGIN", batch=batch and _pipelines())
 
     def autocommit(self) -> Any:
         """A pooled connection whose statements each commit on their own."""
@@ -560,6 +560,13 @@ def _answered(cursor: psycopg.Cursor[Any], pipeline: psycopg.Pipeline | None) ->
         pipeline.sync()
 
 
+@functools.cache
+def _pipelines() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 or newer); without it a batch is
+    sent statement by statement, as any other transaction."""
+    return psycopg.Pipeline.is_supported()
+
+
 def _unlock_quietly(conn: psycopg.Connection[Any], key: int) -> None:
     """Let an advisory lock go after a failure; a lost connection let it go already."""
     if not conn.broken:
@@ -712,7 +719,7 @@ class _AdvisoryLocks:
         for attempt in (1, 2):
             conn = self._connection()
             try:
-                if first is not None and together:
+                if first is not None and together and _pipelines():
                     return True, self._lock_with(conn, key, first)
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
                 if first is None or not (row and row[0]):
