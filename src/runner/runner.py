@@ -176,7 +176,7 @@ class AgentRunner:
                     config="agents.toml").run()
 
     Args:
-        db: The database file, or an open Store.
+        db: The database file, or an open Store (the runner leaves it open).
         agents: Builds the agent of an id.
         handlers: Builds the handler stack, outermost first, from the config; it
             is built again after each reload. Default: ``LiteLLMProvider(model=
@@ -425,8 +425,8 @@ class AgentRunner:
         """End the runner's worker threads and close the stores it opened."""
         for _ in self._workers:
             self._tasks.put(None)
-        if self._own_persistence is not None:
-            self._own_persistence.close()
+        # The runner's own PersistenceHandler holds nothing but self.store, and a
+        # store the caller passed in stays open for the caller.
         if self._owns_store:
             self.store.close()
 
