@@ -632,13 +632,24 @@ class AgentRunner:
         return False
 
     def _deliver(self, claim: Claim, now: float) -> None:
+        tracing = self._persistence._tracing if self._persistence is not None else None
+        if tracing is None:
+            self._deliver_claim(claim, now)
+            return
+        from .tracing import delivery  # imports opentelemetry: only when traced
+
+        with delivery(tracing, self._queue, claim, self.id) as outcome:
+            outcome(self._deliver_claim(claim, now))
+
+    def _deliver_claim(self, claim: Claim, now: float) -> str:
+        """Deliver ``claim`` as a turn of its agent; what came of it, in a word."""
         config = self.config
         settings = config.agent(claim.agent_id)
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
             self._queue.release(claim, now + max(config.poll_interval, 60.0))
             log.debug("agent paused: alarm put back", extra=context)
-            return
+            return "paused"
         started = time.monotonic()
         log.info(
             "delivering %s %s to %s", claim.kind, claim.alarm_id, claim.agent_id, extra=context
@@ -651,7 +662,7 @@ class AgentRunner:
                 if not self._persistence.resume_queued(agent, claim.topic or ""):
                     self._queue.finish(claim)  # resumed elsewhere, or rolled back
                     log.info("nothing left to resume", extra=context)
-                    return
+                    return "nothing_to_resume"
             else:
                 template, arguments = _turn_of(agent, claim)
                 coalesce = config.missed == "coalesce"
@@ -674,6 +685,7 @@ class AgentRunner:
                 # delivery with it); a decision queues its resumption.
                 self._count(turns=1)
                 log.info("turn suspended: %s", suspended, extra=context)
+                outcome = "suspended"
             else:
                 # The agent's conversation waits for a decision: no turn began.
                 self._queue.release(claim, now + _SUSPENDED_RETRY)
@@ -683,12 +695,15 @@ class AgentRunner:
                     _SUSPENDED_RETRY,
                     extra=context,
                 )
+                outcome = "waits_for_decision"
         except AlarmLeaseLostError as error:
             self._count(errors=1)
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
+            outcome = "lease_lost"
         except AgentInUseError:
             self._queue.release(claim, now + _IN_USE_RETRY)
             log.info("agent busy in another process; alarm put back", extra=context)
+            outcome = "agent_busy"
         except KeyboardInterrupt:
             # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
             # handoff; give the alarm back so that the next runner delivers it at once.
@@ -696,9 +711,11 @@ class AgentRunner:
                 self._queue.release(claim, now)
             log.warning("turn interrupted; alarm put back", extra=context)
             self._stopping.set()
+            outcome = "interrupted"
         except Exception as error:
             self._count(errors=1)
             self._failed(claim, error, now, settings.max_attempts or config.max_attempts)
+            outcome = "failed"
         else:
             self._count(turns=1)
             duration = time.monotonic() - started
@@ -713,8 +730,10 @@ class AgentRunner:
                 duration,
                 extra={**context, "turn": version, "duration": round(duration, 6)},
             )
+            outcome = "delivered"
         finally:
             self._delivery.armed = None
+        return outcome
 
     def _failed(self, claim: Claim, error: Exception, now: float, max_attempts: int) -> None:
         attempts = claim.attempts + 1
