@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
@@ -36,6 +36,9 @@ from ..store.engine.seam import AlarmListener, Polling
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 log = logging.getLogger("effectful_durable.runner")
 
@@ -191,6 +194,11 @@ class AgentRunner:
             handlers must be thread-safe); default: the config's ``concurrency``,
             1. One agent's turns never run at once and keep their order. See
             :doc:`/production`.
+        tracing: OpenTelemetry traces (see :doc:`/traces`) for the
+            PersistenceHandler the runner adds when ``handlers`` returns none:
+            False, True (the global TracerProvider) or a TracerProvider. A
+            PersistenceHandler from ``handlers`` has its own ``tracing``. Either
+            way, with tracing on, each delivery is a span, the parent of its turn.
 
     Raises:
         ConfigError: The config file does not parse.
@@ -208,6 +216,7 @@ class AgentRunner:
         clock: Clock | None = None,
         durability: Durability = "normal",
         max_concurrency: int | None = None,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         if max_concurrency is not None:
             check_concurrency(max_concurrency, "max_concurrency")
@@ -237,6 +246,7 @@ class AgentRunner:
         self._persistence: PersistenceHandler | None = None
         self._own_persistence: PersistenceHandler | None = None
         self._pending_config: RunnerConfig | None = None
+        self._tracing_option = tracing
         self._in_flight: dict[str, _InProgress] = {}  # by alarm id
         self._lock = threading.Lock()  # the in-flight turns, the counters, the agents
         self._tasks: queue.SimpleQueue[tuple[Claim, float] | None] = queue.SimpleQueue()
@@ -791,7 +801,9 @@ class AgentRunner:
                 raise DurableError(msg)
         else:
             if self._own_persistence is None:
-                self._own_persistence = PersistenceHandler(self.store)
+                self._own_persistence = PersistenceHandler(
+                    self.store, tracing=self._tracing_option
+                )
             persistence = self._own_persistence
             stack.append(persistence)
         persistence.clock = self.clock.now
