@@ -32,7 +32,7 @@ except ImportError as error:  # the optional extra is not installed
 from ..agents.persistent import PersistentAgent
 from ..errors import TurnSuspended
 from .approvals import NothingToResume, ResumeFirst, Suspend
-from .effectful_hooks import tool_arguments, tool_name
+from .effectful_hooks import tool_arguments, tool_failed, tool_name
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -240,9 +240,14 @@ class Tracing:
                     span.set_attribute(OUTCOME, "suspended")
                     raise
                 except BaseException as error:
-                    failed(span, getattr(error, "original_error", None) or error)
+                    # The error's text may repeat the model's arguments: only when opted in.
+                    cause = getattr(error, "original_error", None) or error
+                    failed(span, cause, detail=self.tool_arguments)
                     raise
-                span.set_attribute(OUTCOME, "ok")
+                if tool_failed(message):  # RetryLLMHandler told the model the tool raised
+                    failed(span, None, detail=False)
+                else:
+                    span.set_attribute(OUTCOME, "ok")
                 return message
 
         return {call_assistant: on_assistant, completion: on_completion, call_tool: on_tool}
@@ -360,11 +365,15 @@ def next_turn_links(links: Sequence[Link]) -> Iterator[None]:
         _next_turn_links.reset(token)
 
 
-def failed(span: Span, error: BaseException) -> None:
-    """Mark ``span`` failed with ``error`` (its type, message and the exception event)."""
-    kind = type(error).__qualname__
+def failed(span: Span, error: BaseException | None, *, detail: bool = True) -> None:
+    """Mark ``span`` failed with ``error``: its type, and with ``detail`` its message and
+    the exception event. None: a tool error RetryLLMHandler turned into a message."""
+    kind = type(error).__qualname__ if error is not None else "ToolCallExecutionError"
     span.set_attribute(OUTCOME, "failed")
     span.set_attribute(ERROR_TYPE, kind)
+    if not detail or error is None:
+        span.set_status(StatusCode.ERROR)
+        return
     span.set_status(StatusCode.ERROR, f"{kind}: {error}"[:MAX_ARGUMENTS])
     if isinstance(error, Exception):
         span.record_exception(error)
