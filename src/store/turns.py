@@ -75,7 +75,7 @@ class TurnProtocol(StoreBase):
             step: ``(workflow, step key)`` when the turn is a workflow step.
             resume_only: Start only as the conversation's suspended turn, resumed.
             trace: The W3C ``traceparent`` of the turn's span, kept in the handoff
-                (:attr:`Handoff.trace <effectful_durable.store.Handoff.trace>`) so
+                (:attr:`Handoff.trace <effectful_durable.Handoff.trace>`) so
                 that the turn after a crash can link to it.
 
         Returns:
