@@ -21,7 +21,7 @@ from effectful.handlers.llm import Template, Tool
 from effectful.handlers.llm.completions import LiteLLMProvider, RetryLLMHandler, completion
 from effectful.ops.semantics import fwd
 from effectful.ops.types import NotHandled
-from helpers import Assistant, persisted, running
+from helpers import Assistant, Manager, persisted, running
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -247,6 +247,34 @@ class TestToolTurn:
         assert "s3cret" not in str(attributes(tool))
         (turn,) = spans.named("invoke_agent")
         assert attributes(turn)["effectful_durable.outcome"] == "committed"
+
+
+class TestNestedTurn:
+    def test_agent_called_from_a_tool(self, db_path: Path, spans: Spans) -> None:
+        """A turn of agent B run by a tool of agent A is a child of that tool's span;
+        each model request is recorded once, in the turn it belongs to."""
+        script = [ToolCall("delegate", {"question": "q"}), "research", "the plan"]
+        with persisted(db_path, FakeLLM(script), tracing=spans.provider):
+            Manager(agent_id="m", researcher=Assistant(agent_id="r")).plan("goal")
+        manager, researcher = sorted(
+            spans.named("invoke_agent"), key=lambda span: span.start_time or 0
+        )
+        assert attributes(manager)["gen_ai.agent.id"] == "m"
+        assert spans.children(manager) == [
+            "effectful_durable.load",
+            "chat fake",
+            "execute_tool delegate",
+            "chat fake",
+            "effectful_durable.commit",
+        ]
+        (tool,) = spans.named("execute_tool")
+        assert researcher.parent is not None and researcher.parent.span_id == tool.context.span_id
+        assert spans.children(researcher) == [
+            "effectful_durable.load",
+            "chat fake",
+            "effectful_durable.commit",
+        ]
+        assert len(spans.named("chat")) == 3
 
 
 class TestFailedTurn:
