@@ -35,6 +35,8 @@ from effectful_durable import (
     PersistenceHandler,
     PersistentAgent,
     Store,
+    TurnSuspended,
+    requires_approval,
 )
 from effectful_durable.runner import FakeClock
 from effectful_durable.testing import FakeCall, FakeLLM, Raw, ToolCall
@@ -275,6 +277,45 @@ class TestNestedTurn:
             "effectful_durable.commit",
         ]
         assert len(spans.named("chat")) == 3
+
+
+@dataclasses.dataclass
+class Till(PersistentAgent):
+    """You refund."""
+
+    @Tool.define
+    @requires_approval
+    def refund(self, order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    @Template.define
+    def ask(self, request: str) -> str:
+        """{request}"""
+        raise NotHandled
+
+
+class TestApproval:
+    def test_suspended_then_resumed(self, db_path: Path, spans: Spans) -> None:
+        """A tool waiting for approval suspends the turn; the resumed turn runs it."""
+        llm = FakeLLM([ToolCall("refund", {"order": "A-1"}), "refunded"])
+        with persisted(db_path, llm, tracing=spans.provider) as persistence:
+            till = Till(agent_id="till")
+            with pytest.raises(TurnSuspended) as suspended:
+                till.ask("refund A-1")
+            (turn,) = spans.named("invoke_agent")
+            assert attributes(turn)["effectful_durable.outcome"] == "suspended"
+            assert attributes(turn)["effectful_durable.version"] == 1
+            (tool,) = spans.named("execute_tool")
+            assert attributes(tool)["effectful_durable.outcome"] == "awaiting_approval"
+            spans.clear()
+            (approval,) = suspended.value.approvals
+            persistence.store.approve(approval.approval_id, by="ann")
+            assert persistence.resume(till) == "refunded"
+        (turn,) = spans.named("invoke_agent")
+        assert attributes(turn)["effectful_durable.outcome"] == "committed"
+        (tool,) = spans.named("execute_tool")
+        assert attributes(tool)["effectful_durable.outcome"] == "ok"
 
 
 class TestFailedTurn:

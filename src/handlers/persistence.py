@@ -326,7 +326,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                     if interpretation:
                         installed.enter_context(handler(interpretation))
                     if self._tracing is not None:  # innermost: it sees every call first
-                        traced = self._tracing.interpretation(lambda: self._turns()[-1] is turn)
+                        traced = self._tracing.interpretation(
+                            turn, lambda: self._turns()[-1] is turn
+                        )
                         installed.enter_context(handler(traced))
                     result = fwd()
                 self._commit(agent, turn, result)

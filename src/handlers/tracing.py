@@ -174,8 +174,8 @@ class Tracing:
 
     # -- inside a turn -----------------------------------------------------------
 
-    def interpretation(self, is_current: Callable[[], bool]) -> dict[Any, Any]:
-        """Handlers of a turn's model calls and tool calls, each in a span of its own.
+    def interpretation(self, turn: Turn, is_current: Callable[[], bool]) -> dict[Any, Any]:
+        """Handlers of ``turn``'s model calls and tool calls, each in a span of its own.
 
         ``is_current()`` tells whether the call belongs to this turn rather than to
         a turn nested inside it (which has spans of its own).
@@ -234,6 +234,11 @@ class Tracing:
                 record_exception=False,
                 set_status_on_exception=False,
             ) as span:
+                asked = len(turn.asked)
+                resuming = turn.resuming
+                if resuming is not None and call_id in resuming.tool_results:
+                    span.set_attribute(OUTCOME, "replayed")  # ran before the suspension
+                    return fwd()
                 try:
                     message = fwd()
                 except Suspend:
@@ -244,7 +249,9 @@ class Tracing:
                     cause = getattr(error, "original_error", None) or error
                     failed(span, cause, detail=self.tool_arguments)
                     raise
-                if tool_failed(message):  # RetryLLMHandler told the model the tool raised
+                if len(turn.asked) > asked:  # not run: it waits for a person's decision
+                    span.set_attribute(OUTCOME, "awaiting_approval")
+                elif tool_failed(message):  # RetryLLMHandler told the model the tool raised
                     failed(span, None, detail=False)
                 else:
                     span.set_attribute(OUTCOME, "ok")
