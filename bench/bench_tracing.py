@@ -12,8 +12,9 @@ it: the spans are built and ended, nothing is written anywhere).
 For each arm it prints the median wall time of a turn, and the median over turns
 of the arm's time minus the plain turn of the same number: the handler's cost.
 Tracing off must not be measurable: ``off`` and ``off again`` differ by noise
-only. Each turn of a tracing arm makes 4 spans (the turn, its model call, its
-commit, and a load on the first), so ``on`` minus ``off`` is about 4 spans' cost.
+only. Each turn of a tracing arm makes 3 spans (the turn, its model call, its
+commit; and a load on the first), so ``on`` minus ``off`` is about 3 spans' cost
+and one more effectful handler installed for the turn.
 
 Run: ``.venv/bin/python bench/bench_tracing.py [--turns 500]``. Needs the
 ``dev`` extra (the OpenTelemetry SDK). No assertions.
