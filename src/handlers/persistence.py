@@ -212,7 +212,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self._database = self.store._identity
         self._local = threading.local()
         self._tracing: Tracing | None = None
-        if tracing is not False:
+        if tracing is not False and tracing is not None:
             from .tracing import Tracing  # imports opentelemetry: only when asked
 
             provider = None if tracing is True else tracing
