@@ -260,3 +260,45 @@ class TestStore:
                     if name.split(".")[0] in ("effectful", "litellm")
                 ]
         assert not wrong, "store imports effectful:\n" + "\n".join(wrong)
+
+
+def _module_level_imports(file: str) -> list[tuple[int, str]]:
+    """The modules ``file`` imports when it is imported: neither in a function nor
+    under ``if TYPE_CHECKING``. Relative imports come back as ``.name``."""
+    tree = ast.parse((SRC / file).read_text("utf-8"), file)
+    found: list[tuple[int, str]] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.extend((node.lineno, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                found.append((node.lineno, "." * node.level + (node.module or "")))
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for clause in node.handlers:
+                    visit(clause.body)
+
+    visit(tree.body)
+    return found
+
+
+class TestTracing:
+    """OpenTelemetry is an optional extra: only the tracing modules import it, lazily."""
+
+    def test_only_the_tracing_modules_import_opentelemetry(self) -> None:
+        """No module but handlers/tracing.py and runner/tracing.py imports it when imported,
+        and no module imports those two when imported (but one of the other)."""
+        tracing = {"handlers.tracing", "runner.tracing"}
+        wrong = []
+        for module, file in modules().items():
+            for line, name in _module_level_imports(file):
+                if name.split(".")[0] == "opentelemetry" and module not in tracing:
+                    wrong.append(f"src/{file}:{line}: {name}")
+                if name.endswith("tracing") and module not in tracing:
+                    wrong.append(f"src/{file}:{line}: {name}")
+        assert not wrong, "imported with tracing off:\n" + "\n".join(wrong)

@@ -53,6 +53,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"pydantic(_core)?(\..*)?"),
     # litellm: FakeLLM answers with litellm.ModelResponse.
     (r"py:.*", r"litellm(\..*)?"),
+    # OpenTelemetry: PersistenceHandler(tracing=TracerProvider) (an optional extra).
+    (r"py:.*", r"(opentelemetry(\..*)?|TracerProvider)"),
     # The standard library (no python.org inventory either); dataclasses for
     # ephemeral(), whose docstring points to dataclasses.field().
     (r"py:.*", r"(typing|collections\.abc|dataclasses|datetime|os|threading)(\..*)?"),

@@ -17,7 +17,7 @@ from effectful.ops.types import NotHandled
 from ..agents.history import history_messages
 from ..store.history import message_text
 from .effectful_hooks import bound_agent, set_history
-from .effects import Compacted, history_compacted
+from .effects import Compacted, compaction_scope, history_compacted
 
 logger = logging.getLogger("effectful_durable.compaction")
 
@@ -174,6 +174,14 @@ class CompactionHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
             )
             return False
         name = getattr(self.summarizer, "__name__", "summarizer")
+        with compaction_scope(agent, cut - start, name) as outcome:
+            compacted = self._compact(agent, messages, start, cut, name)
+            if outcome is not None:
+                outcome("compacted" if compacted else "summarizer_failed")
+            return compacted
+
+    def _compact(self, agent: Agent, messages: list[Any], start: int, cut: int, name: str) -> bool:
+        """Summarise ``messages[start:cut]`` and put the summary in their place."""
         try:
             text = self.summarizer(render_transcript(messages[start:cut]))
         except Exception:

@@ -140,6 +140,13 @@ def tool_name(tool_call: Any) -> str:
     return name.removeprefix("self__")
 
 
+def tool_failed(message: Any) -> bool:
+    """Whether a tool-result ``message`` is the error RetryLLMHandler returns for a tool
+    that raised (effectful's ``ToolCallExecutionError`` feedback: plain text content)."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    return isinstance(content, str) and content.startswith("Tool execution failed:")
+
+
 def tool_arguments(tool_call: Any) -> dict[str, Any]:
     """A decoded tool call's arguments, as JSON values."""
     import pydantic_core

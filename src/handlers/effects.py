@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,3 +28,16 @@ def history_compacted(agent: Any, compacted: Compacted) -> None:
     Unhandled, nothing is persisted: the agent is not durable.
     """
     del agent, compacted
+
+
+@Operation.define
+def compaction_scope(
+    agent: Any, messages: int, summarizer: str
+) -> contextlib.AbstractContextManager[Any]:
+    """The context a compaction of ``agent``'s history runs in: a trace span when traced.
+
+    CompactionHandler asks for it only when it compacts. It yields None, or a
+    function to call with the compaction's outcome. Unhandled, nothing.
+    """
+    del agent, messages, summarizer
+    return contextlib.nullcontext()

@@ -7,9 +7,10 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 from effectful.handlers.llm import Template
@@ -28,7 +29,7 @@ from ..agents.persistent import PersistentAgent
 from ..agents.state import conversation_fields, dump_state, reset_conversation_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError, TurnSuspended
-from ..store import Compaction, Durability, Handoff, Store, TurnStart
+from ..store import CommitStats, Compaction, Durability, Handoff, Store, TurnStart
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -55,12 +56,17 @@ from .effectful_hooks import (
     set_history,
     system_notes,
 )
-from .effects import Compacted, history_compacted
+from .effects import Compacted, compaction_scope, history_compacted
 from .events import EventHandling
 from .journal import Journal
 from .memory import MemoryHandling
 from .turn import Committed, Turn
 from .workspace import WorkspaceHandling
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from .tracing import Tracing
 
 log = logging.getLogger("effectful_durable.persistence")
 
@@ -136,6 +142,13 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             ``needs_approval(tool_name, arguments)`` returns falsy to run it, or
             True (or a text saying why) to suspend the turn until a person decides,
             as for tools marked with :func:`~effectful_durable.requires_approval`.
+        tracing: OpenTelemetry traces of the turns (see :doc:`/traces`): False
+            (the default) imports nothing of OpenTelemetry and costs nothing;
+            True uses the global TracerProvider; or pass a TracerProvider. Needs
+            ``pip install 'effectful-durable[otel]'``.
+        trace_tool_arguments: Record each tool call's arguments in its span
+            (``gen_ai.tool.call.arguments``, cut to 1024 characters). They are
+            written by the model, so off by default.
 
     A turn that calls a tool needing approval is suspended: its messages so far
     commit, with the approvals it waits for, and the call raises
@@ -146,8 +159,12 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     Raises:
         WorkflowDivergedError: A step asks for another template or other arguments
             than the journal recorded at its place.
+        ImportError: ``tracing`` is on and the OpenTelemetry API is not installed.
 
     .. versionadded:: 0.1.0
+
+    .. versionchanged:: 0.2.0
+       ``tracing`` and ``trace_tool_arguments``.
     """
 
     def __init__(
@@ -162,6 +179,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         on_unreadable: Literal["refuse", "quarantine"] = "refuse",
         on_invalid_state: Literal["raise", "default"] = "raise",
         needs_approval: ApprovalPolicy | None = None,
+        tracing: bool | TracerProvider = False,
+        trace_tool_arguments: bool = False,
     ) -> None:
         super().__init__()
         if keep_versions is not None and (
@@ -192,6 +211,12 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self.journal = Journal(self.store, workflow) if workflow is not None else None
         self._database = self.store._identity
         self._local = threading.local()
+        self._tracing: Tracing | None = None
+        if tracing is not False and tracing is not None:
+            from .tracing import Tracing  # imports opentelemetry: only when asked
+
+            provider = None if tracing is True else tracing
+            self._tracing = Tracing(provider, tool_arguments=trace_tool_arguments)
 
     def close(self) -> None:
         """Close the handler's store."""
@@ -237,8 +262,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             agent_id = agent.agent_id if agent is not None else None
             conversation = current_conversation(agent) if agent is not None else None
             step = journal.next_step(template, name, arguments, agent_id, parent, conversation)
+            started = time.time_ns() if self._tracing is not None else 0
             replayed, result = journal.replay(step, nested=bool(turns))
             if replayed:
+                if self._tracing is not None:
+                    self._tracing.replayed(journal.workflow, step.key, name, agent_id, started)
                 return result
         if agent is not None:
             turn = Turn(agent, name, step, current_conversation(agent), arguments=arguments)
@@ -278,7 +306,18 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     def _run_turn(
         self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
     ) -> Any:
+        if self._tracing is None:
+            return self._locked_turn(agent, turn, arguments, resume_only=resume_only)
+        workflow = self.journal.workflow if self.journal is not None else None
+        with self._tracing.turn(agent, turn, workflow) as span:
+            turn.span = span
+            return self._locked_turn(agent, turn, arguments, resume_only=resume_only)
+
+    def _locked_turn(
+        self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool
+    ) -> Any:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+        tracing = self._tracing
         with self.store.locked_turn(
             agent.agent_id,
             wait=self.wait,
@@ -287,13 +326,21 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             step=step,
             conversation=turn.conversation,
             resume_only=resume_only,
+            trace=tracing.traceparent(turn.span) if tracing is not None else None,
         ) as start:
             self._begin(agent, turn, start)
             self._turns().append(turn)
             set_in_turn(agent, True)
             try:
                 interpretation = self._turn_interpretation(turn)
-                with handler(interpretation) if interpretation else contextlib.nullcontext():
+                with contextlib.ExitStack() as installed:
+                    if interpretation:
+                        installed.enter_context(handler(interpretation))
+                    if self._tracing is not None:  # innermost: it sees every call first
+                        traced = self._tracing.interpretation(
+                            turn, lambda: self._turns()[-1] is turn
+                        )
+                        installed.enter_context(handler(traced))
                     result = fwd()
                 self._commit(agent, turn, result)
             except Suspend as suspend:
@@ -352,6 +399,14 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             )
         return None
 
+    @implements(compaction_scope)  # type: ignore[untyped-decorator]
+    def _compaction_scope(
+        self, agent: Any, messages: int, summarizer: str
+    ) -> contextlib.AbstractContextManager[Any]:
+        if self._tracing is None:
+            return fwd()  # type: ignore[no-any-return]
+        return self._tracing.compaction(agent, messages, summarizer)
+
     @implements(search_compacted)  # type: ignore[untyped-decorator]
     def _search_compacted(self, agent: Any, query: str, limit: int) -> list[dict[str, Any]]:
         if not isinstance(agent, PersistentAgent):
@@ -372,6 +427,15 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
 
     def _begin(self, agent: PersistentAgent, turn: Turn, start: TurnStart) -> None:
         """Carry on with the turn the store began (or refuse it): load what it needs."""
+        tracing = self._tracing
+        if tracing is not None:
+            earlier = start.earlier
+            tracing.started(
+                turn.span,
+                start.version,
+                earlier.trace if earlier is not None else None,
+                earlier.status if earlier is not None else "running",
+            )
         suspension = start.suspension
         if not start.started:  # nothing was written
             if suspension is None:
@@ -429,7 +493,12 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         the one in memory) the fields in memory are kept as they are.
         """
         conversation = current_conversation(agent)
-        loaded = self.store.load_agent(agent.agent_id, conversation)
+        if self._tracing is None:
+            loaded = self.store.load_agent(agent.agent_id, conversation)
+        else:
+            with self._tracing.load(agent.agent_id, conversation) as done:
+                loaded = self.store.load_agent(agent.agent_id, conversation)
+                done(len(loaded.history.messages))
         if (
             history_only
             and (committed := _committed(agent))
@@ -541,19 +610,32 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             detail["suspended"] = [asked.approval_id for asked in turn.asked]
         if turn.resuming is not None:
             detail["resumed"] = turn.resuming.suspension.suspended_in
-        version = self.store.commit_turn(
-            agent.agent_id,
-            base_version=committed.version,
-            template=turn.template,
-            change=change,
-            state=state if state != committed.state else None,
-            detail=detail or None,
-            step=step,
-            result=result_json,
-            compaction=compaction,
-            writes=writes,
-            conversation=committed.conversation,
-        )
+        tracing, stats = self._tracing, None
+        if tracing is not None:
+            # The turn's trace context, for the alarms it schedules (their deliveries link to it).
+            detail["trace"] = tracing.traceparent(turn.span)
+            stats = CommitStats()
+        with (
+            tracing.commit(agent.agent_id, stats)
+            if tracing is not None and stats is not None
+            else contextlib.nullcontext()
+        ):
+            version = self.store.commit_turn(
+                agent.agent_id,
+                base_version=committed.version,
+                template=turn.template,
+                change=change,
+                state=state if state != committed.state else None,
+                detail=detail or None,
+                step=step,
+                result=result_json,
+                compaction=compaction,
+                writes=writes,
+                conversation=committed.conversation,
+                stats=stats,
+            )
+        if tracing is not None:
+            tracing.committed(turn.span, version)
         if history is committed.history:
             history.extend(change)  # a logged plan: true now that it is committed
         turn.committed = Committed(

@@ -62,6 +62,8 @@ class Turn:
     # The id of the turn's own user message: operations whose history holds it
     # belong to the turn's own model loop, not to a template it called.
     own_message: str | None = None
+    # The turn's OpenTelemetry span, when its handler traces (handlers/tracing.py).
+    span: Any = None
 
 
 @dataclass

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from effectful.handlers.llm import Template
 from effectful.ops.semantics import fwd, handler
@@ -36,6 +36,9 @@ from ..store.engine.seam import AlarmListener, Polling
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 log = logging.getLogger("effectful_durable.runner")
 
@@ -176,7 +179,7 @@ class AgentRunner:
                     config="agents.toml").run()
 
     Args:
-        db: The database file, or an open Store.
+        db: The database file, or an open Store (the runner leaves it open).
         agents: Builds the agent of an id.
         handlers: Builds the handler stack, outermost first, from the config; it
             is built again after each reload. Default: ``LiteLLMProvider(model=
@@ -191,6 +194,11 @@ class AgentRunner:
             handlers must be thread-safe); default: the config's ``concurrency``,
             1. One agent's turns never run at once and keep their order. See
             :doc:`/production`.
+        tracing: OpenTelemetry traces (see :doc:`/traces`) for the
+            PersistenceHandler the runner adds when ``handlers`` returns none:
+            False, True (the global TracerProvider) or a TracerProvider. A
+            PersistenceHandler from ``handlers`` has its own ``tracing``. Either
+            way, with tracing on, each delivery is a span, the parent of its turn.
 
     Raises:
         ConfigError: The config file does not parse.
@@ -208,6 +216,7 @@ class AgentRunner:
         clock: Clock | None = None,
         durability: Durability = "normal",
         max_concurrency: int | None = None,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         if max_concurrency is not None:
             check_concurrency(max_concurrency, "max_concurrency")
@@ -237,6 +246,7 @@ class AgentRunner:
         self._persistence: PersistenceHandler | None = None
         self._own_persistence: PersistenceHandler | None = None
         self._pending_config: RunnerConfig | None = None
+        self._tracing_option = tracing
         self._in_flight: dict[str, _InProgress] = {}  # by alarm id
         self._lock = threading.Lock()  # the in-flight turns, the counters, the agents
         self._tasks: queue.SimpleQueue[tuple[Claim, float] | None] = queue.SimpleQueue()
@@ -425,8 +435,8 @@ class AgentRunner:
         """End the runner's worker threads and close the stores it opened."""
         for _ in self._workers:
             self._tasks.put(None)
-        if self._own_persistence is not None:
-            self._own_persistence.close()
+        # The runner's own PersistenceHandler holds nothing but self.store, and a
+        # store the caller passed in stays open for the caller.
         if self._owns_store:
             self.store.close()
 
@@ -632,13 +642,24 @@ class AgentRunner:
         return False
 
     def _deliver(self, claim: Claim, now: float) -> None:
+        tracing = self._persistence._tracing if self._persistence is not None else None
+        if tracing is None:
+            self._deliver_claim(claim, now)
+            return
+        from .tracing import delivery  # imports opentelemetry: only when traced
+
+        with delivery(tracing, self._queue, claim, self.id) as outcome:
+            outcome(self._deliver_claim(claim, now))
+
+    def _deliver_claim(self, claim: Claim, now: float) -> str:
+        """Deliver ``claim`` as a turn of its agent; what came of it, in a word."""
         config = self.config
         settings = config.agent(claim.agent_id)
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
             self._queue.release(claim, now + max(config.poll_interval, 60.0))
             log.debug("agent paused: alarm put back", extra=context)
-            return
+            return "paused"
         started = time.monotonic()
         log.info(
             "delivering %s %s to %s", claim.kind, claim.alarm_id, claim.agent_id, extra=context
@@ -651,7 +672,7 @@ class AgentRunner:
                 if not self._persistence.resume_queued(agent, claim.topic or ""):
                     self._queue.finish(claim)  # resumed elsewhere, or rolled back
                     log.info("nothing left to resume", extra=context)
-                    return
+                    return "nothing_to_resume"
             else:
                 template, arguments = _turn_of(agent, claim)
                 coalesce = config.missed == "coalesce"
@@ -674,6 +695,7 @@ class AgentRunner:
                 # delivery with it); a decision queues its resumption.
                 self._count(turns=1)
                 log.info("turn suspended: %s", suspended, extra=context)
+                outcome = "suspended"
             else:
                 # The agent's conversation waits for a decision: no turn began.
                 self._queue.release(claim, now + _SUSPENDED_RETRY)
@@ -683,12 +705,15 @@ class AgentRunner:
                     _SUSPENDED_RETRY,
                     extra=context,
                 )
+                outcome = "waits_for_decision"
         except AlarmLeaseLostError as error:
             self._count(errors=1)
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
+            outcome = "lease_lost"
         except AgentInUseError:
             self._queue.release(claim, now + _IN_USE_RETRY)
             log.info("agent busy in another process; alarm put back", extra=context)
+            outcome = "agent_busy"
         except KeyboardInterrupt:
             # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
             # handoff; give the alarm back so that the next runner delivers it at once.
@@ -696,9 +721,11 @@ class AgentRunner:
                 self._queue.release(claim, now)
             log.warning("turn interrupted; alarm put back", extra=context)
             self._stopping.set()
+            outcome = "interrupted"
         except Exception as error:
             self._count(errors=1)
             self._failed(claim, error, now, settings.max_attempts or config.max_attempts)
+            outcome = "failed"
         else:
             self._count(turns=1)
             duration = time.monotonic() - started
@@ -713,8 +740,10 @@ class AgentRunner:
                 duration,
                 extra={**context, "turn": version, "duration": round(duration, 6)},
             )
+            outcome = "delivered"
         finally:
             self._delivery.armed = None
+        return outcome
 
     def _failed(self, claim: Claim, error: Exception, now: float, max_attempts: int) -> None:
         attempts = claim.attempts + 1
@@ -772,7 +801,9 @@ class AgentRunner:
                 raise DurableError(msg)
         else:
             if self._own_persistence is None:
-                self._own_persistence = PersistenceHandler(self.store)
+                self._own_persistence = PersistenceHandler(
+                    self.store, tracing=self._tracing_option
+                )
             persistence = self._own_persistence
             stack.append(persistence)
         persistence.clock = self.clock.now

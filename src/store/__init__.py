@@ -15,6 +15,7 @@ from .engine.sqlite.connection import Durability, connect
 from .parts.memory import MemoryNote
 from .records import (
     AgentRecord,
+    CommitStats,
     Compaction,
     ConversationInfo,
     ForkedAgent,
@@ -31,6 +32,7 @@ from .store import Store
 
 __all__ = [
     "AgentRecord",
+    "CommitStats",
     "Compaction",
     "ConversationInfo",
     "Durability",

@@ -331,6 +331,27 @@ class AlarmQueue:
         with self._store._writing() as conn:
             return fail(conn, claim, error, retry_at)
 
+    def scheduled_by(self, claim: Claim) -> str | None:
+        """The ``traceparent`` of the turn that scheduled the claimed alarm, if it was traced.
+
+        A traced turn keeps its trace context in its version's detail (``"trace"``);
+        the alarm's row names that version (``created_in``).
+        """
+        with self._store._reading() as conn:
+            row = conn.execute(
+                """
+                SELECT v.detail, v.state IS NOT NULL
+                  FROM alarms a JOIN checked_versions v
+                    ON v.agent_id = a.agent_id AND v.version = a.created_in
+                 WHERE a.alarm_id = ? AND a.agent_id = ? AND a.status = 'pending'
+                 ORDER BY a.created_in DESC LIMIT 1
+                """,
+                (claim.alarm_id, claim.agent_id),
+            ).fetchone()
+        detail = json.loads(row[0]) if row and row[0] else None
+        trace = detail.get("trace") if isinstance(detail, dict) else None
+        return trace if isinstance(trace, str) else None
+
     def reclaim_dead_owners(self, now: float) -> int:
         """Free the leases of dead runner processes on this host."""
         with self._store._writing() as conn:

@@ -72,10 +72,11 @@ class Handoff:
     ``status`` is ``"running"`` while the turn runs and stays so if its process
     died; ``"failed"`` with ``error`` if it raised. ``interrupted`` is the earlier
     handoff this turn was told about, if any. Each conversation of an agent has
-    its own handoff.
+    its own handoff. ``trace`` is the W3C ``traceparent`` of the turn's span when
+    it ran with tracing on, so that the turn after it can link to it.
 
     .. versionchanged:: 0.2.0
-       ``conversation``.
+       ``conversation``, ``trace``.
     """
 
     agent_id: str
@@ -90,6 +91,7 @@ class Handoff:
     started_at: datetime
     ended_at: datetime | None
     conversation: str = "default"
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,21 @@ class TurnStart:
     step_number: int | None
     suspension: Suspension | None = None
     started: bool = True
+
+
+@dataclass(slots=True)
+class CommitStats:
+    """What a commit wrote, filled in by ``commit_turn`` when asked (for traces).
+
+    ``rows`` counts the rows of the turn's history change and version (messages
+    added and archived, the version row, the agent's row, the cleared handoff);
+    ``bytes`` the UTF-8 JSON of the messages, fields, detail and step result.
+    The parts a turn staged (memory, SQL, alarms) are counted in ``parts``.
+    """
+
+    rows: int = 0
+    bytes: int = 0
+    parts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

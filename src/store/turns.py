@@ -18,7 +18,7 @@ from .journal import STEP_UPSERT, step_number
 from .parts import approvals as _approvals
 from .parts import conversation_fields
 from .parts import conversations as _conversations
-from .records import Compaction, Handoff, LoadedAgent, TurnStart
+from .records import CommitStats, Compaction, Handoff, LoadedAgent, TurnStart
 from .rows import current_version, decode_positioned, dumps, legible, state_at, utc
 
 _HOST = socket.gethostname()
@@ -60,6 +60,7 @@ class TurnProtocol(StoreBase):
         step: tuple[str, str] | None = None,
         conversation: str = DEFAULT_CONVERSATION,
         resume_only: bool = False,
+        trace: str | None = None,
     ) -> Iterator[TurnStart]:
         """Hold the agent's lock for the block and begin a turn in it (``begin_turn``).
 
@@ -76,7 +77,7 @@ class TurnProtocol(StoreBase):
         if step is None and not resume_only:
             first = (
                 _HANDOFF_INSERT,
-                self._handoff_values(agent_id, conversation, template, arguments),
+                self._handoff_values(agent_id, conversation, template, arguments, trace),
             )
         with self._db.agent_lock(agent_id, wait=wait, first=first) as rows:
             if rows:
@@ -89,6 +90,7 @@ class TurnProtocol(StoreBase):
                     step=step,
                     conversation=conversation,
                     resume_only=resume_only,
+                    trace=trace,
                 )
 
     def begin_turn(
@@ -100,6 +102,7 @@ class TurnProtocol(StoreBase):
         step: tuple[str, str] | None = None,
         conversation: str = DEFAULT_CONVERSATION,
         resume_only: bool = False,
+        trace: str | None = None,
     ) -> TurnStart:
         """Commit a handoff row for a turn that starts now (and its journal step).
 
@@ -115,6 +118,9 @@ class TurnProtocol(StoreBase):
             arguments: The template's arguments, as JSON values.
             step: ``(workflow, step key)`` when the turn is a workflow step.
             resume_only: Start only as the conversation's suspended turn, resumed.
+            trace: The W3C ``traceparent`` of the turn's span, kept in the handoff
+                (:attr:`Handoff.trace <effectful_durable.Handoff.trace>`) so
+                that the turn after a crash can link to it.
 
         Returns:
             The agent's committed version, the handoff of an earlier turn that did
@@ -131,7 +137,7 @@ class TurnProtocol(StoreBase):
                 # fetchall: the statement (and so its commit) runs to its end here.
                 rows = conn.execute(
                     _HANDOFF_INSERT,
-                    self._handoff_values(agent_id, conversation, template, arguments),
+                    self._handoff_values(agent_id, conversation, template, arguments, trace),
                 ).fetchall()
             if rows:
                 return TurnStart(int(rows[0][0]), None, None)
@@ -169,7 +175,7 @@ class TurnProtocol(StoreBase):
                     version,
                     template,
                     arguments_json,
-                    _handoff_json(earlier),
+                    _handoff_json(earlier, trace),
                     _HOST,
                     os.getpid(),
                     now,
@@ -203,7 +209,12 @@ class TurnProtocol(StoreBase):
         return TurnStart(version, earlier, number, suspension)
 
     def _handoff_values(
-        self, agent_id: str, conversation: str, template: str, arguments: Any
+        self,
+        agent_id: str,
+        conversation: str,
+        template: str,
+        arguments: Any,
+        trace: str | None = None,
     ) -> tuple[Any, ...]:
         """The parameters of ``_HANDOFF_INSERT`` for a turn that starts now."""
         return (
@@ -214,6 +225,7 @@ class TurnProtocol(StoreBase):
             _HOST,
             os.getpid(),
             time.time(),
+            _handoff_json(None, trace),
         )
 
     def commit_turn(
@@ -230,6 +242,7 @@ class TurnProtocol(StoreBase):
         compaction: Compaction | None = None,
         writes: Sequence[TurnWrite] = (),
         conversation: str = DEFAULT_CONVERSATION,
+        stats: CommitStats | None = None,
     ) -> int:
         """Commit one turn in one transaction and clear its handoff.
 
@@ -248,6 +261,7 @@ class TurnProtocol(StoreBase):
                 next version, in the same transaction.
             writes: What the turn staged besides messages and fields (memory, SQL,
                 alarms), applied as part of the turn's version.
+            stats: Filled in with what the commit wrote, once it has committed.
 
         Returns:
             The last new version.
@@ -260,7 +274,7 @@ class TurnProtocol(StoreBase):
         # A batch: on PostgreSQL the turn's statements and its commit travel together.
         with self._db.writing(batch=True) as conn:
             self._db.advance(conn, agent_id, base_version, new if compaction is None else new + 1)
-            self._write_version(
+            added = self._write_version(
                 conn,
                 agent_id,
                 new,
@@ -290,6 +304,8 @@ class TurnProtocol(StoreBase):
             if compaction is not None:
                 new += 1
                 self._write_compaction(conn, agent_id, new, compaction, conversation)
+        if stats is not None:
+            _count(stats, added, change, state, detail, result, writes, compaction)
         return new
 
     def commit_compaction(
@@ -349,8 +365,12 @@ class TurnProtocol(StoreBase):
         state: str | None,
         detail: Mapping[str, Any] | None,
         conversation: str,
-    ) -> None:
-        """Apply one conversation's history change as ``version`` and record the version."""
+    ) -> list[tuple[Any, ...]]:
+        """Apply one conversation's history change as ``version`` and record the version.
+
+        Returns:
+            The message rows it inserted.
+        """
         added = [
             (
                 agent_id,
@@ -393,6 +413,7 @@ class TurnProtocol(StoreBase):
             detail=detail,
             conversation=conversation,
         )
+        return added
 
     def _write_compaction(
         self,
@@ -473,12 +494,35 @@ class TurnProtocol(StoreBase):
         )
 
 
+def _count(
+    stats: CommitStats,
+    added: list[tuple[Any, ...]],
+    change: HistoryChange,
+    state: str | None,
+    detail: Mapping[str, Any] | None,
+    result: str | None,
+    writes: Sequence[TurnWrite],
+    compaction: Compaction | None,
+) -> None:
+    """Fill ``stats`` with what a committed turn wrote (see :class:`CommitStats`)."""
+    texts = [row[6] for row in added]
+    texts += [text for text in (state, result) if text is not None]
+    if detail:
+        texts.append(dumps(detail))
+    rows = len(added) + change.removed_count + 3  # the version, the agent, the handoff
+    if compaction is not None:
+        rows += len(compaction.change.added) + compaction.change.removed_count + 2
+    stats.rows = rows
+    stats.bytes = sum(len(text.encode()) for text in texts)
+    stats.parts = len(writes)
+
+
 # A turn's handoff when no earlier one is there, and no suspended turn: else no row.
 _HANDOFF_INSERT = """
     INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
-        status, host, pid, started_at)
+        status, interrupted, host, pid, started_at)
     SELECT ?1, ?2, coalesce((SELECT version FROM checked_agents WHERE agent_id = ?1), 0), ?3, ?4,
-        'running', ?5, ?6, ?7
+        'running', ?8, ?5, ?6, ?7
      WHERE NOT EXISTS (SELECT 1 FROM approvals
                         WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
     ON CONFLICT (agent_id, conversation) DO NOTHING
@@ -507,6 +551,8 @@ def handoff_of(row: tuple[Any, ...]) -> Handoff:
         ended,
         conversation,
     ) = row
+    told = json.loads(interrupted) if interrupted else None
+    trace = told.pop("trace", None) if told is not None else None
     return Handoff(
         agent_id,
         base,
@@ -514,20 +560,25 @@ def handoff_of(row: tuple[Any, ...]) -> Handoff:
         json.loads(arguments),
         status,
         error,
-        json.loads(interrupted) if interrupted else None,
+        told or None,
         host,
         pid,
         utc(started),
         utc(ended) if ended is not None else None,
         conversation,
+        trace,
     )
 
 
-def _handoff_json(handoff: Handoff | None) -> str | None:
-    if handoff is None:
-        return None
-    return dumps(
-        {
+def _handoff_json(handoff: Handoff | None, trace: str | None = None) -> str | None:
+    """The handoff's ``interrupted`` column: the earlier handoff it replaces, if any.
+
+    With tracing on it also keeps the turn's own ``traceparent`` under ``"trace"``
+    (read back as :attr:`Handoff.trace`), so that no schema change was needed.
+    """
+    told: dict[str, Any] = {}
+    if handoff is not None:
+        told = {
             "template": handoff.template,
             "arguments": handoff.arguments,
             "status": handoff.status,
@@ -535,4 +586,6 @@ def _handoff_json(handoff: Handoff | None) -> str | None:
             "base_version": handoff.base_version,
             "started_at": handoff.started_at.isoformat(),
         }
-    )
+    if trace is not None:
+        told["trace"] = trace
+    return dumps(told) if told else None

@@ -67,6 +67,14 @@ class TestDelivery:
         assert (alarm.alarm_id, alarm.status, alarm.ended_in) == (alarm_id, "done", 1)
         assert [v.template for v in store.versions("k")] == ["on_alarm"]
 
+    def test_a_store_passed_in_stays_open(self, store: Store, clock: FakeClock) -> None:
+        """A runner given a Store (not a path) delivers through it and leaves it open."""
+        schedule(store, clock, "k", "check the oven", delay=0)
+        with AgentRunner(store, agents=make_agent, handlers=make_handlers, clock=clock) as shared:
+            shared.run(until=START + 1)
+        assert delivered(store.history("k")) == ["check the oven"]
+        schedule(store, clock, "k", "check again", delay=60)  # the caller's store still writes
+
     def test_interval_alarm_fires_every_hour(
         self, store_url: str, store: Store, clock: FakeClock
     ) -> None:

@@ -70,6 +70,27 @@ class TestOpening:
         with psycopg.connect(postgres_url) as conn:
             assert conn.execute("SELECT schema_version FROM effectful_durable").fetchone() == (99,)
 
+    @pytest.mark.parametrize("given_in", ["url", "PGOPTIONS"])
+    def test_the_users_search_path_is_kept(
+        self, postgres_url: str, given_in: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Options in the URL (or PGOPTIONS) keep effect: our tables go into their schema."""
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA agents")
+        if given_in == "url":
+            url = f"{postgres_url}?options=-csearch_path%3Dagents"
+        else:
+            url = postgres_url
+            monkeypatch.setenv("PGOPTIONS", "-c search_path=agents")
+        with Store(url) as store:
+            commit_message(store, "a1", "in the agents schema")
+            assert store.history("a1")[-1]["content"] == "in the agents schema"
+        with psycopg.connect(postgres_url) as conn:
+            found = conn.execute(
+                "SELECT schemaname FROM pg_tables WHERE tablename = 'messages'"
+            ).fetchall()
+        assert found == [("agents",)]
+
     def test_opening_connects_once(
         self, postgres_server: PostgresServer, postgres_url: str
     ) -> None:

@@ -59,7 +59,7 @@ from ....errors import (
 )
 from ..seam import APPLICATION_ID, Conn, Rows, Statement, TurnWrite, moved_by, redacted
 from .listen import KEEPALIVES, NotifyListener
-from .opening import first_connection, pool_connections, unavailable_reason
+from .opening import first_connection, pool_connections, unavailable_reason, user_options
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
@@ -114,9 +114,13 @@ class PostgresDatabase:
         self._local = threading.local()
         self._closed = False
         # Waits for a row lock end at busy_timeout, as SQLite's busy timeout does.
+        # The user's own options (the URL's, else PGOPTIONS) go first: libpq would
+        # otherwise drop them for ours.
         options = f"-c lock_timeout={max(1, int(busy_timeout * 1000))}"
         if readonly:
             options += " -c default_transaction_read_only=on"
+        if own := user_options(url):
+            options = f"{own} {options}"
         self._connect_kwargs: dict[str, Any] = {
             "autocommit": True,
             "application_name": f"effectful-durable {_HOST} {os.getpid()}",

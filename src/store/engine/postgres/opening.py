@@ -260,6 +260,11 @@ _REFUSALS = (
 # -- words -------------------------------------------------------------------------
 
 
+def user_options(url: str) -> str:
+    """The libpq ``options`` the user gave: the URL's, else ``PGOPTIONS``'s."""
+    return (_conninfo(url).get("options") or os.environ.get("PGOPTIONS", "")).strip()
+
+
 def _conninfo(url: str) -> dict[str, str]:
     """libpq's settings from ``url`` (empty if it cannot parse it)."""
     try:
