@@ -18,6 +18,7 @@ messages, not of time. Startup and authentication are not counted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -74,12 +75,9 @@ class WireCounter:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
-        with_suppressed = (OSError,)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)
             os.rmdir(self.directory)
-        except with_suppressed:
-            pass
 
     # -- forwarding -------------------------------------------------------------------
 
@@ -189,8 +187,6 @@ def _text(body: bytes) -> str:
 
 
 def _shut(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     sock.close()

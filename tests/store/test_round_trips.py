@@ -17,6 +17,7 @@ from tests.helpers import Assistant, persisted
 from tests.wire_counter import Counts, WireCounter
 
 #: The most round trips a plain turn of an agent already loaded may take (issue 25).
+#: It takes 3: the lock with the handoff row, the commit, the unlock (12 before).
 PLAIN_TURN_ROUND_TRIPS = 4
 
 
