@@ -29,7 +29,7 @@ from ..agents.persistent import PersistentAgent
 from ..agents.state import conversation_fields, dump_state, reset_conversation_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError, TurnSuspended
-from ..store import CommitStats, Compaction, Durability, Handoff, Store
+from ..store import CommitStats, Compaction, Durability, Handoff, Store, TurnStart
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -316,8 +316,19 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     def _locked_turn(
         self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool
     ) -> Any:
-        with self.store.agent_lock(agent.agent_id, wait=self.wait):
-            self._begin(agent, turn, arguments, resume_only=resume_only)
+        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+        tracing = self._tracing
+        with self.store.locked_turn(
+            agent.agent_id,
+            wait=self.wait,
+            template=turn.template,
+            arguments=arguments,
+            step=step,
+            conversation=turn.conversation,
+            resume_only=resume_only,
+            trace=tracing.traceparent(turn.span) if tracing is not None else None,
+        ) as start:
+            self._begin(agent, turn, start)
             self._turns().append(turn)
             set_in_turn(agent, True)
             try:
@@ -414,20 +425,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             turns = self._local.turns = []
         return turns
 
-    def _begin(
-        self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
-    ) -> None:
-        step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
+    def _begin(self, agent: PersistentAgent, turn: Turn, start: TurnStart) -> None:
+        """Carry on with the turn the store began (or refuse it): load what it needs."""
         tracing = self._tracing
-        start = self.store.begin_turn(
-            agent.agent_id,
-            template=turn.template,
-            arguments=arguments,
-            step=step,
-            conversation=turn.conversation,
-            resume_only=resume_only,
-            trace=tracing.traceparent(turn.span) if tracing is not None else None,
-        )
         if tracing is not None:
             earlier = start.earlier
             tracing.started(

@@ -16,7 +16,7 @@ import atexit
 import os
 import weakref
 from contextlib import AbstractContextManager, suppress
-from typing import Literal
+from typing import Literal, cast
 
 import apsw
 
@@ -197,7 +197,11 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, 
         """
         # Checked here, as the lock is taken only when the block is entered, past the
         # translation of the lock's errors (a lone surrogate cannot name a lock file).
-        return self._db.agent_lock(validate_agent_id(agent_id), wait=wait)
+        # Without a first statement the block's value is None.
+        return cast(
+            AbstractContextManager[None],
+            self._db.agent_lock(validate_agent_id(agent_id), wait=wait),
+        )
 
     # -- internals -----------------------------------------------------------
 

@@ -6,14 +6,14 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from ..errors import AgentInUseError
 from .base import StoreBase
 from .engine.seam import Conn, TurnWrite
 from .history import ActiveHistory, HistoryChange, message_json
-from .ids import DEFAULT_CONVERSATION
+from .ids import DEFAULT_CONVERSATION, validate_agent_id
 from .journal import STEP_UPSERT, step_number
 from .parts import approvals as _approvals
 from .parts import conversation_fields
@@ -48,6 +48,50 @@ class TurnProtocol(StoreBase):
             state = state_at(conn, agent_id, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
+
+    @contextmanager
+    def locked_turn(
+        self,
+        agent_id: str,
+        *,
+        wait: float = 0.0,
+        template: str,
+        arguments: Any,
+        step: tuple[str, str] | None = None,
+        conversation: str = DEFAULT_CONVERSATION,
+        resume_only: bool = False,
+        trace: str | None = None,
+    ) -> Iterator[TurnStart]:
+        """Hold the agent's lock for the block and begin a turn in it (``begin_turn``).
+
+        The same as ``begin_turn`` inside ``agent_lock``, but the common start (no
+        workflow step, no earlier handoff) is written with the lock's request: on
+        PostgreSQL one round trip takes the lock and commits the handoff row.
+
+        Raises:
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+            AgentInUseError: It stayed held for longer than ``wait`` seconds.
+        """
+        validate_agent_id(agent_id)
+        first = None
+        if step is None and not resume_only:
+            first = (
+                _HANDOFF_INSERT,
+                self._handoff_values(agent_id, conversation, template, arguments, trace),
+            )
+        with self._db.agent_lock(agent_id, wait=wait, first=first) as rows:
+            if rows:
+                yield TurnStart(int(rows[0][0]), None, None)
+            else:
+                yield self.begin_turn(
+                    agent_id,
+                    template=template,
+                    arguments=arguments,
+                    step=step,
+                    conversation=conversation,
+                    resume_only=resume_only,
+                    trace=trace,
+                )
 
     def begin_turn(
         self,
@@ -93,16 +137,7 @@ class TurnProtocol(StoreBase):
                 # fetchall: the statement (and so its commit) runs to its end here.
                 rows = conn.execute(
                     _HANDOFF_INSERT,
-                    (
-                        agent_id,
-                        conversation,
-                        template,
-                        arguments_json,
-                        _HOST,
-                        os.getpid(),
-                        now,
-                        _handoff_json(None, trace),
-                    ),
+                    self._handoff_values(agent_id, conversation, template, arguments, trace),
                 ).fetchall()
             if rows:
                 return TurnStart(int(rows[0][0]), None, None)
@@ -173,6 +208,26 @@ class TurnProtocol(StoreBase):
                 )
         return TurnStart(version, earlier, number, suspension)
 
+    def _handoff_values(
+        self,
+        agent_id: str,
+        conversation: str,
+        template: str,
+        arguments: Any,
+        trace: str | None = None,
+    ) -> tuple[Any, ...]:
+        """The parameters of ``_HANDOFF_INSERT`` for a turn that starts now."""
+        return (
+            agent_id,
+            conversation,
+            template,
+            dumps(arguments),
+            _HOST,
+            os.getpid(),
+            time.time(),
+            _handoff_json(None, trace),
+        )
+
     def commit_turn(
         self,
         agent_id: str,
@@ -216,8 +271,9 @@ class TurnProtocol(StoreBase):
             AgentInUseError: The agent was changed by a writer that bypassed its lock.
         """
         new = base_version + 1
-        with self._writing() as conn:
-            _advance(conn, agent_id, base_version, new if compaction is None else new + 1)
+        # A batch: on PostgreSQL the turn's statements and its commit travel together.
+        with self._db.writing(batch=True) as conn:
+            self._db.advance(conn, agent_id, base_version, new if compaction is None else new + 1)
             added = self._write_version(
                 conn,
                 agent_id,
@@ -266,7 +322,7 @@ class TurnProtocol(StoreBase):
             The new version.
         """
         with self._writing() as conn:
-            _advance(conn, agent_id, base_version, base_version + 1)
+            self._db.advance(conn, agent_id, base_version, base_version + 1)
             self._write_compaction(conn, agent_id, base_version + 1, compaction, conversation)
         return base_version + 1
 
@@ -459,33 +515,6 @@ def _count(
     stats.rows = rows
     stats.bytes = sum(len(text.encode()) for text in texts)
     stats.parts = len(writes)
-
-
-def _advance(conn: Conn, agent_id: str, base_version: int, version: int) -> None:
-    """Move the agent from ``base_version`` to ``version``, fenced: no other writer moved it.
-
-    The agents row stays locked until the transaction ends.
-
-    Raises:
-        AgentInUseError: Another writer committed since ``base_version``.
-    """
-    if base_version == 0:
-        conn.execute(
-            """
-            INSERT INTO agents (agent_id, version, created_at, updated_at)
-            VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING
-            """,
-            (agent_id, version, time.time()),
-        )
-    else:
-        conn.execute(
-            "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ? AND version = ?",
-            (version, time.time(), agent_id, base_version),
-        )
-    if conn.changes() != 1:
-        current = current_version(conn, agent_id) or 0
-        holder = f"a writer that committed version {current} during this turn"
-        raise AgentInUseError(agent_id, holder)
 
 
 # A turn's handoff when no earlier one is there, and no suspended turn: else no row.

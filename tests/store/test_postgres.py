@@ -24,7 +24,7 @@ from effectful_durable.errors import (
     NotSupportedError,
 )
 from effectful_durable.store.engine.postgres.opening import access_error
-from effectful_durable.store.engine.postgres.schema import SCHEMA_VERSION
+from effectful_durable.store.engine.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from effectful_durable.store.engine.seam import APPLICATION_ID
 from effectful_durable.testing import FakeLLM
 from tests.helpers import (
@@ -47,9 +47,9 @@ def tables(url: str) -> list[str]:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 5)."""
+        """Opening an empty database creates the schema and marks it ours (version 6)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 5
+            assert store.check()["schema"] == SCHEMA_VERSION == 6
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
@@ -298,6 +298,22 @@ class TestMigrations:
             postgres_server.drop_database(fresh)
             postgres_server.drop_database(old)
 
+    def test_schema_5_gains_the_turn_functions(self, postgres_url: str) -> None:
+        """A schema-5 database (before the turn's functions) migrates to schema 6 when
+        opened, and its agents' turns go on from the versions they had."""
+        self.schema3(postgres_url)
+        with psycopg.connect(postgres_url) as conn:
+            for version in (3, 4):
+                conn.execute(MIGRATIONS[version])
+            conn.execute("UPDATE effectful_durable SET schema_version = 5")
+        with Store(postgres_url) as store:
+            assert store.check()["schema"] == 6
+            assert commit_message(store, "bot") == 2  # bot was at version 1
+            with store.locked_turn("new", template="t", arguments={}) as start:
+                assert start.version == 0
+        functions = [name for name, _ in catalog(postgres_url)["functions"]]
+        assert {"effectful_durable_lock", "effectful_durable_advance"} <= set(functions)
+
     def test_a_read_only_store_does_not_migrate(self, postgres_url: str) -> None:
         """readonly=True refuses an older schema, saying to open it read-write once."""
         self.schema3(postgres_url)
@@ -336,6 +352,36 @@ class TestBackup:
 
 
 class TestSingleWriter:
+    def test_a_waiting_turn_starts_when_the_holder_lets_go(self, postgres_url: str) -> None:
+        """A turn's start (the lock and its handoff row in one round trip) on an agent
+        another session holds writes nothing; waiting, it starts once that lets go."""
+        with Store(postgres_url) as holder, Store(postgres_url) as waiter:
+            held, go = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                with holder.agent_lock("bot"):
+                    held.set()
+                    go.wait(10)
+                    time.sleep(0.2)
+
+            thread = threading.Thread(target=hold)
+            thread.start()
+            try:
+                held.wait(10)
+                with (
+                    pytest.raises(AgentInUseError, match="process"),
+                    waiter.locked_turn("bot", template="t", arguments={}),
+                ):
+                    pass
+                assert waiter.handoffs() == []
+                go.set()
+                with waiter.locked_turn("bot", wait=10, template="t", arguments={"a": 1}) as start:
+                    assert start.version == 0
+                    assert [h.arguments for h in waiter.handoffs()] == [{"a": 1}]
+            finally:
+                go.set()
+                thread.join()
+
     def test_a_second_process_gets_agent_in_use_naming_the_holder(self, postgres_url: str) -> None:
         """While this process holds an agent, another process's turn on it is refused,
         and the error names this process's pid and host."""

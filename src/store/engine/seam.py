@@ -15,8 +15,8 @@ differs too: beside the SQLite file, or in a cache directory per PostgreSQL
 database (``PostgresDatabase.workspace_directory``); the Store makes that cache.
 
 Besides the protocols, this module holds what both engines and the layers above
-them share: :class:`TurnWrite`, :class:`Polling` and :data:`APPLICATION_ID`. It
-imports nothing of ours.
+them share: :class:`TurnWrite`, :data:`Statement`, :class:`Polling` and
+:data:`APPLICATION_ID`. It imports nothing of ours.
 
 A part a backend does not carry yet is refused there (:meth:`Database.require`,
 :meth:`Database.check_writes`), never half done.
@@ -63,6 +63,10 @@ class Conn(Protocol):
         """Rows changed by the last INSERT, UPDATE or DELETE."""
 
 
+#: One statement and its parameters.
+Statement = tuple[str, Sequence[Any]]
+
+
 class TurnWrite(Protocol):
     """Something a turn writes besides messages and fields, in the turn's transaction."""
 
@@ -101,8 +105,14 @@ class Database(Protocol):
     def reading(self) -> AbstractContextManager[Conn]:
         """One read transaction (or the thread's open write): several reads, one snapshot."""
 
-    def writing(self) -> AbstractContextManager[Conn]:
-        """One write transaction: committed when the block ends, rolled back if it raises."""
+    def writing(self, *, batch: bool = False) -> AbstractContextManager[Conn]:
+        """One write transaction: committed when the block ends, rolled back if it raises.
+
+        With ``batch``, the statements may travel to the server together, with the
+        commit (PostgreSQL's pipeline mode): reading a statement's rows or
+        :meth:`Conn.changes` then waits for its answer, and a statement's error may
+        be raised by a later statement or at the end of the block.
+        """
 
     def autocommit(self) -> AbstractContextManager[Conn]:
         """A connection whose statements each commit on their own (no BEGIN or COMMIT).
@@ -111,11 +121,28 @@ class Database(Protocol):
         less. Nested in this thread's open write, the statements join that.
         """
 
-    def agent_lock(self, agent_id: str, *, wait: float) -> AbstractContextManager[None]:
+    def agent_lock(
+        self, agent_id: str, *, wait: float, first: Statement | None = None
+    ) -> AbstractContextManager[list[Any] | None]:
         """Hold ``agent_id`` against every other thread and process.
+
+        With ``first``, run that statement, in a transaction of its own, as soon as
+        the lock is held, and give its rows as the block's value (on PostgreSQL it
+        travels with the lock's request: one round trip for both).
 
         Raises:
             AgentInUseError: It stayed held for longer than ``wait`` seconds.
+        """
+
+    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+        """Move the agent from ``base_version`` to ``version`` (a new agent from 0),
+        fenced: the write fails unless no other writer moved it since ``base_version``.
+
+        The agents row stays locked until the transaction ends. In a batch the
+        failure may come at a later statement or at the end of the block.
+
+        Raises:
+            AgentInUseError: Another writer committed since ``base_version``.
         """
 
     def close(self) -> None:
@@ -181,6 +208,11 @@ class Database(Protocol):
 
     def columns(self, conn: Conn) -> dict[str, list[str]]:
         """Each of the database's tables, with its columns in order."""
+
+
+def moved_by(version: int) -> str:
+    """Who holds an agent whose fenced advance failed: AgentInUseError's ``holder``."""
+    return f"a writer that committed version {version} during this turn"
 
 
 def is_postgres_url(target: str) -> bool:

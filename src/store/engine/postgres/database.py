@@ -8,14 +8,21 @@ schema's identification) is here. See ``engine/seam.py`` for the seam.
 
 - Transactions: a write is ``BEGIN`` (read committed) ... ``COMMIT`` on a pooled
   connection; a read is one ``REPEATABLE READ READ ONLY`` snapshot. A block
-  nested in this thread's open block uses that block's connection.
+  nested in this thread's open block uses that block's connection. A turn's
+  commit is a batch: its statements go with ``BEGIN`` and ``COMMIT`` in one
+  pipeline, one round trip.
 - One writer per agent: a session advisory lock on a connection of its own per
   Store, keyed by a hash of the agent id; the server drops it when the holding
-  process dies. Each commit also locks the agent's row and checks its version
-  (fencing: a writer that lost its lock cannot commit over another's turn).
+  process dies. A turn takes it with its handoff row in one round trip (the
+  schema's ``effectful_durable_lock`` raises when another session holds it, and
+  the server skips the insert). Each commit also locks the agent's row and
+  checks its version (fencing: a writer that lost its lock cannot commit over
+  another's turn; ``effectful_durable_advance`` raises, so that a batch reads
+  nothing back before its commit).
 - A lost connection (server restart, network) fails the block in flight with
   DatabaseUnavailableError; the pool checks connections before handing them
-  out, so the next block connects afresh.
+  out (reading what the server sent, without a query), so the next block
+  connects afresh.
 - The agents' SQL workspaces: their log is in this database, like every other
   part; each machine keeps its SQLite files of the agents' tables in a
   stamped cache of its own, one directory per database
@@ -39,6 +46,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
 from ....errors import (
     AgentInUseError,
@@ -49,7 +57,7 @@ from ....errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, redacted
+from ..seam import APPLICATION_ID, Conn, Rows, Statement, TurnWrite, moved_by, redacted
 from .listen import KEEPALIVES, NotifyListener
 from .opening import first_connection, pool_connections, unavailable_reason, user_options
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
@@ -60,6 +68,11 @@ _HOST = socket.gethostname()
 # part a turn writes is carried now).
 _UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = ()
 _UNSUPPORTED_PREFIXES = ("Store.vacuum",)
+
+# The SQLSTATEs of the schema's functions (schema.sql): the agent's lock is held by
+# another session; another writer moved the agent.
+_HELD = "EDLCK"
+_MOVED = "EDMVD"
 
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.1
@@ -124,7 +137,7 @@ class PostgresDatabase:
             min_size=1,
             max_size=pool_size,
             kwargs=self._connect_kwargs,
-            check=psycopg_pool.ConnectionPool.check_connection,
+            check=_still_open,
             open=False,
             timeout=wait,
             name=f"effectful-durable {self.location}",
@@ -164,8 +177,9 @@ class PostgresDatabase:
             raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
 
     @contextmanager
-    def _transaction(self, begin: str | None) -> Iterator[PostgresConn]:
-        """A pooled connection in a transaction started by ``begin`` (None: autocommit)."""
+    def _transaction(self, begin: str | None, *, batch: bool = False) -> Iterator[PostgresConn]:
+        """A pooled connection in a transaction started by ``begin`` (None: autocommit),
+        its statements pipelined with the commit if ``batch``."""
         if self._closed:
             msg = f"Store({self.location!r}) is closed; open a new Store to use it"
             raise DurableError(msg)
@@ -181,32 +195,64 @@ class PostgresDatabase:
                     if begin is None:
                         yield conn
                         return
-                    raw.execute(begin)
                     try:
-                        yield conn
+                        if batch:
+                            # One round trip: BEGIN, the block's statements and COMMIT
+                            # go out together, and the pipeline's end waits for them
+                            # (raising the first error; the server skips what follows).
+                            with raw.pipeline() as conn.pipeline:
+                                raw.execute(begin)
+                                yield conn
+                                raw.execute("COMMIT")
+                        else:
+                            raw.execute(begin)
+                            yield conn
+                            raw.execute("COMMIT")
                     except BaseException:
-                        if not raw.closed and not raw.broken:
+                        if (
+                            not raw.closed
+                            and not raw.broken
+                            and raw.info.transaction_status != TransactionStatus.IDLE
+                        ):
                             with suppress(psycopg.Error):  # the pool discards it then
                                 raw.execute("ROLLBACK")
                         raise
-                    raw.execute("COMMIT")
+                    finally:
+                        conn.pipeline = None
                 finally:
                     self._local.conn = None
+        except psycopg.Error as e:
+            ours = self._translated(e)
+            if ours is e:
+                raise
+            raise ours from e
         except psycopg_pool.PoolTimeout as e:
             raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
-        except pg_errors.LockNotAvailable as e:
-            raise DatabaseBusyError(self.location, self.busy_timeout) from e
-        except pg_errors.ReadOnlySqlTransaction as e:
+
+    def _translated(self, error: psycopg.Error) -> BaseException:
+        """What to raise for ``error`` of a statement: ours, or the error itself."""
+        if isinstance(error, pg_errors.LockNotAvailable):
+            return DatabaseBusyError(self.location, self.busy_timeout)
+        if isinstance(error, pg_errors.ReadOnlySqlTransaction):
             msg = (
                 f"{self.location} is open read-only (readonly=True); open Store(url) to change it"
             )
-            raise DurableError(msg) from e
-        except psycopg.OperationalError as e:
-            raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
+            return DurableError(msg)
+        if isinstance(error, psycopg.OperationalError):
+            return DatabaseUnavailableError(self.location, unavailable_reason(error, self.url))
+        if error.sqlstate == _MOVED:  # effectful_durable_advance (schema.sql)
+            # The message is the agent's id; the detail "moved to version N during ..."
+            version = (error.diag.message_detail or "").split()[3:4] or ["0"]
+            return AgentInUseError(error.diag.message_primary or "", moved_by(int(version[0])))
+        return error
 
-    def writing(self) -> Any:
-        """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises."""
-        return self._transaction("BEGIN")
+    def writing(self, *, batch: bool = False) -> Any:
+        """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises.
+
+        A ``batch`` runs in pipeline mode: one round trip for the whole transaction,
+        unless the block reads rows (each read waits for its statement's answer).
+        """
+        return self._transaction("BEGIN", batch=batch and _pipelines())
 
     def autocommit(self) -> Any:
         """A pooled connection whose statements each commit on their own."""
@@ -306,13 +352,24 @@ class PostgresDatabase:
     # -- the agents' locks -------------------------------------------------------
 
     @contextmanager
-    def agent_lock(self, agent_id: str, *, wait: float) -> Iterator[None]:
-        """Hold the agent against every other thread and process (an advisory lock)."""
-        self._locks.acquire(agent_id, wait=wait)
+    def agent_lock(
+        self, agent_id: str, *, wait: float, first: Statement | None = None
+    ) -> Iterator[list[Any] | None]:
+        """Hold the agent against every other thread and process (an advisory lock);
+        ``first`` runs in the lock's round trip, on the lock's connection."""
+        rows = self._locks.acquire(agent_id, wait=wait, first=first)
         try:
-            yield
+            yield rows
         finally:
             self._locks.release(agent_id)
+
+    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+        """Move the agent's version, fenced: a function of the schema raises, so that
+        no answer needs reading before the commit (a batch stays one round trip)."""
+        conn.execute(
+            "SELECT effectful_durable_advance(?, ?, ?, ?)",
+            (agent_id, base_version, version, time.time()),
+        )
 
     # -- what differs from SQLite --------------------------------------------------
 
@@ -443,14 +500,16 @@ class PostgresConn:
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
-        self._changes = 0
+        #: The block's pipeline, in a batch (``writing(batch=True)``).
+        self.pipeline: psycopg.Pipeline | None = None
+        self._last: psycopg.Cursor[Any] | None = None
 
     def execute(self, statements: str, bindings: Any = None, /) -> PostgresRows:
         """Run one statement written with ``?``/``?N`` parameters."""
         query, numbered = _rewritten(statements)
         cursor = self.raw.execute(query, _params(bindings, numbered))
-        self._changes = max(cursor.rowcount, 0)
-        return PostgresRows(cursor)
+        self._last = cursor
+        return PostgresRows(cursor, self.pipeline)
 
     def executemany(self, statements: str, sequenceofbindings: Iterable[Any], /) -> None:
         """Run one statement for each set of parameters (pipelined by psycopg)."""
@@ -458,25 +517,32 @@ class PostgresConn:
         params = [_params(bindings, numbered) for bindings in sequenceofbindings]
         if not params:
             return
-        with self.raw.cursor() as cursor:
-            cursor.executemany(query, params)
-            self._changes = max(cursor.rowcount, 0)
+        cursor = self.raw.cursor()
+        cursor.executemany(query, params)
+        self._last = cursor
 
     def changes(self) -> int:
-        """Rows changed by the last INSERT, UPDATE or DELETE."""
-        return self._changes
+        """Rows changed by the last INSERT, UPDATE or DELETE (in a batch, this waits
+        for the answers so far)."""
+        if self._last is None:
+            return 0
+        _answered(self._last, self.pipeline)
+        return max(self._last.rowcount, 0)
 
 
 class PostgresRows:
     """A psycopg cursor's rows, read as apsw's Cursor is."""
 
-    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+    def __init__(self, cursor: psycopg.Cursor[Any], pipeline: psycopg.Pipeline | None) -> None:
         self._cursor = cursor
+        self._pipeline = pipeline
 
     def fetchone(self) -> Any:
+        _answered(self._cursor, self._pipeline)
         return self._cursor.fetchone() if self._cursor.description else None
 
     def fetchall(self) -> list[Any]:
+        _answered(self._cursor, self._pipeline)
         return self._cursor.fetchall() if self._cursor.description else []
 
     def __iter__(self) -> Iterator[Any]:
@@ -490,6 +556,46 @@ class PostgresRows:
         if len(rows) == 1:
             return rows[0][0] if len(rows[0]) == 1 else rows[0]
         return rows
+
+
+def _answered(cursor: psycopg.Cursor[Any], pipeline: psycopg.Pipeline | None) -> None:
+    """Wait for the answer to ``cursor``'s statement, if it was sent in ``pipeline``."""
+    if pipeline is not None and cursor.pgresult is None:
+        pipeline.sync()
+
+
+@functools.cache
+def _pipelines() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 or newer); without it a batch is
+    sent statement by statement, as any other transaction."""
+    return psycopg.Pipeline.is_supported()
+
+
+def _unlock_quietly(conn: psycopg.Connection[Any], key: int) -> None:
+    """Let an advisory lock go after a failure; a lost connection let it go already."""
+    if not conn.broken:
+        with suppress(psycopg.Error):
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def _still_open(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection it hands out, without a round trip to the server.
+
+    Reads what the server sent meanwhile without waiting: a server that restarted
+    or ended the session has closed it, and that raises here (the pool then
+    connects afresh). psycopg_pool's own check sends an empty query: one more
+    round trip per transaction.
+    """
+    if conn.closed or conn.broken:
+        msg = "the connection is closed"
+        raise psycopg.OperationalError(msg)
+    conn.pgconn.consume_input()  # raises OperationalError if the server closed it
+    if (
+        conn.pgconn.status != psycopg.pq.ConnStatus.OK
+        or conn.pgconn.transaction_status != TransactionStatus.IDLE
+    ):
+        msg = "the connection is not idle"
+        raise psycopg.OperationalError(msg)
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
@@ -570,15 +676,20 @@ class _AdvisoryLocks:
                 self._conn.close()
                 self._conn = None
 
-    def acquire(self, agent_id: str, *, wait: float) -> None:
+    def acquire(self, agent_id: str, *, wait: float, first: Statement | None = None) -> Any:
+        """Take the agent's lock, then run ``first``; its rows (None without ``first``)."""
         deadline = time.monotonic() + wait
         pause = _POLL_SECONDS
+        together = True
         while True:
             with self._mutex:
                 holder = self._held.get(agent_id)
-                if holder is None and self._try(agent_id):
-                    self._held[agent_id] = threading.current_thread()
-                    return
+                if holder is None:
+                    taken, rows = self._try(agent_id, first, together=together)
+                    if taken:
+                        self._held[agent_id] = threading.current_thread()
+                        return rows
+                    together = False  # poll without errors in the server's log
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if holder is not None:
@@ -597,22 +708,64 @@ class _AdvisoryLocks:
             except psycopg.OperationalError:
                 self._drop()  # the server dropped every lock of that session already
 
-    def _try(self, agent_id: str) -> bool:
-        """Try the advisory lock once; reconnect once if the lock connection was lost."""
+    def _try(
+        self, agent_id: str, first: Statement | None, *, together: bool = True
+    ) -> tuple[bool, list[Any] | None]:
+        """Try the advisory lock once, and run ``first`` if it was taken: whether it
+        was, and ``first``'s rows. Reconnect once if the lock connection was lost.
+
+        ``together`` sends both in one round trip, through the schema's
+        ``effectful_durable_lock``, which raises when another session holds the
+        lock, so that the server skips ``first``. The server logs that error:
+        polls after the first use plain ``pg_try_advisory_lock``, which does not.
+        """
+        key = _key("agent", agent_id)
         for attempt in (1, 2):
             conn = self._connection()
             try:
-                row = conn.execute(
-                    "SELECT pg_try_advisory_lock(%s)", (_key("agent", agent_id),)
-                ).fetchone()
-                return bool(row and row[0])
+                if first is not None and together and _pipelines():
+                    return True, self._lock_with(conn, key, first)
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+                if first is None or not (row and row[0]):
+                    return bool(row and row[0]), None
+                return True, self._after_lock(conn, key, first)
             except psycopg.OperationalError as e:
                 self._drop()
                 if attempt == 2:
                     raise DatabaseUnavailableError(
                         self._db.location, unavailable_reason(e, self._db.url)
                     ) from e
-        return False  # not reached
+            except psycopg.Error as e:
+                if e.sqlstate == _HELD:
+                    return False, None
+                ours = self._db._translated(e)
+                if ours is e:
+                    raise
+                raise ours from e
+        return False, None  # not reached
+
+    def _lock_with(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
+        """The lock and ``first`` in one pipeline: one round trip."""
+        query, numbered = _rewritten(first[0])
+        try:
+            with conn.pipeline():
+                conn.execute("SELECT effectful_durable_lock(%s)", (key,))
+                cursor = conn.execute(query, _params(first[1], numbered))
+        except psycopg.Error as e:
+            if e.sqlstate != _HELD:
+                _unlock_quietly(conn, key)  # the lock was taken, and first failed
+            raise
+        return cursor.fetchall() if cursor.description else []
+
+    def _after_lock(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
+        """Run ``first`` with the lock just taken; let the lock go if it fails."""
+        query, numbered = _rewritten(first[0])
+        try:
+            cursor = conn.execute(query, _params(first[1], numbered))
+        except psycopg.Error:
+            _unlock_quietly(conn, key)
+            raise
+        return cursor.fetchall() if cursor.description else []
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None:

@@ -123,8 +123,48 @@ CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in
 CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
 """
 
+# Schema 6 carries the functions that save a turn round trips (see schema.sql).
+_V6 = """
+-- Functions that save a turn round trips to the server (issue 25). A turn's
+-- start sends effectful_durable_lock with its handoff row in one pipeline: the
+-- lock's error, when another session holds the agent, makes the server skip the
+-- insert. A turn's commit sends its statements with BEGIN and COMMIT in one
+-- pipeline: effectful_durable_advance's error, when another writer moved the
+-- agent, makes the server skip the rest. See engine/postgres/database.py.
+CREATE FUNCTION effectful_durable_lock(key bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT pg_try_advisory_lock(key) THEN
+        -- No % placeholders here: the Store's connection doubles every % it sends.
+        RAISE EXCEPTION USING ERRCODE = 'EDLCK',
+            MESSAGE = 'advisory lock ' || key || ' is held by another session';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION effectful_durable_advance(
+    agent text, base bigint, new_version bigint, now double precision
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    found_version bigint;
+BEGIN
+    IF base = 0 THEN
+        INSERT INTO agents (agent_id, version, created_at, updated_at)
+        VALUES (agent, new_version, now, now) ON CONFLICT (agent_id) DO NOTHING;
+    ELSE
+        UPDATE agents SET version = new_version, updated_at = now
+         WHERE agent_id = agent AND version = base;
+    END IF;
+    IF NOT FOUND THEN
+        SELECT a.version INTO found_version FROM agents AS a WHERE a.agent_id = agent;
+        RAISE EXCEPTION USING ERRCODE = 'EDMVD', MESSAGE = agent,
+            DETAIL = 'moved to version ' || coalesce(found_version, 0) || ' during this turn';
+    END IF;
+END
+$$;
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
-MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5}
+MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6}
 
 #: The schema version this library writes on PostgreSQL.
 SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)

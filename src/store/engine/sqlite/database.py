@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from ....errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from ..seam import Conn, Polling, Rows, TurnWrite
+from ..seam import Conn, Polling, Rows, Statement, TurnWrite, moved_by
 from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
@@ -110,8 +111,9 @@ class SQLiteDatabase:
             self._local.conn = conn
         return conn
 
-    def writing(self) -> _Write:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection."""
+    def writing(self, *, batch: bool = False) -> _Write:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on this thread's connection (a batch is
+        no different: each statement is a call into the library, not a round trip)."""
         return _Write(self, transaction=True)
 
     def autocommit(self) -> _Write:
@@ -154,9 +156,32 @@ class SQLiteDatabase:
 
     # -- the agents' locks -------------------------------------------------------
 
-    def agent_lock(self, agent_id: str, *, wait: float) -> _Held:
-        """Hold the agent against every other thread and process (locks.py)."""
-        return _Held(self, agent_id, wait)
+    def agent_lock(self, agent_id: str, *, wait: float, first: Statement | None = None) -> _Held:
+        """Hold the agent against every other thread and process (locks.py), then run
+        ``first`` (its rows are the block's value)."""
+        return _Held(self, agent_id, wait, first)
+
+    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+        """Move the agent's version, fenced (see engine/seam.py)."""
+        now = time.time()
+        if base_version == 0:
+            conn.execute(
+                """
+                INSERT INTO agents (agent_id, version, created_at, updated_at)
+                VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING
+                """,
+                (agent_id, version, now),
+            )
+        else:
+            conn.execute(
+                "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ? AND version = ?",
+                (version, now, agent_id, base_version),
+            )
+        if conn.changes() != 1:
+            current = conn.execute(
+                "SELECT version FROM checked_agents WHERE agent_id = ?", (agent_id,)
+            ).fetchone()
+            raise AgentInUseError(agent_id, moved_by(current[0] if current else 0))
 
     def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
         if busy.holder != "another process":
@@ -400,19 +425,29 @@ class _Write:
 
 
 class _Held:
-    """An agent's lock held for a ``with`` block (locks.py)."""
+    """An agent's lock held for a ``with`` block (locks.py), and its first statement's rows."""
 
-    __slots__ = ("_agent_id", "_db", "_wait")
+    __slots__ = ("_agent_id", "_db", "_first", "_wait")
 
-    def __init__(self, db: SQLiteDatabase, agent_id: str, wait: float) -> None:
-        self._db, self._agent_id, self._wait = db, agent_id, wait
+    def __init__(
+        self, db: SQLiteDatabase, agent_id: str, wait: float, first: Statement | None
+    ) -> None:
+        self._db, self._agent_id, self._wait, self._first = db, agent_id, wait, first
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> list[Any] | None:
         try:
             self._db._locks.acquire(self._agent_id, wait=self._wait)
         except AgentBusy as busy:
             holder = self._db._describe_holder(self._agent_id, busy)
             raise AgentInUseError(self._agent_id, holder) from None
+        if self._first is None:
+            return None
+        try:
+            with self._db.autocommit() as conn:
+                return conn.execute(*self._first).fetchall()
+        except BaseException:
+            self._db._locks.release(self._agent_id)
+            raise
 
     def __exit__(self, *exc_info: object) -> None:
         self._db._locks.release(self._agent_id)
