@@ -297,7 +297,8 @@ class Till(PersistentAgent):
 
 class TestApproval:
     def test_suspended_then_resumed(self, db_path: Path, spans: Spans) -> None:
-        """A tool waiting for approval suspends the turn; the resumed turn runs it."""
+        """A tool waiting for approval suspends the turn; the resumed turn runs it, and
+        links to the suspended turn."""
         llm = FakeLLM([ToolCall("refund", {"order": "A-1"}), "refunded"])
         with persisted(db_path, llm, tracing=spans.provider) as persistence:
             till = Till(agent_id="till")
@@ -312,8 +313,15 @@ class TestApproval:
             (approval,) = suspended.value.approvals
             persistence.store.approve(approval.approval_id, by="ann")
             assert persistence.resume(till) == "refunded"
+        waited = turn
         (turn,) = spans.named("invoke_agent")
         assert attributes(turn)["effectful_durable.outcome"] == "committed"
+        (link,) = turn.links
+        assert (link.context.trace_id, link.context.span_id) == (
+            waited.context.trace_id,
+            waited.context.span_id,
+        )
+        assert dict(link.attributes or {}) == {"effectful_durable.link": "suspended"}
         (tool,) = spans.named("execute_tool")
         assert attributes(tool)["effectful_durable.outcome"] == "ok"
 

@@ -445,6 +445,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             if suspension.workflow is not None:
                 raise DurableError(workflow_message(suspension))
             raise ResumeFirst(suspension)
+        if tracing is not None and suspension is not None:
+            suspended = self.store._version_trace(agent.agent_id, suspension.suspended_in)
+            if suspended is not None:
+                tracing.resumes(turn.span, suspended)
         turn.step_number = start.step_number
         if self.journal is not None and turn.step is not None:
             self.journal.log(turn.step_number, turn.step, "live")

@@ -172,6 +172,11 @@ class Tracing:
             reason = "interrupted" if status == "running" else "failed"
             add_link(span, earlier, reason)
 
+    def resumes(self, span: Span, suspended: str) -> None:
+        """Link the turn's span to the span of the turn it resumes (``traceparent``
+        ``suspended``), which waited for a person's decision."""
+        add_link(span, suspended, "suspended")
+
     # -- inside a turn -----------------------------------------------------------
 
     def interpretation(self, turn: Turn, is_current: Callable[[], bool]) -> dict[Any, Any]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .engine.seam import AlarmListener, Conn, Database
 from .engine.sqlite.damage import watched
 from .parts.alarms import AlarmStatus, Claim, Schedule, current_version
-from .rows import legible, utc
+from .rows import legible, trace_in, utc
 
 if TYPE_CHECKING:
     from .base import StoreBase
@@ -348,9 +348,7 @@ class AlarmQueue:
                 """,
                 (claim.alarm_id, claim.agent_id),
             ).fetchone()
-        detail = json.loads(row[0]) if row and row[0] else None
-        trace = detail.get("trace") if isinstance(detail, dict) else None
-        return trace if isinstance(trace, str) else None
+        return trace_in(row[0]) if row else None
 
     def reclaim_dead_owners(self, now: float) -> int:
         """Free the leases of dead runner processes on this host."""

@@ -13,7 +13,7 @@ from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_
 from .parts import conversation_fields
 from .parts import conversations as _conversations
 from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
-from .rows import current_version, decode_messages, state_at, storable, utc
+from .rows import current_version, decode_messages, state_at, storable, trace_in, utc
 from .turns import HANDOFF_SELECT, handoff_of
 
 
@@ -210,6 +210,15 @@ class StoreReads(StoreBase):
                 conversation,
             ) in rows
         ]
+
+    def _version_trace(self, agent_id: str, version: int) -> str | None:
+        """The ``traceparent`` of the traced turn that committed ``version``, if any."""
+        with self._reading() as conn:
+            row = conn.execute(
+                "SELECT detail FROM checked_versions WHERE agent_id = ? AND version = ?",
+                (agent_id, version),
+            ).fetchone()
+        return trace_in(row[0]) if row else None
 
     def handoffs(self) -> list[Handoff]:
         """Turns that started and did not commit: running, crashed or failed."""

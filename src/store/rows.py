@@ -115,6 +115,13 @@ def state_at(conn: Conn, agent_id: str, version: int) -> str | None:
     return None if state is None else str(state)
 
 
+def trace_in(detail: str | None) -> str | None:
+    """The W3C ``traceparent`` a traced turn keeps in its version's ``detail`` JSON."""
+    found = json.loads(detail) if detail else None
+    trace = found.get("trace") if isinstance(found, dict) else None
+    return trace if isinstance(trace, str) else None
+
+
 def decode_messages(bodies: Iterable[Any]) -> list[dict[str, Any]]:
     # pydantic-core's parser, about twice as fast as json's. One call per row: one
     # call on the rows joined was slower, as joining copies all of them twice into
