@@ -26,6 +26,7 @@ from effectful_durable.errors import (
 from effectful_durable.store.engine.postgres.opening import access_error
 from effectful_durable.store.engine.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from effectful_durable.store.engine.seam import APPLICATION_ID
+from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 from tests.helpers import (
     Assistant,
@@ -43,6 +44,12 @@ def tables(url: str) -> list[str]:
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
         ).fetchall()
     return [name for (name,) in rows]
+
+
+def added(position: int) -> HistoryChange:
+    """A turn's change that adds one user message at ``position``."""
+    message = {"id": f"m{position}", "role": "user", "content": str(position)}
+    return HistoryChange(added=[(position, message)], removed=[], removed_count=0)
 
 
 class TestOpening:
@@ -381,6 +388,44 @@ class TestSingleWriter:
             finally:
                 go.set()
                 thread.join()
+
+    def test_refused_starts_leave_the_lock_connection_working(self, postgres_url: str) -> None:
+        """Refusals mixed with turns, past psycopg's prepare threshold (5), do not break
+        the lock's connection: a statement a failed pipeline skipped is never taken
+        for prepared."""
+        with Store(postgres_url) as holder, Store(postgres_url) as waiter:
+            for version in range(10):
+                with holder.agent_lock("bot"):
+                    with (
+                        pytest.raises(AgentInUseError),
+                        waiter.locked_turn("bot", template="t", arguments={}),
+                    ):
+                        pass
+                with waiter.locked_turn("bot", template="t", arguments={}) as start:
+                    assert start.version == version
+                    waiter.commit_turn(
+                        "bot",
+                        base_version=version,
+                        template="t",
+                        change=added(version),
+                        state=None,
+                    )
+            assert len(waiter.history("bot")) == 10
+
+    def test_refused_commits_leave_the_pool_working(self, postgres_url: str) -> None:
+        """Commits refused by the version fence, mixed with commits, past psycopg's
+        prepare threshold, leave no connection naming statements the server never
+        prepared."""
+        with Store(postgres_url) as store:
+            for version in range(10):
+                with pytest.raises(AgentInUseError, match="committed version"):
+                    store.commit_turn(
+                        "bot", base_version=version + 1, template="t", change=added(99), state=None
+                    )
+                store.commit_turn(
+                    "bot", base_version=version, template="t", change=added(version), state=None
+                )
+            assert len(store.history("bot")) == 10
 
     def test_a_second_process_gets_agent_in_use_naming_the_holder(self, postgres_url: str) -> None:
         """While this process holds an agent, another process's turn on it is refused,

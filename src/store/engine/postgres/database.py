@@ -209,7 +209,12 @@ class PostgresDatabase:
                             yield conn
                             raw.execute("COMMIT")
                     except BaseException:
-                        if (
+                        if batch and not raw.closed:
+                            # psycopg does not learn that a failed pipeline skipped
+                            # preparing its later statements, and would name them
+                            # to the server ever after: the pool replaces the connection.
+                            raw.close()
+                        elif (
                             not raw.closed
                             and not raw.broken
                             and raw.info.transaction_status != TransactionStatus.IDLE
@@ -745,12 +750,16 @@ class _AdvisoryLocks:
         return False, None  # not reached
 
     def _lock_with(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
-        """The lock and ``first`` in one pipeline: one round trip."""
+        """The lock and ``first`` in one pipeline: one round trip.
+
+        Neither is prepared: when the lock is held, the server skips ``first``, and
+        psycopg would take a statement it meant to prepare there for prepared.
+        """
         query, numbered = _rewritten(first[0])
         try:
             with conn.pipeline():
-                conn.execute("SELECT effectful_durable_lock(%s)", (key,))
-                cursor = conn.execute(query, _params(first[1], numbered))
+                conn.execute("SELECT effectful_durable_lock(%s)", (key,), prepare=False)
+                cursor = conn.execute(query, _params(first[1], numbered), prepare=False)
         except psycopg.Error as e:
             if e.sqlstate != _HELD:
                 _unlock_quietly(conn, key)  # the lock was taken, and first failed
