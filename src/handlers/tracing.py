@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -129,14 +129,7 @@ class Tracing:
         links = _next_turn_links.get()
         reset = _next_turn_links.set(()) if links else None
         try:
-            with self.tracer.start_as_current_span(
-                f"invoke_agent {name}",
-                kind=SpanKind.INTERNAL,
-                attributes=attributes,
-                links=links,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
+            with self.span(f"invoke_agent {name}", attributes, links=links) as span:
                 try:
                     yield span
                 except (TurnSuspended, Suspend):
@@ -203,13 +196,8 @@ class Tracing:
             attributes: dict[str, Any] = {OPERATION: "chat", ATTEMPT: attempts[0]}
             if isinstance(model, str):
                 attributes[REQUEST_MODEL] = model
-            with self.tracer.start_as_current_span(
-                f"chat {model}" if isinstance(model, str) else "chat",
-                kind=SpanKind.CLIENT,
-                attributes=attributes,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
+            name = f"chat {model}" if isinstance(model, str) else "chat"
+            with self.span(name, attributes, kind=SpanKind.CLIENT) as span:
                 try:
                     response = fwd()
                 except BaseException as error:
@@ -232,13 +220,7 @@ class Tracing:
                 attributes[TOOL_CALL_ID] = call_id
             if self.tool_arguments:
                 attributes[TOOL_ARGUMENTS] = _arguments_text(tool_call)
-            with self.tracer.start_as_current_span(
-                f"execute_tool {name}",
-                kind=SpanKind.INTERNAL,
-                attributes=attributes,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
+            with self.span(f"execute_tool {name}", attributes) as span:
                 asked = len(turn.asked)
                 resuming = turn.resuming
                 if resuming is not None and call_id in resuming.tool_results:
@@ -325,15 +307,27 @@ class Tracing:
         """The W3C ``traceparent`` of ``span``, to store beside what it writes."""
         return traceparent(span)
 
-    @contextmanager
-    def _span(self, name: str, attributes: dict[str, Any]) -> Iterator[Span]:
-        with self.tracer.start_as_current_span(
+    def span(
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        links: Sequence[Link] = (),
+    ) -> AbstractContextManager[Span]:
+        """``name`` as the current span; its caller sets its status and outcome."""
+        return self.tracer.start_as_current_span(
             name,
-            kind=SpanKind.INTERNAL,
+            kind=kind,
             attributes=attributes,
+            links=links,
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
+        )
+
+    @contextmanager
+    def _span(self, name: str, attributes: dict[str, Any]) -> Iterator[Span]:
+        with self.span(name, attributes) as span:
             try:
                 yield span
             except BaseException as error:

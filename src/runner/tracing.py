@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry.trace import SpanKind
 
 from ..handlers.tracing import (
     AGENT_ID,
+    ATTEMPT,
     OUTCOME,
     PREFIX,
     Tracing,
@@ -29,7 +31,6 @@ from ..store.parts.alarms import Claim
 ALARM_ID = PREFIX + "alarm.id"
 KIND = PREFIX + "delivery.kind"
 TOPIC = PREFIX + "event.topic"
-ATTEMPT = PREFIX + "attempt"
 RUNNER = PREFIX + "runner.id"
 
 
@@ -44,7 +45,7 @@ def delivery(
         link = link_to(scheduled_by, "scheduled_by") if scheduled_by is not None else None
         if link is not None:
             links.append(link)
-    attributes: dict[str, str | int] = {
+    attributes: dict[str, Any] = {
         AGENT_ID: claim.agent_id,
         ALARM_ID: claim.alarm_id,
         KIND: claim.kind,
@@ -53,14 +54,8 @@ def delivery(
     }
     if claim.topic is not None and claim.kind == "event":
         attributes[TOPIC] = claim.topic
-    with tracing.tracer.start_as_current_span(
-        f"effectful_durable.deliver {claim.kind}",
-        kind=SpanKind.CONSUMER,
-        attributes=attributes,
-        links=links,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
+    name = f"effectful_durable.deliver {claim.kind}"
+    with tracing.span(name, attributes, kind=SpanKind.CONSUMER, links=links) as span:
         try:
             with next_turn_links(links):
                 yield lambda outcome: span.set_attribute(OUTCOME, outcome)
