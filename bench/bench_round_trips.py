@@ -1,0 +1,157 @@
+"""Benchmark: where a turn's time goes in the store, PostgreSQL against SQLite.
+
+A turn of an agent held in memory makes three calls of the store, each one round
+trip on PostgreSQL (``tests/store/test_round_trips.py`` counts them on the wire):
+the start (``Store.locked_turn``: the agent's lock and its handoff row), the commit
+(``Store.commit_turn``: a question and an answer of ~300 and ~700 bytes) and the
+release of the lock when the turn's block ends. This times each call, and a
+``SELECT 1`` on a connection of its own, in two arms:
+
+* ``after work``: before each turn the process keeps the CPU busy for ``--gap`` ms
+  (5), as a worker does while effectful builds the request and reads the answer;
+  the server's process goes idle meanwhile, and the next request wakes it;
+* ``back to back``: no gap; the server's process is still awake.
+
+``bench_scale.py``'s per-turn overhead is about the sum of the three calls plus
+the handler's own work, which SQLite's row shows. The gap between the arms is what
+waking the server costs here: on a virtual machine whose idle cores halt, most of
+a PostgreSQL turn.
+
+Run: ``.venv/bin/python bench/bench_round_trips.py [--turns 400] [--gap 5]
+[--postgres URL]``. Without ``--postgres``, a throwaway cluster on a Unix socket
+(tests/postgres_server.py, fsync off). No assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from effectful_durable import Store
+from effectful_durable.store.history import HistoryChange
+
+ROOT = Path(__file__).parents[1]
+QUESTION = "x" * 300
+ANSWER = "y" * 700
+
+
+def busy(seconds: float) -> None:
+    """Keep this process's CPU busy, as a worker between its calls of the store."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def change(version: int) -> HistoryChange:
+    question = {"id": f"q{version}", "role": "user", "content": QUESTION}
+    answer = {"id": f"a{version}", "role": "assistant", "content": ANSWER}
+    return HistoryChange(
+        added=[(2 * version + 1, question), (2 * version + 2, answer)],
+        removed=[],
+        removed_count=0,
+    )
+
+
+def turns(store: Store, count: int, gap: float) -> dict[str, list[float]]:
+    """Play ``count`` turns of one agent; each call's seconds."""
+    times: dict[str, list[float]] = {"start": [], "commit": [], "release": []}
+    for _ in range(count):
+        busy(gap)
+        t0 = time.perf_counter()
+        with store.locked_turn("bench", template="ask", arguments={"q": QUESTION}) as start:
+            t1 = time.perf_counter()
+            store.commit_turn(
+                "bench",
+                base_version=start.version,
+                template="ask",
+                change=change(start.version),
+                state=None,
+            )
+            t2 = time.perf_counter()
+        t3 = time.perf_counter()
+        times["start"].append(t1 - t0)
+        times["commit"].append(t2 - t1)
+        times["release"].append(t3 - t2)
+    return times
+
+
+def select_one(url: str, count: int, gap: float) -> list[float]:
+    import psycopg
+
+    seconds = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(count):
+            busy(gap)
+            start = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+@contextmanager
+def postgres_url(url: str | None) -> Iterator[str]:
+    if url is not None:
+        yield url
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    from postgres_server import PostgresServer, find_bindir, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        sys.exit(f"bench_round_trips: {reason}; or pass --postgres URL")
+    bindir = find_bindir()
+    assert bindir is not None
+    server = PostgresServer(bindir)
+    server.start()
+    try:
+        yield server.new_database()
+    finally:
+        server.stop()
+
+
+def row(name: str, arm: str, times: dict[str, list[float]], probe: list[float] | None) -> str:
+    def ms(values: list[float]) -> str:
+        return f"{statistics.median(values) * 1000:8.3f}"
+
+    total = [sum(parts) for parts in zip(*times.values(), strict=True)]
+    select = ms(probe) if probe is not None else f"{'-':>8}"
+    return (
+        f"{name:<10} {arm:<13} {select} {ms(times['start'])} {ms(times['commit'])}"
+        f" {ms(times['release'])} {ms(total)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=400, help="turns per arm")
+    parser.add_argument("--gap", type=float, default=5.0, help="ms of CPU work before each turn")
+    parser.add_argument("--postgres", help="a PostgreSQL database URL (its tables are made)")
+    args = parser.parse_args()
+    arms: list[tuple[str, float]] = [("after work", args.gap / 1000), ("back to back", 0.0)]
+    header = (
+        f"{'backend':<10} {'arm':<13} {'SELECT 1':>8} {'start':>8} {'commit':>8}"
+        f" {'release':>8} {'turn':>8}"
+    )
+    lines = ["median ms", header, "-" * len(header)]
+    with tempfile.TemporaryDirectory() as scratch, postgres_url(args.postgres) as url:
+        backends: list[tuple[str, str, Callable[[float], list[float]] | None]] = [
+            ("sqlite", str(Path(scratch) / "bench.db"), None),
+            ("postgres", url, lambda gap: select_one(url, args.turns, gap)),
+        ]
+        for name, location, probe in backends:
+            with Store(location) as store:
+                turns(store, 20, 0.0)  # warm up: every statement prepared
+                for arm, gap in arms:
+                    times = turns(store, args.turns, gap)
+                    lines.append(row(name, arm, times, probe(gap) if probe else None))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
