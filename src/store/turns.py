@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .base import StoreBase
-from .engine.seam import Conn, TurnWrite
+from .engine.seam import HANDOFF_INSERT, Conn, TurnWrite
 from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION, validate_agent_id
 from .journal import STEP_UPSERT, step_number
@@ -73,13 +73,10 @@ class TurnProtocol(StoreBase):
             AgentInUseError: It stayed held for longer than ``wait`` seconds.
         """
         validate_agent_id(agent_id)
-        first = None
+        handoff = None
         if step is None and not resume_only:
-            first = (
-                _HANDOFF_INSERT,
-                self._handoff_values(agent_id, conversation, template, arguments, trace),
-            )
-        with self._db.agent_lock(agent_id, wait=wait, first=first) as rows:
+            handoff = self._handoff_values(agent_id, conversation, template, arguments, trace)
+        with self._db.agent_lock(agent_id, wait=wait, handoff=handoff) as rows:
             if rows:
                 yield TurnStart(int(rows[0][0]), None, None)
             else:
@@ -136,7 +133,7 @@ class TurnProtocol(StoreBase):
             with self._db.autocommit() as conn:
                 # fetchall: the statement (and so its commit) runs to its end here.
                 rows = conn.execute(
-                    _HANDOFF_INSERT,
+                    HANDOFF_INSERT,
                     self._handoff_values(agent_id, conversation, template, arguments, trace),
                 ).fetchall()
             if rows:
@@ -216,7 +213,7 @@ class TurnProtocol(StoreBase):
         arguments: Any,
         trace: str | None = None,
     ) -> tuple[Any, ...]:
-        """The parameters of ``_HANDOFF_INSERT`` for a turn that starts now."""
+        """The parameters of ``HANDOFF_INSERT`` for a turn that starts now."""
         return (
             agent_id,
             conversation,
@@ -516,18 +513,6 @@ def _count(
     stats.bytes = sum(len(text.encode()) for text in texts)
     stats.parts = len(writes)
 
-
-# A turn's handoff when no earlier one is there, and no suspended turn: else no row.
-_HANDOFF_INSERT = """
-    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
-        status, interrupted, host, pid, started_at)
-    SELECT ?1, ?2, coalesce((SELECT version FROM checked_agents WHERE agent_id = ?1), 0), ?3, ?4,
-        'running', ?8, ?5, ?6, ?7
-     WHERE NOT EXISTS (SELECT 1 FROM approvals
-                        WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
-    ON CONFLICT (agent_id, conversation) DO NOTHING
-    RETURNING base_version
-"""
 
 HANDOFF_SELECT = """
     SELECT agent_id, base_version, template, arguments, status, error, interrupted,

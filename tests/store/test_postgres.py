@@ -54,9 +54,9 @@ def added(position: int) -> HistoryChange:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 6)."""
+        """Opening an empty database creates the schema and marks it ours (version 7)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 6
+            assert store.check()["schema"] == SCHEMA_VERSION == 7
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
@@ -306,7 +306,7 @@ class TestMigrations:
             postgres_server.drop_database(old)
 
     def test_schema_5_gains_the_turn_functions(self, postgres_url: str) -> None:
-        """A schema-5 database (before the turn's functions) migrates to schema 6 when
+        """A schema-5 database (before the turn's functions) migrates to schema 7 when
         opened, and its agents' turns go on from the versions they had."""
         self.schema3(postgres_url)
         with psycopg.connect(postgres_url) as conn:
@@ -314,12 +314,13 @@ class TestMigrations:
                 conn.execute(MIGRATIONS[version])
             conn.execute("UPDATE effectful_durable SET schema_version = 5")
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == 6
+            assert store.check()["schema"] == 7
             assert commit_message(store, "bot") == 2  # bot was at version 1
             with store.locked_turn("new", template="t", arguments={}) as start:
                 assert start.version == 0
         functions = [name for name, _ in catalog(postgres_url)["functions"]]
-        assert {"effectful_durable_lock", "effectful_durable_advance"} <= set(functions)
+        assert {"effectful_durable_start", "effectful_durable_advance"} <= set(functions)
+        assert "effectful_durable_lock" not in functions  # schema 6's, dropped by schema 7
 
     def test_a_read_only_store_does_not_migrate(self, postgres_url: str) -> None:
         """readonly=True refuses an older schema, saying to open it read-write once."""
@@ -390,9 +391,9 @@ class TestSingleWriter:
                 thread.join()
 
     def test_refused_starts_leave_the_lock_connection_working(self, postgres_url: str) -> None:
-        """Refusals mixed with turns, past psycopg's prepare threshold (5), do not break
-        the lock's connection: a statement a failed pipeline skipped is never taken
-        for prepared."""
+        """Refusals mixed with turns, past psycopg's prepare threshold (5), leave the
+        lock's connection working: psycopg prepares the start's statement there, and
+        never takes a statement the server skipped for prepared."""
         with Store(postgres_url) as holder, Store(postgres_url) as waiter:
             for version in range(10):
                 with holder.agent_lock("bot"):
@@ -411,6 +412,26 @@ class TestSingleWriter:
                         state=None,
                     )
             assert len(waiter.history("bot")) == 10
+
+    def test_a_busy_agent_is_no_error_in_the_server_log(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """A turn refused because another session holds its agent, at once or after
+        polling, leaves no ERROR line in the server's log (operators alert on them)."""
+        log = Path(postgres_server.log)
+        with Store(postgres_url) as holder, Store(postgres_url) as waiter:
+            with holder.agent_lock("bot"):
+                before = len(log.read_bytes())
+                for wait in (0.0, 0.0, 0.05):
+                    with (
+                        pytest.raises(AgentInUseError),
+                        waiter.locked_turn("bot", template="t", arguments={}, wait=wait),
+                    ):
+                        pass
+                logged = log.read_bytes()[before:].decode()
+            with waiter.locked_turn("bot", template="t", arguments={}) as start:
+                assert start.version == 0
+        assert "ERROR" not in logged, logged
 
     def test_refused_commits_leave_the_pool_working(self, postgres_url: str) -> None:
         """Commits refused by the version fence, mixed with commits, past psycopg's

@@ -15,7 +15,7 @@ differs too: beside the SQLite file, or in a cache directory per PostgreSQL
 database (``PostgresDatabase.workspace_directory``); the Store makes that cache.
 
 Besides the protocols, this module holds what both engines and the layers above
-them share: :class:`TurnWrite`, :data:`Statement`, :class:`Polling` and
+them share: :class:`TurnWrite`, :class:`Polling`, :data:`HANDOFF_INSERT` and
 :data:`APPLICATION_ID`. It imports nothing of ours.
 
 A part a backend does not carry yet is refused there (:meth:`Database.require`,
@@ -63,8 +63,21 @@ class Conn(Protocol):
         """Rows changed by the last INSERT, UPDATE or DELETE."""
 
 
-#: One statement and its parameters.
-Statement = tuple[str, Sequence[Any]]
+#: A turn's handoff row as the turn starts, unless an earlier handoff of the
+#: conversation is there, or a suspended turn: then no row. Parameters: agent,
+#: conversation, template, arguments (JSON), host, pid, started_at, interrupted
+#: (JSON or None). Its row is the version the turn starts from. PostgreSQL's
+#: ``effectful_durable_start`` (engine/postgres/schema.sql) does the same.
+HANDOFF_INSERT = """
+    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+        status, interrupted, host, pid, started_at)
+    SELECT ?1, ?2, coalesce((SELECT version FROM checked_agents WHERE agent_id = ?1), 0), ?3, ?4,
+        'running', ?8, ?5, ?6, ?7
+     WHERE NOT EXISTS (SELECT 1 FROM approvals
+                        WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
+    ON CONFLICT (agent_id, conversation) DO NOTHING
+    RETURNING base_version
+"""
 
 
 class TurnWrite(Protocol):
@@ -122,13 +135,14 @@ class Database(Protocol):
         """
 
     def agent_lock(
-        self, agent_id: str, *, wait: float, first: Statement | None = None
+        self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
     ) -> AbstractContextManager[list[Any] | None]:
         """Hold ``agent_id`` against every other thread and process.
 
-        With ``first``, run that statement, in a transaction of its own, as soon as
-        the lock is held, and give its rows as the block's value (on PostgreSQL it
-        travels with the lock's request: one round trip for both).
+        With ``handoff`` (:data:`HANDOFF_INSERT`'s parameters), start a turn as
+        soon as the lock is held: write its handoff row, in a transaction of its
+        own, and give that statement's rows as the block's value (on PostgreSQL
+        one statement takes the lock and writes the row: one round trip).
 
         Raises:
             AgentInUseError: It stayed held for longer than ``wait`` seconds.

@@ -13,9 +13,9 @@ schema's identification) is here. See ``engine/seam.py`` for the seam.
   pipeline, one round trip.
 - One writer per agent: a session advisory lock on a connection of its own per
   Store, keyed by a hash of the agent id; the server drops it when the holding
-  process dies. A turn takes it with its handoff row in one round trip (the
-  schema's ``effectful_durable_lock`` raises when another session holds it, and
-  the server skips the insert). Each commit also locks the agent's row and
+  process dies. A turn takes it with its handoff row in one statement, one
+  round trip (the schema's ``effectful_durable_start``, which writes nothing
+  when another session holds the lock). Each commit also locks the agent's row and
   checks its version (fencing: a writer that lost its lock cannot commit over
   another's turn; ``effectful_durable_advance`` raises, so that a batch reads
   nothing back before its commit).
@@ -57,7 +57,7 @@ from ....errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from ..seam import APPLICATION_ID, Conn, Rows, Statement, TurnWrite, moved_by, redacted
+from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, moved_by, redacted
 from .listen import KEEPALIVES, NotifyListener
 from .opening import first_connection, pool_connections, unavailable_reason, user_options
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
@@ -69,9 +69,10 @@ _HOST = socket.gethostname()
 _UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = ()
 _UNSUPPORTED_PREFIXES = ("Store.vacuum",)
 
-# The SQLSTATEs of the schema's functions (schema.sql): the agent's lock is held by
-# another session; another writer moved the agent.
-_HELD = "EDLCK"
+# What the schema's functions (schema.sql) say: effectful_durable_start's value when
+# another session holds the agent's lock; effectful_durable_advance's SQLSTATE when
+# another writer moved the agent.
+_HELD = -1
 _MOVED = "EDMVD"
 
 _POLL_SECONDS = 0.005
@@ -358,11 +359,11 @@ class PostgresDatabase:
 
     @contextmanager
     def agent_lock(
-        self, agent_id: str, *, wait: float, first: Statement | None = None
+        self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
     ) -> Iterator[list[Any] | None]:
         """Hold the agent against every other thread and process (an advisory lock);
-        ``first`` runs in the lock's round trip, on the lock's connection."""
-        rows = self._locks.acquire(agent_id, wait=wait, first=first)
+        the ``handoff`` row is written in the lock's round trip, on its connection."""
+        rows = self._locks.acquire(agent_id, wait=wait, handoff=handoff)
         try:
             yield rows
         finally:
@@ -681,20 +682,20 @@ class _AdvisoryLocks:
                 self._conn.close()
                 self._conn = None
 
-    def acquire(self, agent_id: str, *, wait: float, first: Statement | None = None) -> Any:
-        """Take the agent's lock, then run ``first``; its rows (None without ``first``)."""
+    def acquire(
+        self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
+    ) -> list[Any] | None:
+        """Take the agent's lock and write the ``handoff`` row: its rows (None without)."""
         deadline = time.monotonic() + wait
         pause = _POLL_SECONDS
-        together = True
         while True:
             with self._mutex:
                 holder = self._held.get(agent_id)
                 if holder is None:
-                    taken, rows = self._try(agent_id, first, together=together)
+                    taken, rows = self._try(agent_id, handoff)
                     if taken:
                         self._held[agent_id] = threading.current_thread()
                         return rows
-                    together = False  # poll without errors in the server's log
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if holder is not None:
@@ -713,27 +714,22 @@ class _AdvisoryLocks:
             except psycopg.OperationalError:
                 self._drop()  # the server dropped every lock of that session already
 
-    def _try(
-        self, agent_id: str, first: Statement | None, *, together: bool = True
-    ) -> tuple[bool, list[Any] | None]:
-        """Try the advisory lock once, and run ``first`` if it was taken: whether it
-        was, and ``first``'s rows. Reconnect once if the lock connection was lost.
+    def _try(self, agent_id: str, handoff: Sequence[Any] | None) -> tuple[bool, list[Any] | None]:
+        """Try the advisory lock once, with the ``handoff`` row if given: whether it was
+        taken, and the row's rows. Reconnect once if the lock connection was lost.
 
-        ``together`` sends both in one round trip, through the schema's
-        ``effectful_durable_lock``, which raises when another session holds the
-        lock, so that the server skips ``first``. The server logs that error:
-        polls after the first use plain ``pg_try_advisory_lock``, which does not.
+        With a handoff, one statement does both: the schema's ``effectful_durable_start``
+        writes nothing when another session holds the lock, and says so without an
+        error (nothing in the server's log, no failed statement on the connection).
         """
         key = _key("agent", agent_id)
         for attempt in (1, 2):
             conn = self._connection()
             try:
-                if first is not None and together and _pipelines():
-                    return True, self._lock_with(conn, key, first)
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-                if first is None or not (row and row[0]):
+                if handoff is None:
+                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
                     return bool(row and row[0]), None
-                return True, self._after_lock(conn, key, first)
+                return self._start(conn, key, handoff)
             except psycopg.OperationalError as e:
                 self._drop()
                 if attempt == 2:
@@ -741,40 +737,28 @@ class _AdvisoryLocks:
                         self._db.location, unavailable_reason(e, self._db.url)
                     ) from e
             except psycopg.Error as e:
-                if e.sqlstate == _HELD:
-                    return False, None
                 ours = self._db._translated(e)
                 if ours is e:
                     raise
                 raise ours from e
         return False, None  # not reached
 
-    def _lock_with(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
-        """The lock and ``first`` in one pipeline: one round trip.
-
-        Neither is prepared: when the lock is held, the server skips ``first``, and
-        psycopg would take a statement it meant to prepare there for prepared.
-        """
-        query, numbered = _rewritten(first[0])
+    def _start(
+        self, conn: psycopg.Connection[Any], key: int, handoff: Sequence[Any]
+    ) -> tuple[bool, list[Any] | None]:
+        """The lock and the handoff row (``effectful_durable_start``); the lock is let go
+        if the row's insert fails."""
         try:
-            with conn.pipeline():
-                conn.execute("SELECT effectful_durable_lock(%s)", (key,), prepare=False)
-                cursor = conn.execute(query, _params(first[1], numbered), prepare=False)
-        except psycopg.Error as e:
-            if e.sqlstate != _HELD:
-                _unlock_quietly(conn, key)  # the lock was taken, and first failed
-            raise
-        return cursor.fetchall() if cursor.description else []
-
-    def _after_lock(self, conn: psycopg.Connection[Any], key: int, first: Statement) -> list[Any]:
-        """Run ``first`` with the lock just taken; let the lock go if it fails."""
-        query, numbered = _rewritten(first[0])
-        try:
-            cursor = conn.execute(query, _params(first[1], numbered))
+            (base,) = conn.execute(
+                "SELECT effectful_durable_start(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (key, *handoff),
+            ).fetchall()[0]
         except psycopg.Error:
             _unlock_quietly(conn, key)
             raise
-        return cursor.fetchall() if cursor.description else []
+        if base == _HELD:
+            return False, None
+        return True, [] if base is None else [(base,)]
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None:

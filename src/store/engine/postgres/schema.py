@@ -163,8 +163,37 @@ END
 $$;
 """
 
+# Schema 7 starts a turn in one statement that never fails for a held lock: the
+# lock's error filled the server's log, once for each turn that found its agent busy.
+_V7 = """
+DROP FUNCTION effectful_durable_lock(bigint);
+
+CREATE FUNCTION effectful_durable_start(
+    lock_key bigint, agent text, conv text, tmpl text, args text,
+    host_name text, process bigint, started double precision, note text
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    base bigint;
+BEGIN
+    IF NOT pg_try_advisory_lock(lock_key) THEN
+        RETURN -1;
+    END IF;
+    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+        status, interrupted, host, pid, started_at)
+    SELECT agent, conv, coalesce((SELECT a.version FROM agents AS a WHERE a.agent_id = agent), 0),
+        tmpl, args, 'running', note, host_name, process, started
+     WHERE NOT EXISTS (SELECT 1 FROM approvals AS p
+                        WHERE p.agent_id = agent AND p.conversation = conv
+                          AND p.ended_in IS NULL)
+    ON CONFLICT (agent_id, conversation) DO NOTHING
+    RETURNING handoffs.base_version INTO base;
+    RETURN base;
+END
+$$;
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
-MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6}
+MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6, 6: _V7}
 
 #: The schema version this library writes on PostgreSQL.
 SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)

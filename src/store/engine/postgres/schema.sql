@@ -266,19 +266,36 @@ CREATE TABLE approvals (
 CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in IS NULL;
 CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
 
--- Functions that save a turn round trips to the server (issue 25). A turn's
--- start sends effectful_durable_lock with its handoff row in one pipeline: the
--- lock's error, when another session holds the agent, makes the server skip the
--- insert. A turn's commit sends its statements with BEGIN and COMMIT in one
--- pipeline: effectful_durable_advance's error, when another writer moved the
--- agent, makes the server skip the rest. See engine/postgres/database.py.
-CREATE FUNCTION effectful_durable_lock(key bigint) RETURNS void LANGUAGE plpgsql AS $$
+-- Functions that save a turn round trips to the server (issue 25). A turn
+-- starts with effectful_durable_start: the agent's advisory lock and, if it was
+-- taken, the turn's handoff row (engine/seam.py's HANDOFF_INSERT: none when an
+-- earlier handoff or a suspended turn is there), in one statement. Its value: -1
+-- when another session holds the lock (nothing written, and no error for the
+-- server's log), NULL when the lock was taken but no row written, else the
+-- version the turn starts from. A turn's commit sends its statements with BEGIN
+-- and COMMIT in one pipeline: effectful_durable_advance's error, when another
+-- writer moved the agent, makes the server skip the rest. See
+-- engine/postgres/database.py.
+CREATE FUNCTION effectful_durable_start(
+    lock_key bigint, agent text, conv text, tmpl text, args text,
+    host_name text, process bigint, started double precision, note text
+) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    base bigint;
 BEGIN
-    IF NOT pg_try_advisory_lock(key) THEN
-        -- No % placeholders here: the Store's connection doubles every % it sends.
-        RAISE EXCEPTION USING ERRCODE = 'EDLCK',
-            MESSAGE = 'advisory lock ' || key || ' is held by another session';
+    IF NOT pg_try_advisory_lock(lock_key) THEN
+        RETURN -1;
     END IF;
+    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+        status, interrupted, host, pid, started_at)
+    SELECT agent, conv, coalesce((SELECT a.version FROM agents AS a WHERE a.agent_id = agent), 0),
+        tmpl, args, 'running', note, host_name, process, started
+     WHERE NOT EXISTS (SELECT 1 FROM approvals AS p
+                        WHERE p.agent_id = agent AND p.conversation = conv
+                          AND p.ended_in IS NULL)
+    ON CONFLICT (agent_id, conversation) DO NOTHING
+    RETURNING handoffs.base_version INTO base;
+    RETURN base;
 END
 $$;
 

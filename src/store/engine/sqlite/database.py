@@ -26,7 +26,7 @@ from ....errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from ..seam import Conn, Polling, Rows, Statement, TurnWrite, moved_by
+from ..seam import HANDOFF_INSERT, Conn, Polling, Rows, TurnWrite, moved_by
 from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
@@ -156,10 +156,12 @@ class SQLiteDatabase:
 
     # -- the agents' locks -------------------------------------------------------
 
-    def agent_lock(self, agent_id: str, *, wait: float, first: Statement | None = None) -> _Held:
-        """Hold the agent against every other thread and process (locks.py), then run
-        ``first`` (its rows are the block's value)."""
-        return _Held(self, agent_id, wait, first)
+    def agent_lock(
+        self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
+    ) -> _Held:
+        """Hold the agent against every other thread and process (locks.py), then write
+        the turn's ``handoff`` row (the statement's rows are the block's value)."""
+        return _Held(self, agent_id, wait, handoff)
 
     def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
         """Move the agent's version, fenced (see engine/seam.py)."""
@@ -425,14 +427,14 @@ class _Write:
 
 
 class _Held:
-    """An agent's lock held for a ``with`` block (locks.py), and its first statement's rows."""
+    """An agent's lock held for a ``with`` block (locks.py), and its handoff row's rows."""
 
-    __slots__ = ("_agent_id", "_db", "_first", "_wait")
+    __slots__ = ("_agent_id", "_db", "_handoff", "_wait")
 
     def __init__(
-        self, db: SQLiteDatabase, agent_id: str, wait: float, first: Statement | None
+        self, db: SQLiteDatabase, agent_id: str, wait: float, handoff: Sequence[Any] | None
     ) -> None:
-        self._db, self._agent_id, self._wait, self._first = db, agent_id, wait, first
+        self._db, self._agent_id, self._wait, self._handoff = db, agent_id, wait, handoff
 
     def __enter__(self) -> list[Any] | None:
         try:
@@ -440,11 +442,11 @@ class _Held:
         except AgentBusy as busy:
             holder = self._db._describe_holder(self._agent_id, busy)
             raise AgentInUseError(self._agent_id, holder) from None
-        if self._first is None:
+        if self._handoff is None:
             return None
         try:
             with self._db.autocommit() as conn:
-                return conn.execute(*self._first).fetchall()
+                return conn.execute(HANDOFF_INSERT, self._handoff).fetchall()
         except BaseException:
             self._db._locks.release(self._agent_id)
             raise
