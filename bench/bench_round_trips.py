@@ -19,7 +19,7 @@ a PostgreSQL turn.
 
 Run: ``.venv/bin/python bench/bench_round_trips.py [--turns 400] [--gap 5]
 [--postgres URL]``. Without ``--postgres``, a throwaway cluster on a Unix socket
-(tests/postgres_server.py, fsync off). No assertions.
+(tests/postgres_server.py, fsync off), as ``bench_scale.py``. No assertions.
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_scale import postgres_databases
 
 from effectful_durable import Store
 from effectful_durable.store.history import HistoryChange
 
-ROOT = Path(__file__).parents[1]
 QUESTION = "x" * 300
 ANSWER = "y" * 700
 
@@ -94,27 +95,6 @@ def select_one(url: str, count: int, gap: float) -> list[float]:
     return seconds
 
 
-@contextmanager
-def postgres_url(url: str | None) -> Iterator[str]:
-    if url is not None:
-        yield url
-        return
-    sys.path.insert(0, str(ROOT / "tests"))
-    from postgres_server import PostgresServer, find_bindir, unavailable
-
-    reason = unavailable()
-    if reason is not None:
-        sys.exit(f"bench_round_trips: {reason}; or pass --postgres URL")
-    bindir = find_bindir()
-    assert bindir is not None
-    server = PostgresServer(bindir)
-    server.start()
-    try:
-        yield server.new_database()
-    finally:
-        server.stop()
-
-
 def row(name: str, arm: str, times: dict[str, list[float]], probe: list[float] | None) -> str:
     def ms(values: list[float]) -> str:
         return f"{statistics.median(values) * 1000:8.3f}"
@@ -131,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=400, help="turns per arm")
     parser.add_argument("--gap", type=float, default=5.0, help="ms of CPU work before each turn")
-    parser.add_argument("--postgres", help="a PostgreSQL database URL (its tables are made)")
+    parser.add_argument("--postgres", help="a PostgreSQL server URL to create a database on")
     args = parser.parse_args()
     arms: list[tuple[str, float]] = [("after work", args.gap / 1000), ("back to back", 0.0)]
     header = (
@@ -139,7 +119,8 @@ def main() -> None:
         f" {'release':>8} {'turn':>8}"
     )
     lines = ["median ms", header, "-" * len(header)]
-    with tempfile.TemporaryDirectory() as scratch, postgres_url(args.postgres) as url:
+    with tempfile.TemporaryDirectory() as scratch, postgres_databases(args.postgres) as new:
+        url = new()
         backends: list[tuple[str, str, Callable[[float], list[float]] | None]] = [
             ("sqlite", str(Path(scratch) / "bench.db"), None),
             ("postgres", url, lambda gap: select_one(url, args.turns, gap)),
