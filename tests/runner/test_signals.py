@@ -167,11 +167,15 @@ class TestSignals:
         """``--concurrency 4``: four slow turns run at once, SIGUSR1 lists them, SIGTERM waits."""
         hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
         write_config(config, hooks, "calm", grace=30)
-        runner = Runner(store_url, config, slow=3, extra=("--concurrency", "4"))
+        runner = Runner(store_url, config, slow=5, extra=("--concurrency", "4"))
         try:
             runner.expect("started", timeout=START_TIMEOUT)
-            for n in range(4):
-                schedule(store_url, f"k{n}", "slow job")
+            # Due together, a second from now: on a busy machine scheduling them one by
+            # one took longer than a turn, and the first turn ended before the last began.
+            with Store(store_url) as store:
+                due = make_schedule(time.time(), delay=1.0)
+                for n in range(4):
+                    store.schedule_alarm(f"k{n}", "slow job", due)
             for _ in range(4):
                 runner.expect("delivering alarm")
             runner.signal(signal.SIGUSR1)
