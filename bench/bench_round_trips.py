@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -120,17 +119,13 @@ def main() -> None:
     )
     lines = ["median ms", header, "-" * len(header)]
     with tempfile.TemporaryDirectory() as scratch, postgres_databases(args.postgres) as new:
-        url = new()
-        backends: list[tuple[str, str, Callable[[float], list[float]] | None]] = [
-            ("sqlite", str(Path(scratch) / "bench.db"), None),
-            ("postgres", url, lambda gap: select_one(url, args.turns, gap)),
-        ]
-        for name, location, probe in backends:
+        for name, location in (("sqlite", str(Path(scratch) / "bench.db")), ("postgres", new())):
             with Store(location) as store:
                 turns(store, 20, 0.0)  # warm up: every statement prepared
                 for arm, gap in arms:
                     times = turns(store, args.turns, gap)
-                    lines.append(row(name, arm, times, probe(gap) if probe else None))
+                    probe = select_one(location, args.turns, gap) if name == "postgres" else None
+                    lines.append(row(name, arm, times, probe))
     print("\n".join(lines))
 
 
