@@ -273,8 +273,8 @@ class AgentRunner:
         """Deliver alarms until :meth:`stop` (or a signal); return the exit status, 0.
 
         Args:
-            until: Return once the clock has passed this time and nothing is due
-                (for tests and batch runs on a fake clock).
+            until: Return once the clock has passed this time, no turn is in
+                flight and nothing is due (for tests and batch runs on a fake clock).
         """
         signals = self._in_main = threading.current_thread() is threading.main_thread()
         previous = self._install_signals() if signals else {}
@@ -505,9 +505,11 @@ class AgentRunner:
                 due = self._queue.next_due(busy)
                 if due is not None and due <= now:  # another runner is claiming it right now
                     due = now + _CONTENDED
-        if busy and not self._polls:
+        if busy and (not self._polls or (until is not None and now >= until)):
             # A fake clock jumps only once the turns in flight are done: their
-            # agents' next alarms must not be skipped over.
+            # agents' next alarms must not be skipped over. Past ``until`` the
+            # same: run() returns only when nothing is due, and while every slot
+            # is taken (or the due ones are the busy agents') nothing says so.
             self._turn_done.wait(0.05)
             return False
         if not self._polls:  # a fake clock in a test has no other process to notice
