@@ -222,17 +222,26 @@ class TestToolTurn:
         assert not any("1234" in str(attributes(span)) for span in spans.finished)
 
     def test_tool_arguments_when_opted_in_are_cut(self, db_path: Path, spans: Spans) -> None:
-        """With trace_tool_arguments, the arguments are recorded, cut to 1024 characters."""
-        script = [ToolCall("remember", {"note": "x" * 5000}), "noted"]
+        """With trace_tool_arguments, the arguments are recorded, cut to 1,024 characters
+        with the marker that says so (arguments that fit are recorded whole)."""
+        script = [
+            ToolCall("remember", {"note": "x" * 5000}),
+            ToolCall("remember", {"note": "y" * 1012}),
+            ToolCall("remember", {"note": "z" * 1013}),
+            "noted",
+        ]
         with persisted(
             db_path, FakeLLM(script), tracing=spans.provider, trace_tool_arguments=True
         ):
             Assistant(agent_id="bot").ask("remember")
-        (tool,) = spans.named("execute_tool")
-        text = attributes(tool)["gen_ai.tool.call.arguments"]
-        assert text.startswith('{"note": "xxx')
-        assert text.endswith("... (5012 characters)")
-        assert len(text) < 1100
+        cut, whole, over = (
+            attributes(s)["gen_ai.tool.call.arguments"] for s in spans.named("execute_tool")
+        )
+        assert cut.startswith('{"note": "xxx')
+        assert cut.endswith("xxx... (5012 characters)")
+        assert len(cut) == 1024
+        assert whole == json.dumps({"note": "y" * 1012})  # 1,024 characters: kept whole
+        assert len(over) == 1024 and over.endswith("zzz... (1025 characters)")
 
     def test_failing_tool(self, db_path: Path, spans: Spans) -> None:
         """A tool that raises is a failed execute_tool span; the turn still commits."""

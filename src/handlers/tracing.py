@@ -406,7 +406,8 @@ def _response(span: Span, response: Any) -> None:
 
 
 def _arguments_text(tool_call: Any) -> str:
-    """The tool call's arguments as JSON, cut to MAX_ARGUMENTS characters (model input)."""
+    """The tool call's arguments as JSON (model input), at most MAX_ARGUMENTS characters:
+    a longer text is cut, and ends with a marker that gives its length."""
     import json
 
     try:
@@ -414,5 +415,6 @@ def _arguments_text(tool_call: Any) -> str:
     except (TypeError, ValueError, AttributeError):
         text = "<arguments not representable>"
     if len(text) > MAX_ARGUMENTS:
-        text = text[:MAX_ARGUMENTS] + f"... ({len(text)} characters)"
+        marker = f"... ({len(text)} characters)"
+        text = text[: MAX_ARGUMENTS - len(marker)] + marker
     return text
