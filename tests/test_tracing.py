@@ -106,7 +106,7 @@ class Fragile(PersistentAgent):
     @Tool.define
     def explode(self, secret: str) -> str:
         """Explode."""
-        raise ValueError("boom")
+        raise ValueError(f"tool exploded: {secret}")  # as errors often do: repeats input
 
     @Template.define
     def ask(self, question: str) -> str:
@@ -258,6 +258,32 @@ class TestToolTurn:
         assert "s3cret" not in str(attributes(tool))
         (turn,) = spans.named("invoke_agent")
         assert attributes(turn)["effectful_durable.outcome"] == "committed"
+
+    @pytest.mark.parametrize("opted_in", [False, True], ids=["arguments-off", "arguments-on"])
+    def test_tool_error_that_ends_the_turn(
+        self, db_path: Path, spans: Spans, opted_in: bool
+    ) -> None:
+        """Without RetryLLMHandler a tool's error fails the turn: its message (which may
+        repeat the model's arguments) is in no span unless trace_tool_arguments is on,
+        in the turn's span as in the tool's; the error's type is in both."""
+        script = [ToolCall("explode", {"secret": "WHY-SECRET-42"}), "unreached"]
+        persistence = PersistenceHandler(
+            db_path, tracing=spans.provider, trace_tool_arguments=opted_in
+        )
+        with running(FakeLLM(script), persistence):
+            with pytest.raises(Exception, match="WHY-SECRET-42"):
+                Fragile(agent_id="f").ask("go")
+        persistence.close()
+        (tool,) = spans.named("execute_tool")
+        (turn,) = spans.named("invoke_agent")
+        assert attributes(tool)["error.type"] == "ValueError"
+        assert attributes(turn)["error.type"] == "ToolCallExecutionError"
+        for span in (tool, turn):
+            assert span.status.status_code == StatusCode.ERROR
+            assert attributes(span)["effectful_durable.outcome"] == "failed"
+            recorded = f"{span.status.description} {[e.attributes for e in span.events]}"
+            assert ("WHY-SECRET-42" in recorded) is opted_in, span.name
+            assert [e.name for e in span.events] == (["exception"] if opted_in else [])
 
 
 class TestNestedTurn:
