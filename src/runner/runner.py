@@ -660,11 +660,15 @@ class AgentRunner:
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
             self._queue.release(claim, now + max(config.poll_interval, 60.0))
-            log.debug("agent paused: alarm put back", extra=context)
+            log.debug("agent paused: %s put back", _noun(claim.kind), extra=context)
             return "paused"
         started = time.monotonic()
         log.info(
-            "delivering %s %s to %s", claim.kind, claim.alarm_id, claim.agent_id, extra=context
+            "delivering %s %s to %s",
+            _noun(claim.kind),
+            claim.alarm_id,
+            claim.agent_id,
+            extra=context,
         )
         try:
             agent = self._agent(claim.agent_id)
@@ -714,14 +718,16 @@ class AgentRunner:
             outcome = "lease_lost"
         except AgentInUseError:
             self._queue.release(claim, now + _IN_USE_RETRY)
-            log.info("agent busy in another process; alarm put back", extra=context)
+            log.info(
+                "agent busy in another process; %s put back", _noun(claim.kind), extra=context
+            )
             outcome = "agent_busy"
         except KeyboardInterrupt:
             # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
             # handoff; give the alarm back so that the next runner delivers it at once.
             with contextlib.suppress(DurableError):
                 self._queue.release(claim, now)
-            log.warning("turn interrupted; alarm put back", extra=context)
+            log.warning("turn interrupted; %s put back", _noun(claim.kind), extra=context)
             self._stopping.set()
             outcome = "interrupted"
         except Exception as error:
@@ -735,7 +741,7 @@ class AgentRunner:
             version = getattr(committed, "version", None)
             log.info(
                 "delivered %s %s to %s as version %s in %.3f s",
-                claim.kind,
+                _noun(claim.kind),
                 claim.alarm_id,
                 claim.agent_id,
                 version,
@@ -755,7 +761,8 @@ class AgentRunner:
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id, "attempt": attempts}
         if status == "dead":
             log.error(
-                "alarm %s is dead after %d failed deliveries: %s",
+                "%s %s is dead after %d failed deliveries: %s",
+                _noun(claim.kind),
                 claim.alarm_id,
                 attempts,
                 text,
@@ -763,8 +770,9 @@ class AgentRunner:
             )
         else:
             log.warning(
-                "delivery %d of alarm %s failed, retrying in %g s: %s",
+                "delivery %d of %s %s failed, retrying in %g s: %s",
                 attempts,
+                _noun(claim.kind),
                 claim.alarm_id,
                 (retry_at or now) - now,
                 text,
@@ -946,3 +954,8 @@ def _default_handlers(config: RunnerConfig) -> list[Any]:
         else LiteLLMProvider()  # type: ignore[no-untyped-call]
     )
     return [provider, RetryLLMHandler()]
+
+
+def _noun(kind: str) -> str:
+    """What the log calls a queued delivery of ``kind``: an alarm, an event, a resumption."""
+    return "resumption" if kind == "resume" else kind
