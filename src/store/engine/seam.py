@@ -148,6 +148,20 @@ class Database(Protocol):
             AgentInUseError: It stayed held for longer than ``wait`` seconds.
         """
 
+    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """Run :data:`HANDOFF_INSERT` with ``handoff``: the turn's handoff row, unless the
+        conversation has an earlier one or a suspended turn; its rows (the version
+        the turn starts from, or none: then the turn starts in a transaction that
+        reads what is there)."""
+
+    def agent_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version, or None if the database does not know it."""
+
+    def insert(
+        self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows``, each the values of ``columns`` in order, into ``table``."""
+
     def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
         """Move the agent from ``base_version`` to ``version`` (a new agent from 0),
         fenced: the write fails unless no other writer moved it since ``base_version``.

@@ -57,7 +57,7 @@ from ....errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, moved_by, redacted
+from ..seam import APPLICATION_ID, HANDOFF_INSERT, Conn, Rows, TurnWrite, moved_by, redacted
 from .listen import KEEPALIVES, NotifyListener
 from .opening import first_connection, pool_connections, unavailable_reason, user_options
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
@@ -368,6 +368,23 @@ class PostgresDatabase:
             yield rows
         finally:
             self._locks.release(agent_id)
+
+    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """The turn's handoff row, unless (see engine/seam.py)."""
+        rows: list[Any] = conn.execute(HANDOFF_INSERT, handoff).fetchall()
+        return rows
+
+    def agent_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version, or None."""
+        row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def insert(
+        self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows`` (the values of ``columns``) into ``table``."""
+        marks = ", ".join("?" * len(columns))
+        conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
 
     def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
         """Move the agent's version, fenced: a function of the schema raises, so that

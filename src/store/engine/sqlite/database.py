@@ -20,13 +20,14 @@ import apsw
 
 from ....errors import (
     AgentInUseError,
+    DamagedRowError,
     DatabaseBusyError,
     DatabaseCorruptError,
     DurableError,
     NotOurDatabaseError,
     StorageError,
 )
-from ..seam import HANDOFF_INSERT, Conn, Polling, Rows, TurnWrite, moved_by
+from ..seam import Conn, Polling, Rows, TurnWrite, moved_by
 from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
@@ -66,6 +67,12 @@ class SQLiteDatabase:
         # that handler, one writer of ours at a time).
         self._writer = threading.Lock()
         self._closed = False
+        # Each agent's version and creation time as this Store last read or wrote
+        # them: a hint, never trusted, that the statements using it check (a turn's
+        # start, the commit's advance), so that a turn reads its agent's row in none
+        # of its statements; one that no longer fits takes the checked way.
+        self._heads: dict[str, tuple[int, float]] = {}
+        self._shapes: dict[str, row_checks.TableShape] = {}
         self.damage = DamageWatch(self.path, self._connections)
         try:
             self.connection()  # fail here, not at the first turn, if the file is bad
@@ -108,6 +115,8 @@ class SQLiteDatabase:
             )
             with self._connections_lock:
                 self._connections.append(conn)
+                if not self._shapes:
+                    self._shapes = row_checks.shapes(conn)
             self._local.conn = conn
         return conn
 
@@ -163,27 +172,105 @@ class SQLiteDatabase:
         the turn's ``handoff`` row (the statement's rows are the block's value)."""
         return _Held(self, agent_id, wait, handoff)
 
+    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """Write the turn's handoff row, with its checksum, unless (see engine/seam.py).
+
+        The version it starts from is this Store's hint (the agent's row read
+        and checked at its first use), which the statement checks against the
+        row: a hint that no longer fits writes nothing, and the turn starts the
+        checked way (``begin_turn``'s transaction).
+        """
+        agent_id, conversation, template, arguments, host, pid, started_at, told = handoff
+        head = self._heads.get(agent_id)
+        if head is None:
+            self.agent_version(conn, agent_id)
+            head = self._heads.get(agent_id)
+        base = head[0] if head is not None else 0
+        row = self._shapes["handoffs"].checksummed(
+            (agent_id, conversation, base, template, arguments, "running", None, told)
+            + (host, pid, started_at, None)
+        )
+        rows: list[Any] = conn.execute(_START, (*row, None if head is None else base)).fetchall()
+        return rows
+
+    def agent_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version (None: no such agent), its row checked here."""
+        row = conn.execute(
+            "SELECT agent_id, version, created_at, updated_at, crc FROM agents WHERE agent_id = ?",
+            (agent_id,),
+        ).fetchone()
+        if row is None:
+            self._heads.pop(agent_id, None)
+            return None
+        *values, crc = row
+        if crc is None or crc != row_checks.row_crc("agents", *values):
+            raise DamagedRowError(
+                self.path, "agents", *self._shapes["agents"].where(tuple(values))
+            )
+        if len(self._heads) >= _HEADS:
+            self._heads.clear()  # a bound on memory; the hints come back as agents run
+        self._heads[agent_id] = (values[1], values[2])
+        return int(values[1])
+
+    def insert(
+        self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows``, each with its checksum computed here (no trigger rewrites it)."""
+        shape = self._shapes.get(table)
+        if shape is None or tuple(columns) != shape.columns:  # the trigger computes it
+            marks = ", ".join("?" * len(columns))
+            conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+        elif len(rows) == 1:
+            conn.execute(shape.insert, shape.checksummed(rows[0]))
+        else:
+            conn.executemany(shape.insert, [shape.checksummed(row) for row in rows])
+
     def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
-        """Move the agent's version, fenced (see engine/seam.py)."""
+        """Move the agent's version, fenced (see engine/seam.py).
+
+        The agent's row is written whole, with its checksum, when this Store's
+        hint fits it: the statement finds the row by every column it keeps
+        (id, version, creation time) and sets the others, so no value of the old
+        row survives unchecked. Otherwise the row is updated the checked way
+        (its trigger carries a damaged row's discrepancy over).
+        """
         now = time.time()
+        head = self._heads.get(agent_id)
         if base_version == 0:
+            crc = row_checks.row_crc("agents", agent_id, version, now, now)
             conn.execute(
                 """
-                INSERT INTO agents (agent_id, version, created_at, updated_at)
-                VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING
+                INSERT INTO agents (agent_id, version, created_at, updated_at, crc)
+                VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT (agent_id) DO NOTHING
                 """,
-                (agent_id, version, now),
+                (agent_id, version, now, crc),
             )
-        else:
+            if conn.changes() == 1:
+                self._heads[agent_id] = (version, now)
+                return
+        elif head is not None and head[0] == base_version:
+            created = head[1]
+            crc = row_checks.row_crc("agents", agent_id, version, created, now)
+            conn.execute(
+                """
+                UPDATE agents SET version = ?2, updated_at = ?3, crc = ?4
+                 WHERE agent_id = ?1 AND version = ?5 AND created_at = ?6
+                """,
+                (agent_id, version, now, crc, base_version, created),
+            )
+            if conn.changes() == 1:
+                self._heads[agent_id] = (version, created)
+                return
+        self._heads.pop(agent_id, None)
+        if base_version != 0:
             conn.execute(
                 "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ? AND version = ?",
                 (version, now, agent_id, base_version),
             )
-        if conn.changes() != 1:
-            current = conn.execute(
-                "SELECT version FROM checked_agents WHERE agent_id = ?", (agent_id,)
-            ).fetchone()
-            raise AgentInUseError(agent_id, moved_by(current[0] if current else 0))
+            if conn.changes() == 1:
+                return
+        current = self.agent_version(conn, agent_id)
+        raise AgentInUseError(agent_id, moved_by(current or 0))
 
     def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
         if busy.holder != "another process":
@@ -338,6 +425,25 @@ class SQLiteDatabase:
         return facts
 
 
+# A turn's handoff row as it starts, with its checksum (parameters: the row's
+# values in order, then its crc, then the version the Store's hint gives, NULL
+# for an agent not in the file): HANDOFF_INSERT's twin, written only when the
+# agent's row still holds that version.
+_START = """
+    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+        status, error, interrupted, host, pid, started_at, ended_at, crc)
+    SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
+     WHERE (SELECT version FROM agents WHERE agent_id = ?1) IS ?14
+       AND NOT EXISTS (SELECT 1 FROM approvals
+                        WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
+    ON CONFLICT (agent_id, conversation) DO NOTHING
+    RETURNING base_version
+"""
+
+# How many agents' hints a Store keeps (SQLiteDatabase._heads) before it starts afresh.
+_HEADS = 10_000
+
+
 def _indexed_text(body: str) -> str:
     """The text of the message ``body`` that recall indexes: its text blocks, plain
     content and tool-call arguments (of bodies SQLite's JSON functions read: not
@@ -446,7 +552,7 @@ class _Held:
             return None
         try:
             with self._db.autocommit() as conn:
-                return conn.execute(HANDOFF_INSERT, self._handoff).fetchall()
+                return self._db.start(conn, self._handoff)
         except BaseException:
             self._db._locks.release(self._agent_id)
             raise

@@ -7,11 +7,17 @@ values (:func:`row_crc`), the columns that say whose row it is and where it
 belongs (agent, conversation, position, versions) included, so a damaged key
 cannot move a valid row into another agent's history.
 
-Our connections keep it without the shared SQL naming it (:func:`install`):
+The writes every turn makes give ``crc`` themselves, computed in Python as the
+row is bound (:meth:`TableShape.checksummed`, the SQLite engine's ``insert``,
+``start`` and ``advance``): the turn's messages and version, its handoff, the
+agent's row, whose UPDATE finds it by every column it keeps and sets the others,
+so that no old value survives unchecked. Every other write is covered by our
+connections without the shared SQL naming ``crc`` (:func:`install`):
 
-- a TEMP trigger per table computes ``crc`` after each INSERT, and after each
-  UPDATE of the other columns carries the row's old discrepancy over to the new
-  values (:func:`updated_crc`), so an update never blesses a damaged row;
+- a TEMP trigger per table computes ``crc`` after each INSERT that gives none,
+  and after each UPDATE of the other columns that leaves ``crc`` as it was
+  carries the row's old discrepancy over to the new values
+  (:func:`updated_crc`), so an update never blesses a damaged row;
 - a TEMP view per table, ``checked_<table>``, reads the table with its payload
   column (:data:`PAYLOAD`) computed by :func:`checked`, which raises
   :class:`~effectful_durable.DamagedRowError` for a row whose values no longer
@@ -39,8 +45,9 @@ b-trees, and :func:`damaged_rows` lists every row that fails its checksum.
 
 from __future__ import annotations
 
+import functools
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +72,16 @@ PAYLOAD: dict[str, str] = {
     "alarms": "action",
     "approvals": "arguments",
     "runner_status": "report",
+}
+
+# The Python type SQLite returns for a value of a STRICT column of each declared
+# type, and how a value of another type is made one.
+_PYTHON: dict[str, type] = {"TEXT": str, "INTEGER": int, "REAL": float, "BLOB": bytes}
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "TEXT": str,
+    "INTEGER": int,
+    "REAL": float,
+    "BLOB": bytes,
 }
 
 #: The columns that say where a row belongs, named in a DamagedRowError.
@@ -128,13 +145,46 @@ def updated_crc(table: str, width: int, old_crc: int | None, *values: Any) -> in
 
 @dataclass(frozen=True)
 class TableShape:
-    """A table of ours: its columns (``crc`` left out), which of them hold text, and
-    the WHERE clause that finds the NEW row in a trigger (its rowid, or its key)."""
+    """A table of ours: its columns (``crc`` left out), which of them hold text, the
+    WHERE clause that finds the NEW row in a trigger (its rowid, or its key), and
+    each column's declared type."""
 
     table: str
     columns: tuple[str, ...]
     text: tuple[bool, ...]
     new_row: str
+    types: tuple[str, ...]
+
+    @functools.cached_property
+    def insert(self) -> str:
+        """The INSERT of a whole row with its checksum: the parameters of :meth:`checksummed`."""
+        names = ", ".join((*self.columns, "crc"))
+        marks = ", ".join("?" * (len(self.columns) + 1))
+        return f"INSERT INTO main.{self.table} ({names}) VALUES ({marks})"
+
+    def checksummed(self, row: Sequence[Any]) -> list[Any]:
+        """``row`` (a value of each column, in order) as SQLite stores it, its crc last.
+
+        Each value becomes the type its column keeps (a STRICT table converts an
+        integer bound to a REAL column, say), so that the checksum is computed on
+        the values as SQLite returns them, as the insert trigger would compute it.
+        """
+        values = list(row)
+        for i, kind, convert in self._conversions:
+            value = values[i]
+            if value is not None and type(value) is not kind:
+                values[i] = convert(value)
+        values.append(row_crc(self.table, *values))
+        return values
+
+    @functools.cached_property
+    def _conversions(self) -> tuple[tuple[int, type, Callable[[Any], Any]], ...]:
+        """For each column: its index, the type SQLite returns, and how to make one."""
+        return tuple(
+            (i, _PYTHON[kind], _CONVERT[kind])
+            for i, kind in enumerate(self.types)
+            if kind in _PYTHON
+        )
 
     def where(self, values: tuple[Any, ...]) -> tuple[str | None, str | None, int | None]:
         """The agent, conversation and version a row holding ``values`` claims to belong to."""
@@ -155,7 +205,8 @@ def shapes(conn: apsw.Connection) -> dict[str, TableShape]:
         if not info or info[-1][0] != "crc":
             continue
         columns = tuple(str(name) for name, _, _ in info[:-1])
-        text = tuple(kind == "TEXT" for _, kind, _ in info[:-1])
+        types = tuple(str(kind) for _, kind, _ in info[:-1])
+        text = tuple(kind == "TEXT" for kind in types)
         without_rowid = conn.execute(
             "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
         ).get
@@ -165,7 +216,7 @@ def shapes(conn: apsw.Connection) -> dict[str, TableShape]:
             if without_rowid
             else "rowid = NEW.rowid"
         )
-        found[table] = TableShape(table, columns, text, new_row)
+        found[table] = TableShape(table, columns, text, new_row, types)
     return found
 
 
@@ -191,11 +242,13 @@ def install(conn: apsw.Connection, path: str) -> None:
         old = ", ".join(f"OLD.{c}" for c in columns)
         statements.append(f"""
             CREATE TEMP TRIGGER {table}_crc_insert AFTER INSERT ON main.{table}
+            WHEN NEW.crc IS NULL
             BEGIN
                 UPDATE main.{table} SET crc = row_crc('{table}', {new}) WHERE {key};
             END;
             CREATE TEMP TRIGGER {table}_crc_update
             AFTER UPDATE OF {", ".join(columns)} ON main.{table}
+            WHEN NEW.crc IS OLD.crc
             BEGIN
                 UPDATE main.{table}
                    SET crc = updated_crc('{table}', {len(columns)}, OLD.crc, {old}, {new})
