@@ -42,10 +42,12 @@ class TurnProtocol(StoreBase):
             version = self._db.agent_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
+            known, state = self._db.latest_state(conn, agent_id)
+            if not known:
+                state = state_at(conn, agent_id, version)
             rows = self._db.active_messages(conn, agent_id, conversation)
             positions, messages = decode_positioned(rows)
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
-            state = state_at(conn, agent_id, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
@@ -268,7 +270,13 @@ class TurnProtocol(StoreBase):
         new = base_version + 1
         # A batch: on PostgreSQL the turn's statements and its commit travel together.
         with self._db.writing(batch=True) as conn:
-            self._db.advance(conn, agent_id, base_version, new if compaction is None else new + 1)
+            self._db.advance(
+                conn,
+                agent_id,
+                base_version,
+                new if compaction is None else new + 1,
+                state_in=new if state is not None else None,
+            )
             added = self._write_version(
                 conn,
                 agent_id,

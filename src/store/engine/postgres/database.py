@@ -379,6 +379,10 @@ class PostgresDatabase:
         row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
         return None if row is None else int(row[0])
 
+    def latest_state(self, conn: Conn, agent_id: str) -> tuple[bool, str | None]:
+        """Not kept: the caller finds the state from the versions (one indexed range)."""
+        return False, None
+
     def insert(
         self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:
@@ -386,7 +390,15 @@ class PostgresDatabase:
         marks = ", ".join("?" * len(columns))
         conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
 
-    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+    def advance(
+        self,
+        conn: Conn,
+        agent_id: str,
+        base_version: int,
+        version: int,
+        *,
+        state_in: int | None = None,
+    ) -> None:
         """Move the agent's version, fenced: a function of the schema raises, so that
         no answer needs reading before the commit (a batch stays one round trip)."""
         conn.execute(

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import apsw
 
@@ -67,11 +67,12 @@ class SQLiteDatabase:
         # that handler, one writer of ours at a time).
         self._writer = threading.Lock()
         self._closed = False
-        # Each agent's version and creation time as this Store last read or wrote
-        # them: a hint, never trusted, that the statements using it check (a turn's
-        # start, the commit's advance), so that a turn reads its agent's row in none
-        # of its statements; one that no longer fits takes the checked way.
-        self._heads: dict[str, tuple[int, float]] = {}
+        # Each agent's row (version, creation time, state_in) as this Store last
+        # read or wrote it: a hint, never trusted, that the statements using it
+        # check (a turn's start, the commit's advance), so that a turn reads its
+        # agent's row in none of its statements; one that no longer fits takes the
+        # checked way.
+        self._heads: dict[str, _Head] = {}
         self._shapes: dict[str, row_checks.TableShape] = {}
         self.damage = DamageWatch(self.path, self._connections)
         try:
@@ -175,47 +176,82 @@ class SQLiteDatabase:
     def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
         """Write the turn's handoff row, with its checksum, unless (see engine/seam.py).
 
-        The version it starts from is this Store's hint (the agent's row read
-        and checked at its first use), which the statement checks against the
-        row: a hint that no longer fits writes nothing, and the turn starts the
-        checked way (``begin_turn``'s transaction).
+        The version it starts from is this Store's hint (the agent's row, read
+        and checked at its first use), and the statement writes only while the
+        row is still exactly that one: otherwise nothing, and the turn starts
+        the checked way (``begin_turn``'s transaction), which refuses a row that
+        fails its checksum.
         """
         agent_id, conversation, template, arguments, host, pid, started_at, told = handoff
         head = self._heads.get(agent_id)
         if head is None:
             self.agent_version(conn, agent_id)
             head = self._heads.get(agent_id)
-        base = head[0] if head is not None else 0
+        base = head.version if head is not None else 0
         row = self._shapes["handoffs"].checksummed(
             (agent_id, conversation, base, template, arguments, "running", None, told)
             + (host, pid, started_at, None)
         )
-        rows: list[Any] = conn.execute(_START, (*row, None if head is None else base)).fetchall()
+        if head is None:
+            rows: list[Any] = conn.execute(_START_NEW, row).fetchall()
+        else:
+            rows = conn.execute(_START, (*row, *head)).fetchall()
         return rows
 
     def agent_version(self, conn: Conn, agent_id: str) -> int | None:
         """The agent's committed version (None: no such agent), its row checked here."""
         row = conn.execute(
-            "SELECT agent_id, version, created_at, updated_at, crc FROM agents WHERE agent_id = ?",
+            "SELECT agent_id, version, created_at, updated_at, state_in, crc FROM agents"
+            " WHERE agent_id = ?",
             (agent_id,),
         ).fetchone()
         if row is None:
             self._heads.pop(agent_id, None)
             return None
-        *values, crc = row
-        if crc is None or crc != row_checks.row_crc("agents", *values):
-            raise DamagedRowError(
-                self.path, "agents", *self._shapes["agents"].where(tuple(values))
-            )
+        _, version, created_at, updated_at, state_in = self._checked("agents", row)
+        self._hint(agent_id, _Head(version, created_at, updated_at, state_in, row[-1]))
+        return int(version)
+
+    def _hint(self, agent_id: str, head: _Head) -> None:
         if len(self._heads) >= _HEADS:
             self._heads.clear()  # a bound on memory; the hints come back as agents run
-        self._heads[agent_id] = (values[1], values[2])
-        return int(values[1])
+        self._heads[agent_id] = head
+
+    def latest_state(self, conn: Conn, agent_id: str) -> tuple[bool, str | None]:
+        """The agent's state now, from the version its row names (``state_in``).
+
+        Call after :meth:`agent_version` in the same transaction. Both rows are
+        checked; ``(False, None)`` when the row names no version, or one that is
+        gone (pruned: the state is then the retention row's), so that the caller
+        walks back through the versions.
+        """
+        head = self._heads.get(agent_id)
+        if head is None or head.state_in is None:
+            return False, None
+        row = conn.execute(
+            f"SELECT {_VERSION_COLUMNS}, crc FROM versions WHERE agent_id = ? AND version = ?",
+            (agent_id, head.state_in),
+        ).fetchone()
+        if row is None:
+            return False, None
+        state = self._checked("versions", row)[5]
+        return (True, str(state)) if state is not None else (False, None)
+
+    def _checked(self, table: str, row: Sequence[Any]) -> tuple[Any, ...]:
+        """The values of ``row`` (its table's columns, then crc), checked against its crc."""
+        *values, crc = row
+        if crc is None or crc != row_checks.row_crc(table, *values):
+            raise DamagedRowError(self.path, table, *self._shapes[table].where(tuple(values)))
+        return tuple(values)
 
     def insert(
         self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> None:
-        """Insert ``rows``, each with its checksum computed here (no trigger rewrites it)."""
+        """Insert ``rows``, each with its checksum computed here (no trigger rewrites it).
+
+        A version that holds a state becomes its agent's ``state_in`` unless a later
+        one is (the commit's advance has set it already for a turn's own version).
+        """
         shape = self._shapes.get(table)
         if shape is None or tuple(columns) != shape.columns:  # the trigger computes it
             marks = ", ".join("?" * len(columns))
@@ -224,48 +260,84 @@ class SQLiteDatabase:
             conn.execute(shape.insert, shape.checksummed(rows[0]))
         else:
             conn.executemany(shape.insert, [shape.checksummed(row) for row in rows])
+        if table == "versions":
+            self._state_in(conn, columns, rows)
 
-    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+    def _state_in(self, conn: Conn, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Make each agent's newest inserted version that holds a state its ``state_in``,
+        unless its row names a later one (the commit's advance has named the turn's)."""
+        agent, version, state = (columns.index(c) for c in ("agent_id", "version", "state"))
+        newest: dict[str, int] = {}
+        for row in rows:
+            if row[state] is not None:
+                newest[row[agent]] = max(newest.get(row[agent], 0), row[version])
+        for agent_id, pointed in newest.items():
+            head = self._heads.get(agent_id)
+            if head is not None and head.state_in == pointed:
+                continue
+            self._heads.pop(agent_id, None)
+            conn.execute(
+                """
+                UPDATE agents SET state_in = ?2
+                 WHERE agent_id = ?1 AND (state_in IS NULL OR state_in < ?2)
+                """,
+                (agent_id, pointed),
+            )
+
+    def advance(
+        self,
+        conn: Conn,
+        agent_id: str,
+        base_version: int,
+        version: int,
+        *,
+        state_in: int | None = None,
+    ) -> None:
         """Move the agent's version, fenced (see engine/seam.py).
 
         The agent's row is written whole, with its checksum, when this Store's
-        hint fits it: the statement finds the row by every column it keeps
-        (id, version, creation time) and sets the others, so no value of the old
-        row survives unchecked. Otherwise the row is updated the checked way
-        (its trigger carries a damaged row's discrepancy over).
+        hint is still exactly the row: the UPDATE finds it by every value it
+        holds (its checksum too). Otherwise the row is updated the checked way
+        (its trigger carries a damaged row's discrepancy over), and one that
+        moved or fails its checksum raises.
         """
         now = time.time()
         head = self._heads.get(agent_id)
         if base_version == 0:
-            crc = row_checks.row_crc("agents", agent_id, version, now, now)
+            crc = row_checks.row_crc("agents", agent_id, version, now, now, state_in)
             conn.execute(
                 """
-                INSERT INTO agents (agent_id, version, created_at, updated_at, crc)
-                VALUES (?1, ?2, ?3, ?3, ?4) ON CONFLICT (agent_id) DO NOTHING
+                INSERT INTO agents (agent_id, version, created_at, updated_at, state_in, crc)
+                VALUES (?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT (agent_id) DO NOTHING
                 """,
-                (agent_id, version, now, crc),
+                (agent_id, version, now, state_in, crc),
             )
             if conn.changes() == 1:
-                self._heads[agent_id] = (version, now)
+                self._hint(agent_id, _Head(version, now, now, state_in, crc))
                 return
-        elif head is not None and head[0] == base_version:
-            created = head[1]
-            crc = row_checks.row_crc("agents", agent_id, version, created, now)
+        elif head is not None and head.version == base_version:
+            created = head.created_at
+            pointed = state_in if state_in is not None else head.state_in
+            crc = row_checks.row_crc("agents", agent_id, version, created, now, pointed)
             conn.execute(
                 """
-                UPDATE agents SET version = ?2, updated_at = ?3, crc = ?4
-                 WHERE agent_id = ?1 AND version = ?5 AND created_at = ?6
+                UPDATE agents SET version = ?2, updated_at = ?3, state_in = ?4, crc = ?5
+                 WHERE agent_id = ?1 AND version = ?6 AND created_at = ?7 AND updated_at = ?8
+                   AND state_in IS ?9 AND crc = ?10
                 """,
-                (agent_id, version, now, crc, base_version, created),
+                (agent_id, version, now, pointed, crc, *head),
             )
             if conn.changes() == 1:
-                self._heads[agent_id] = (version, created)
+                self._hint(agent_id, _Head(version, created, now, pointed, crc))
                 return
         self._heads.pop(agent_id, None)
         if base_version != 0:
             conn.execute(
-                "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ? AND version = ?",
-                (version, now, agent_id, base_version),
+                """
+                UPDATE agents SET version = ?2, updated_at = ?3, state_in = coalesce(?4, state_in)
+                 WHERE agent_id = ?1 AND version = ?5
+                """,
+                (agent_id, version, now, state_in, base_version),
             )
             if conn.changes() == 1:
                 return
@@ -425,23 +497,43 @@ class SQLiteDatabase:
         return facts
 
 
-# A turn's handoff row as it starts, with its checksum (parameters: the row's
-# values in order, then its crc, then the version the Store's hint gives, NULL
-# for an agent not in the file): HANDOFF_INSERT's twin, written only when the
-# agent's row still holds that version.
-_START = """
+# A turn's handoff row as it starts, with its checksum: HANDOFF_INSERT's twin.
+# Parameters: the row's values in order, its crc, then the Store's hint of the
+# agent's row (its values but the id, and its crc): the row is written only while
+# the agent's row is exactly that one. _START_NEW: for an agent not in the file.
+_HANDOFF = """
     INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
         status, error, interrupted, host, pid, started_at, ended_at, crc)
     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
-     WHERE (SELECT version FROM agents WHERE agent_id = ?1) IS ?14
+     WHERE {agent}
        AND NOT EXISTS (SELECT 1 FROM approvals
                         WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
     ON CONFLICT (agent_id, conversation) DO NOTHING
     RETURNING base_version
 """
+_START = _HANDOFF.format(
+    agent="EXISTS (SELECT 1 FROM agents WHERE agent_id = ?1 AND version = ?14"
+    " AND created_at = ?15 AND updated_at = ?16 AND state_in IS ?17 AND crc = ?18)"
+)
+_START_NEW = _HANDOFF.format(agent="NOT EXISTS (SELECT 1 FROM agents WHERE agent_id = ?1)")
 
 # How many agents' hints a Store keeps (SQLiteDatabase._heads) before it starts afresh.
 _HEADS = 10_000
+
+_VERSION_COLUMNS = (
+    "agent_id, version, kind, conversation, template, state, added, removed, detail, committed_at"
+)
+
+
+class _Head(NamedTuple):
+    """An agent's row as a Store last read or wrote it (the hint of SQLiteDatabase._heads):
+    its values but the id, and its crc."""
+
+    version: int
+    created_at: float
+    updated_at: float
+    state_in: int | None
+    crc: int
 
 
 def _indexed_text(body: str) -> str:
@@ -494,9 +586,15 @@ class _Write:
         return conn
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        failed = error is not None
         try:
             self._finish(error)
+        except BaseException:
+            failed = True
+            raise
         finally:
+            if failed:  # what the block wrote of the agents' rows was rolled back
+                self._db._heads.clear()
             if not self._nested:
                 self._db._writer.release()
 
