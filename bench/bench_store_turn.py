@@ -7,26 +7,34 @@ shaped as effectful's messages), one process, back to back. Printed: the median
 of each call and of the whole turn (``turn``: lock to release), over all turns and
 over the last 10% (does it grow with the history?); then ``load_agent`` of the
 agent (all its messages, checked and decoded), the median of ``--loads`` loads in
-this process, and the same in fresh processes (``cold``: open the file, then load).
+this process, and of ``--cold`` loads in fresh processes (``cold``: open the file,
+then load).
 
-Run: ``.venv/bin/python bench/bench_store_turn.py [--turns 3000] [--json]``. With
-``--json`` the last line is the row as JSON, for ``bench/compare.py``. No assertions.
+``--baseline DIR`` plays the same turns with another checkout of effectful-durable
+(DIR holds its ``src/``), imported under its own name, on a database of its own:
+turn by turn in turns with ours, and loads in turns with ours, so that both arms
+meet the same machine. A row each.
+
+Run: ``.venv/bin/python bench/bench_store_turn.py [--turns 3000] [--baseline DIR]``.
+No assertions.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from effectful_durable import Store
-from effectful_durable.store.history import HistoryChange
+import effectful_durable
 
 QUESTION = ("please tell me more about the durable state of agents and how it is kept; " * 5)[:290]
 ANSWER = ("Durable state is kept in SQLite, one transaction per turn, append only. " * 10)[:700]
@@ -38,57 +46,74 @@ def messages(turn: int) -> list[tuple[float, dict[str, object]]]:
     return [(float(2 * turn), question), (float(2 * turn + 1), answer)]
 
 
-def play(store: Store, agent_id: str, turns: int) -> dict[str, list[float]]:
-    """Play ``turns`` turns of ``agent_id``; each call's seconds, per turn."""
-    times: dict[str, list[float]] = {"lock": [], "begin": [], "commit": [], "turn": []}
+def turn(package: Any, store: Any, agent_id: str, i: int, times: dict[str, list[float]]) -> None:
+    """Play turn ``i`` of ``agent_id``; add each call's seconds to ``times``."""
     clock = time.perf_counter
-    for i in range(turns):
-        t0 = clock()
-        with store.agent_lock(agent_id):
-            t1 = clock()
-            start = store.begin_turn(agent_id, template="ask", arguments={"question": i})
-            t2 = clock()
-            change = HistoryChange(messages(i), [], 0)
-            store.commit_turn(
-                agent_id, base_version=start.version, template="ask", change=change, state=None
-            )
-            t3 = clock()
-        t4 = clock()
-        for name, seconds in (
-            ("lock", t1 - t0 + t4 - t3),
-            ("begin", t2 - t1),
-            ("commit", t3 - t2),
-        ):
-            times[name].append(seconds)
-        times["turn"].append(t4 - t0)
-    return times
+    t0 = clock()
+    with store.agent_lock(agent_id):
+        t1 = clock()
+        start = store.begin_turn(agent_id, template="ask", arguments={"question": i})
+        t2 = clock()
+        change = package.store.history.HistoryChange(messages(i), [], 0)
+        store.commit_turn(
+            agent_id, base_version=start.version, template="ask", change=change, state=None
+        )
+        t3 = clock()
+    t4 = clock()
+    times["lock"].append(t1 - t0 + t4 - t3)
+    times["begin"].append(t2 - t1)
+    times["commit"].append(t3 - t2)
+    times["turn"].append(t4 - t0)
 
 
-def load(db: str, agent_id: str, repeats: int) -> list[float]:
-    """Seconds of each of ``repeats`` loads of ``agent_id`` in this process."""
-    seconds = []
-    with Store(db) as store:
-        store.load_agent(agent_id)  # warm: statements compiled, pages cached
-        for _ in range(repeats):
-            gc.collect()
-            start = time.perf_counter()
-            store.load_agent(agent_id)
-            seconds.append(time.perf_counter() - start)
-    return seconds
+def baseline_package(tree: Path) -> Any:
+    """The effectful_durable package of the checkout ``tree``, imported under its own name."""
+    name = "effectful_durable_baseline"
+    src = tree / "src"
+    spec = importlib.util.spec_from_file_location(
+        name, src / "__init__.py", submodule_search_locations=[str(src)]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    importlib.import_module(f"{name}.store.history")
+    return package
 
 
 def cold_load(db: str, agent_id: str) -> None:
     """In a fresh process: open the file and load the agent once; print the ms."""
-    with tempfile.TemporaryDirectory() as tmp:  # warm up: imports, one turn elsewhere
-        with Store(str(Path(tmp) / "warm.db")) as warm:
-            play(warm, "warm", 3)
+    package: Any = effectful_durable
+    importlib.import_module("effectful_durable.store.history")
+    with tempfile.TemporaryDirectory() as tmp:  # warm up: imports, a few turns elsewhere
+        with package.Store(str(Path(tmp) / "warm.db")) as warm:
+            times: dict[str, list[float]] = {k: [] for k in ("lock", "begin", "commit", "turn")}
+            for i in range(3):
+                turn(package, warm, "warm", i, times)
             warm.load_agent("warm")
     gc.collect()
     start = time.perf_counter()
-    store = Store(db)
+    store = package.Store(db)
     store.load_agent(agent_id)
     print(json.dumps((time.perf_counter() - start) * 1e3))
     store.close()
+
+
+def cold(db: str, tree: Path | None) -> float:
+    """Milliseconds of one cold load of ``db`` in a fresh process (of ``tree``'s package)."""
+    with tempfile.TemporaryDirectory() as path:
+        env = dict(os.environ)
+        if tree is not None:
+            os.symlink((tree / "src").resolve(), Path(path) / "effectful_durable")
+            env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
+        out = subprocess.run(
+            [sys.executable, __file__, "--child-load", db, "bench"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+    return float(out.stdout.split()[-1])
 
 
 def main() -> None:
@@ -96,45 +121,62 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3000, help="turns of the agent")
     parser.add_argument("--loads", type=int, default=7, help="loads timed in this process")
     parser.add_argument("--cold", type=int, default=3, help="loads timed in fresh processes")
-    parser.add_argument("--json", action="store_true", help="end with the row as JSON")
+    parser.add_argument("--baseline", type=Path, help="a checkout to compare with (its root)")
+    parser.add_argument("--json", action="store_true", help="end with the rows as JSON")
     parser.add_argument("--child-load", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_load:
         cold_load(*args.child_load)
         return
-    ms = 1e3
-    median = statistics.median
+    importlib.import_module("effectful_durable.store.history")
+    arms: dict[str, tuple[Any, Path | None]] = {"ours": (effectful_durable, None)}
+    if args.baseline is not None:
+        arms["base"] = (baseline_package(args.baseline), args.baseline)
+    ms, median = 1e3, statistics.median
+    tail = slice(-max(1, args.turns // 10), None)
+    rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        db = str(Path(tmp) / "bench.db")
-        with Store(db) as store:
-            play(store, "warm", 20)  # every statement compiled
-            times = play(store, "bench", args.turns)
-        tail = slice(-max(1, args.turns // 10), None)
-        row: dict[str, float] = {}
-        for name, values in times.items():
-            row[f"{name}_ms"] = median(values) * ms
-            row[f"{name}_tail_ms"] = median(values[tail]) * ms
-        row["load_ms"] = median(load(db, "bench", args.loads)) * ms
-        cold = [
-            float(
-                subprocess.run(
-                    [sys.executable, __file__, "--child-load", db, "bench"],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.split()[-1]
-            )
-            for _ in range(args.cold)
-        ]
-        row["cold_load_ms"] = median(cold) if cold else 0.0
+        dbs = {arm: str(Path(tmp) / f"{arm}.db") for arm in arms}
+        stores = {arm: package.Store(dbs[arm]) for arm, (package, _) in arms.items()}
+        times = {arm: {k: [] for k in ("lock", "begin", "commit", "turn")} for arm in arms}
+        order = list(arms)
+        for arm, (package, _) in arms.items():  # every statement compiled
+            for i in range(20):
+                turn(package, stores[arm], "warm", i, {k: [] for k in times[arm]})
+        for i in range(args.turns):
+            for arm in order[i % len(order) :] + order[: i % len(order)]:
+                turn(arms[arm][0], stores[arm], "bench", i, times[arm])
+        loads: dict[str, list[float]] = {arm: [] for arm in arms}
+        for store in stores.values():
+            store.load_agent("bench")  # warm: statements compiled, pages cached
+        for _ in range(args.loads):
+            for arm, store in stores.items():
+                gc.collect()
+                start = time.perf_counter()
+                store.load_agent("bench")
+                loads[arm].append(time.perf_counter() - start)
+        for store in stores.values():
+            store.close()
+        colds: dict[str, list[float]] = {arm: [] for arm in arms}
+        for _ in range(args.cold):
+            for arm, (_, tree) in arms.items():
+                colds[arm].append(cold(dbs[arm], tree))
+        for arm in arms:
+            row = rows[arm] = {}
+            for name, values in times[arm].items():
+                row[f"{name}_ms"] = median(values) * ms
+                row[f"{name}_tail_ms"] = median(values[tail]) * ms
+            row["load_ms"] = median(loads[arm]) * ms
+            row["cold_load_ms"] = median(colds[arm]) if colds[arm] else 0.0
     print(f"store-level turn of 2 messages, {args.turns} turns; load of {2 * args.turns} messages")
-    print("median ms       all  last 10%")
-    for name in times:
-        print(f"{name:<10} {row[f'{name}_ms']:8.4f} {row[f'{name}_tail_ms']:9.4f}")
-    print(f"load       {row['load_ms']:8.2f}  (in this process, warm)")
-    print(f"cold load  {row['cold_load_ms']:8.2f}  (a fresh process: open the file, then load)")
+    print(f"{'median ms':<20}" + "".join(f"{arm:>10}" for arm in arms))
+    for name in ("lock", "begin", "commit", "turn"):
+        for key, what in ((f"{name}_ms", "all"), (f"{name}_tail_ms", "last 10%")):
+            print(f"{name + ' ' + what:<20}" + "".join(f"{r[key]:10.4f}" for r in rows.values()))
+    print(f"{'load (warm)':<20}" + "".join(f"{r['load_ms']:10.2f}" for r in rows.values()))
+    print(f"{'load (cold)':<20}" + "".join(f"{r['cold_load_ms']:10.2f}" for r in rows.values()))
     if args.json:
-        print(json.dumps(row))
+        print(json.dumps(rows))
 
 
 if __name__ == "__main__":

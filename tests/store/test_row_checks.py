@@ -314,3 +314,28 @@ class TestTheStoresHint:
             assert commit_message(store, "b", "b goes on") == 3
         query = "SELECT version, updated_at FROM agents WHERE agent_id = 'a'"
         assert persisted_rows(two_agents, query) == [(3, 1.5)]
+
+
+def test_the_load_checks_positions_sqlite_writes_otherwise(db_path: Path) -> None:
+    """Positions whose text SQLite writes otherwise than Python (more digits, another
+    exponent) load, their rows checked the exact way; a changed one is refused."""
+    odd = [0.1 + 0.2, 1 / 3, 1e16]
+    with Store(db_path) as store:
+        start = store.begin_turn("a", template="t", arguments={})
+        added = [
+            (p, {"id": f"m{i}", "role": "user", "content": str(p)}) for i, p in enumerate(odd)
+        ]
+        store.commit_turn(
+            "a",
+            base_version=start.version,
+            template="t",
+            change=HistoryChange(added, [], 0),
+            state=None,
+        )
+        loaded = store.load_agent("a").history
+        assert loaded.positions == odd
+        assert [m["content"] for m in loaded.messages] == [str(p) for p in odd]
+    hand_edit(db_path, "UPDATE messages SET role = 'system' WHERE position = 1e16")
+    with Store(db_path) as store, pytest.raises(DamagedRowError) as caught:
+        store.load_agent("a")
+    assert (caught.value.table, caught.value.version) == ("messages", 1)

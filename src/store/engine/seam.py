@@ -222,8 +222,9 @@ class Database(Protocol):
 
     def active_messages(
         self, conn: Conn, agent_id: str, conversation: str
-    ) -> Iterable[tuple[float, str]]:
-        """``(position, body)`` of each active message of the conversation, in order.
+    ) -> Iterable[tuple[float, str | bytes]]:
+        """``(position, body)`` of each active message of the conversation, in order
+        (the body's JSON text, or its UTF-8 bytes).
 
         One indexed range read: loading an agent costs this, and what it decodes.
         """

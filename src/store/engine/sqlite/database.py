@@ -391,18 +391,39 @@ class SQLiteDatabase:
 
     def active_messages(
         self, conn: Conn, agent_id: str, conversation: str
-    ) -> Iterator[tuple[float, str]]:
+    ) -> Iterator[tuple[float, bytes]]:
         # Checked here rather than through checked_messages: a call from SQLite
-        # per row would double the cost of loading a long history.
+        # per row would double the cost of loading a long history. SQLite writes
+        # the text of each row's other values; the body comes as its UTF-8 bytes,
+        # which the check and the JSON decoder both take as they are.
         rows = conn.execute(
-            """
-            SELECT position, added_in, message_id, role, body, crc FROM messages
+            f"""
+            SELECT position, CAST({row_checks.MESSAGE_HEAD} AS BLOB), CAST(body AS BLOB), crc
+              FROM messages
              WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
              ORDER BY position
             """,
             (agent_id, conversation),
         )
-        return row_checks.active_messages(rows, self.path, agent_id, conversation)
+        return row_checks.active_messages(
+            rows, self.path, agent_id, conversation, self._exact_message
+        )
+
+    def _exact_message(self, agent_id: str, conversation: str, position: float) -> None:
+        """Check an active message's row as the view does (after the quick check failed)."""
+        conn = self.connection()
+        row = conn.execute(
+            """
+            SELECT agent_id, conversation, position, added_in, removed_in, message_id, role,
+                   body, crc
+              FROM messages
+             WHERE agent_id = ? AND conversation = ? AND position = ? AND removed_in IS NULL
+            """,
+            (agent_id, conversation, position),
+        ).fetchone()
+        if row is None:  # gone since: another program's delete, theirs to make
+            return
+        self._checked("messages", row)
 
     def index_compacted(
         self,

@@ -105,28 +105,40 @@ _SEEDS: dict[str, int] = {table: zlib.crc32(table.encode()) for table in PAYLOAD
 _FORMATS: list[str] = ["\x1f".join(["%s"] * n) for n in range(33)]
 
 
+#: The text :func:`row_crc` gives an active message's columns between its
+#: conversation and its body, as SQLite writes it (for :func:`active_messages`).
+MESSAGE_HEAD = (
+    "position || x'1f' || added_in || x'1f' || 'None' || x'1f' || message_id || x'1f'"
+    " || role || x'1f'"
+)
+
+
 def active_messages(
-    rows: Iterable[tuple[float, int, str, str, str, int | None]],
+    rows: Iterable[tuple[float, bytes, bytes, int | None]],
     path: str,
     agent_id: str,
     conversation: str,
-) -> Iterator[tuple[float, str]]:
+    exact: Callable[[str, str, float], None],
+) -> Iterator[tuple[float, bytes]]:
     """``(position, body)`` of ``rows``, active messages of one conversation, each checked.
 
-    ``rows`` are ``(position, added_in, message_id, role, body, crc)``. The same
-    check as ``checked_messages`` makes, computed here without a call from SQLite
-    per row, and with the agent and conversation the query asked for: loading a
-    long history costs half as much.
+    ``rows`` are ``(position, head, body, crc)``: ``head`` is the text of the
+    row's columns between its conversation and its body as SQLite writes it
+    (:data:`MESSAGE_HEAD`), ``body`` its UTF-8 bytes. The check ``checked_messages``
+    makes, computed here without a call from SQLite per row, and with the agent
+    and conversation the query asked for: the row's checksum is of its values'
+    text as Python writes them, which is SQLite's text but for some positions
+    (``1e+16``, or a fraction that takes 16 digits); a row whose quick check fails
+    is checked again as the view checks it (``exact``), which raises if it fails.
 
     Raises:
         DamagedRowError: A row fails its checksum.
     """
-    start = zlib.crc32(f"{agent_id}\x1f{conversation}\x1f".encode(), _SEEDS["messages"])
-    for position, added_in, message_id, role, body, crc in rows:
-        # As row_crc: the text of each column, removed_in being None.
-        head = f"{position}\x1f{added_in}\x1fNone\x1f{message_id}\x1f{role}\x1f".encode()
-        if crc != zlib.crc32(body.encode(), zlib.crc32(head, start)):
-            raise DamagedRowError(path, "messages", agent_id, conversation, added_in)
+    crc32 = zlib.crc32
+    start = crc32(f"{agent_id}\x1f{conversation}\x1f".encode(), _SEEDS["messages"])
+    for position, head, body, crc in rows:
+        if crc != crc32(body, crc32(head, start)):
+            exact(agent_id, conversation, position)
         yield position, body
 
 
