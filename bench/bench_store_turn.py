@@ -3,7 +3,8 @@
 One agent plays ``--turns`` turns through the Store alone, as PersistenceHandler
 drives it: ``agent_lock``, ``begin_turn`` (the handoff row, committed) and
 ``commit_turn`` of two messages (a ~300-byte question and a ~700-byte answer,
-shaped as effectful's messages), one process, back to back. Printed: the median
+shaped as effectful's messages; the first turn stores the agent's fields, the
+others leave them unchanged), one process, back to back. Printed: the median
 of each call and of the whole turn (``turn``: lock to release), over all turns and
 over the last 10% (does it grow with the history?); then ``load_agent`` of the
 agent (all its messages, checked and decoded), the median of ``--loads`` loads in
@@ -55,8 +56,9 @@ def turn(package: Any, store: Any, agent_id: str, i: int, times: dict[str, list[
         start = store.begin_turn(agent_id, template="ask", arguments={"question": i})
         t2 = clock()
         change = package.store.history.HistoryChange(messages(i), [], 0)
+        state = '{"topic":"benchmarks"}' if start.version == 0 else None  # as a Bot's fields
         store.commit_turn(
-            agent_id, base_version=start.version, template="ask", change=change, state=None
+            agent_id, base_version=start.version, template="ask", change=change, state=state
         )
         t3 = clock()
     t4 = clock()
