@@ -421,8 +421,8 @@ class SQLiteDatabase:
             """,
             (agent_id, conversation, position),
         ).fetchone()
-        if row is None:  # gone since: another program's delete, theirs to make
-            return
+        if row is None:  # not found again in the same snapshot: it cannot be trusted
+            raise DamagedRowError(self.path, "messages", agent_id, conversation, None)
         self._checked("messages", row)
 
     def index_compacted(

@@ -32,8 +32,11 @@ on could leave a row out rather than refuse it. The latest version's rows are
 found through indexes (``messages_active``, ``memory_active``...), which hold
 their keys apart from the row; reads and copies of an earlier version, which
 choose rows by their version marks, first check every row they choose from
-(``Database.check_rows``). Loading a conversation checks its rows in Python
-(:func:`active_messages`): a call from SQLite per row would double its cost.
+(``Database.check_rows``). Loading an agent checks in Python, without a call
+from SQLite per row: its row, the version its row names as holding its state
+(``agents.state_in``: no walk back through the versions that left the state
+unchanged, each of which would need its check), and each active message of the
+conversation (:func:`active_messages`).
 
 These objects live in each connection's TEMP schema, not in the file: any other
 SQLite program reads and writes the tables as it likes. A row it changes keeps
