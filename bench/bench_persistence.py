@@ -375,31 +375,39 @@ def child_load(db: str, agent_id: str, what: str) -> None:
         print(json.dumps({"restore_ms": restore, "first_turn_extra_ms": extras[0]}))
 
 
-def fresh_load(db: Path, agent_id: str, tree: Path | None = None) -> dict[str, float]:
-    """The fresh-process measures, each the median of its runs (with the checkout
-    ``tree``'s effectful_durable in the child, for --baseline).
+def fresh_loads(arms: list[tuple[Path, str, Path | None]]) -> list[dict[str, float]]:
+    """The fresh-process measures of each arm ``(db, agent id, checkout or None for
+    ours)``, each the median of its runs; the arms take turns, run by run, so that
+    they meet the same machine.
 
     The asks commit a turn, so they run last; ask-warm forks the agent under fixed
     ids, so it runs once.
     """
-    runs: dict[str, list[float]] = {}
+    runs: list[dict[str, list[float]]] = [{} for _ in arms]
     with tempfile.TemporaryDirectory() as path:
-        env = dict(os.environ)
-        if tree is not None:  # the child imports that checkout's package instead of ours
-            os.symlink((tree / "src").resolve(), Path(path) / "effectful_durable")
-            env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
+        envs = []
+        for k, (_, _, tree) in enumerate(arms):
+            env = dict(os.environ)
+            if tree is not None:  # the child imports that checkout's package instead of ours
+                os.makedirs(Path(path) / str(k))
+                os.symlink((tree / "src").resolve(), Path(path) / str(k) / "effectful_durable")
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [str(Path(path) / str(k)), env.get("PYTHONPATH", "")]
+                )
+            envs.append(env)
         for what, repeats in (("load", 3), ("ask", 3), ("ask-warm", 1)):
             for _ in range(repeats):
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child-load", str(db), agent_id, what],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    env=env,
-                )
-                for key, value in json.loads(out.stdout.strip().splitlines()[-1]).items():
-                    runs.setdefault(key, []).append(value)
-    return {key: statistics.median(values) for key, values in runs.items()}
+                for (db, agent_id, _), env, found in zip(arms, envs, runs, strict=True):
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--child-load", str(db), agent_id, what],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        env=env,
+                    )
+                    for key, value in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                        found.setdefault(key, []).append(value)
+    return [{key: statistics.median(values) for key, values in found.items()} for found in runs]
 
 
 def measure(n: int, directory: Path, agents: int = 1) -> list[dict[str, float]]:
@@ -407,14 +415,22 @@ def measure(n: int, directory: Path, agents: int = 1) -> list[dict[str, float]]:
     ours, then the --baseline checkout's."""
     db = directory / f"bench-{n}x{agents}.db"
     t = play(n, db, agents)
-    rows = [arm_row(t, "durable", n, agents, db, None)]
+    arms = [("durable", db, None)]
     if BASELINE is not None:
-        rows.append(arm_row(t, "baseline", n, agents, db.with_suffix(".base.db"), BASELINE))
-    return rows
+        arms.append(("baseline", db.with_suffix(".base.db"), BASELINE))
+    if agents == 1:
+        loads = fresh_loads([(path, f"{arm}-0", tree) for arm, path, tree in arms])
+    else:
+        keys = ("load_ms", "restore_ms", "first_turn_extra_ms", "first_turn_warm_extra_ms")
+        loads = [dict.fromkeys(keys, 0.0) for _ in arms]
+    return [
+        {**arm_row(t, arm, n, agents, path), **load}
+        for (arm, path, _), load in zip(arms, loads, strict=True)
+    ]
 
 
 def arm_row(
-    t: dict[str, list[float]], arm: str, n: int, agents: int, db: Path, tree: Path | None
+    t: dict[str, list[float]], arm: str, n: int, agents: int, db: Path
 ) -> dict[str, float]:
     """The measures of the durable ``arm`` against the plain one, the same turns."""
     over = [d - p for d, p in zip(t[arm], t["plain"], strict=True)]
@@ -454,13 +470,6 @@ def arm_row(
         "own_tail": statistics.median(own[tail]) * ms,
         "own90_tail": p90(own[tail]) * ms,
         "mb": db_bytes(db) / 1e6,
-        **(
-            fresh_load(db, f"{arm}-0", tree)
-            if agents == 1
-            else dict.fromkeys(
-                ("load_ms", "restore_ms", "first_turn_extra_ms", "first_turn_warm_extra_ms"), 0.0
-            )
-        ),
     }
 
 
