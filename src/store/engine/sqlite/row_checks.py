@@ -9,10 +9,11 @@ cannot move a valid row into another agent's history.
 
 The writes every turn makes give ``crc`` themselves, computed in Python as the
 row is bound (:meth:`TableShape.checksummed`, the SQLite engine's ``insert``,
-``start`` and ``advance``): the turn's messages and version, its handoff, the
-agent's row, whose UPDATE finds it by every column it keeps and sets the others,
-so that no old value survives unchecked. Every other write is covered by our
-connections without the shared SQL naming ``crc`` (:func:`install`):
+``start`` and ``advance``): the turn's messages and version, its handoff, and
+the agent's row, which the start and the UPDATE find by every value the Store
+last checked or wrote in it (its crc too), so that a row changed since is never
+written over unchecked. Every other write is covered by our connections without
+the shared SQL naming ``crc`` (:func:`install`):
 
 - a TEMP trigger per table computes ``crc`` after each INSERT that gives none,
   and after each UPDATE of the other columns that leaves ``crc`` as it was
