@@ -515,7 +515,8 @@ class DatabaseAccessError(DurableError):
     - ``"authentication"``: the password (or other credential) was refused, or
       none was given where one is needed;
     - ``"not-permitted"``: the role exists and was authenticated, or could have
-      been, but may not connect (``pg_hba.conf``, ``CONNECT``, ``LOGIN``);
+      been, but may not connect (``pg_hba.conf``, ``CONNECT``, ``LOGIN``), or
+      may not create (or migrate) our tables in the schema (``CREATE``);
     - ``"settings"``: the URL, or libpq's ``PG*`` environment variables, ask
       for something invalid.
 

@@ -61,6 +61,13 @@ class FaultyServer(PostgresServer):
         time.sleep(down)
         self._pg_ctl("start")
 
+    def down(self) -> None:
+        """Stop the server (a fast shutdown); :meth:`up` starts it again."""
+        self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def up(self) -> None:
+        self._pg_ctl("start")
+
     def freeze(self) -> None:
         """Stop every process of the cluster (SIGSTOP): the server answers nothing."""
         self._frozen = [self.postmaster(), *self._children(self.postmaster())]
@@ -122,6 +129,8 @@ class CuttingProxy:
         self.directory = tempfile.mkdtemp(prefix="effdur-proxy-")
         self.path = os.path.join(self.directory, ".s.PGSQL.5432")
         self.cuts = 0
+        self.refusing = False
+        self._refuse_after_cut = False
         self._armed: str | None = None
         self._lock = threading.Lock()
         self._closing = False
@@ -138,11 +147,17 @@ class CuttingProxy:
         host = urllib.parse.quote(self.directory, safe="")
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{login}@{host}"))
 
-    def arm(self, cut: str) -> None:
-        """Cut the next batch sent through the proxy, at ``cut`` (one of :data:`CUTS`)."""
+    def arm(self, cut: str, *, then_refuse: bool = False) -> None:
+        """Cut the next batch sent through the proxy, at ``cut`` (one of :data:`CUTS`);
+        with ``then_refuse``, refuse every connection after the cut until :meth:`allow`."""
         with self._lock:
             self._armed = cut
+            self._refuse_after_cut = then_refuse
             self._cut_done.clear()
+
+    def allow(self) -> None:
+        """Let connections through again (after ``arm(..., then_refuse=True)``)."""
+        self.refusing = False
 
     def wait_cut(self, timeout: float = 10.0) -> bool:
         return self._cut_done.wait(timeout)
@@ -162,6 +177,9 @@ class CuttingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                client.close()
+                continue
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             upstream.connect(os.path.join(self.server.directory, ".s.PGSQL.5432"))
             _Pair(self, client, upstream).start()
@@ -185,6 +203,8 @@ class _Pair:
         if self.closed.is_set():
             return
         self.closed.set()
+        if self.proxy._refuse_after_cut:  # before the client can see the cut
+            self.proxy.refusing = True
         for sock in (self.client, self.upstream):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -238,14 +258,14 @@ class _Pair:
         if cut == "before":
             self.cut()
             return
+        # "answered": _from_server cuts once the answer came (set before it can)
+        self.drop_answers = cut == "answered"
         self.upstream.sendall(group)
         if cut == "after":
             self.cut()
         elif cut == "pause":
             time.sleep(random.uniform(0, 0.02))
             self.cut()
-        else:  # "answered": _from_server cuts once the answer came
-            self.drop_answers = True
 
     def _from_server(self) -> None:
         try:

@@ -38,6 +38,7 @@ from pg_faults_app import Noter, handlers
 from postgres_server import REQUIRE_ENV, find_bindir, unavailable
 
 from effectful_durable import (
+    CommitUnknownError,
     DatabaseAccessError,
     DatabaseUnavailableError,
     PersistenceHandler,
@@ -126,6 +127,25 @@ class TestRestarts:
                 ["before", "after"],
             ]
 
+    def test_a_turn_started_while_the_server_is_down_waits_for_it(
+        self, server: FaultyServer, url: str
+    ) -> None:
+        """A turn started while the server is down waits for it (up to
+        statement_timeout) and commits once it is back."""
+        with Turns(url, statement_timeout=10.0) as turns:
+            agent = Noter(agent_id="patient")
+            note(agent, "before")
+            server.down()
+            restart = threading.Timer(1.5, server.up)
+            restart.start()
+            try:
+                started = time.monotonic()
+                note(agent, "during")
+                assert time.monotonic() - started >= 1.0
+            finally:
+                restart.join()
+            assert turns.persistence.store.state("patient")["notes"] == ["before", "during"]
+
     def test_a_worker_survives_restarts(self, server: FaultyServer, url: str, tmp_path: Path):
         """4 agents turn in threads while the server restarts (every kind, at random
         moments): only turns in flight at a restart fail, none once the server
@@ -175,6 +195,11 @@ class TestRestarts:
         last_up = windows[-1][1]
         for agent in ("w0", "w1", "w2", "w3"):  # each carried on after the last restart
             assert any(r["ok"] and r["start"] > last_up for r in records if r["agent"] == agent)
+        print(
+            f"worker: {restarts} restarts ({', '.join(kinds)}), "
+            f"{len(records) - len(failed)} turns committed, {len(failed)} failed in flight "
+            f"({sum(r['error'] == 'CommitUnknownError' for r in failed)} unknown commits)"
+        )
 
 
 # -- the runner -----------------------------------------------------------------------
@@ -294,6 +319,7 @@ class TestRunner:
         assert runner.returncode == 0, text
         assert "Traceback" not in text, text
         assert "failed, retrying" not in text and "is dead" not in text, text
+        worst = 0.0
         with Store(url) as store:
             for agent in agents:
                 wanted = [text for _, text in sorted(expected[agent])]
@@ -302,6 +328,13 @@ class TestRunner:
                     assert (alarm.status, alarm.deliveries) == ("done", 1), alarm
                 late, which = lateness(store, agent, expected[agent], windows, text)
                 assert late <= poll + 1.0, (which, windows, text)
+                worst = max(worst, late)
+        delivered = sum(len(wanted) for wanted in expected.values())
+        print(
+            f"runner --concurrency {concurrency}: {restarts} restarts, {delivered} alarms and "
+            f"events delivered once each, in order; {text.count('the database failed;')} "
+            f"outages seen, latest start after the server was back {worst:.2f} s"
+        )
 
     def test_sigterm_while_the_server_is_frozen(
         self, server: FaultyServer, url: str, tmp_path: Path
@@ -422,7 +455,7 @@ class TestAmbiguousCommit:
         try:
             with Turns(proxy.url(url)) as turns:
                 agent = Noter(agent_id="cut")
-                reported = []
+                reported, retried = [], 0
                 for n in range(cuts):
                     text = f"n{n:03d}"
                     proxy.arm(random.choice(CUTS))
@@ -432,6 +465,7 @@ class TestAmbiguousCommit:
                         assert "did not commit" in str(error) or "found that" in str(error)
                         assert text not in agent.notes
                         note(agent, text)  # the retry the error invites
+                        retried += 1
                     assert proxy.wait_cut(), "the commit was not cut"
                     reported.append(text)
                     assert agent.notes == reported
@@ -441,6 +475,32 @@ class TestAmbiguousCommit:
         finally:
             proxy.close()
         assert proxy.cuts == cuts
+        print(f"ambiguous commits: {cuts} cut, {retried} reported not committed and retried")
+
+    @pytest.mark.parametrize("cut", ["before", "answered"])
+    def test_a_commit_that_cannot_be_looked_up(
+        self, server: FaultyServer, url: str, cut: str
+    ) -> None:
+        """When the server cannot be reached to look the commit up, the turn raises
+        CommitUnknownError; the agent's next turn goes on from the database:
+        from the commit if it landed, and without it if not."""
+        proxy = CuttingProxy(server)
+        try:
+            with Turns(proxy.url(url), statement_timeout=1.0) as turns:
+                agent = Noter(agent_id="unknown")
+                note(agent, "one")
+                proxy.arm(cut, then_refuse=True)
+                with pytest.raises(CommitUnknownError) as raised:
+                    note(agent, "two")
+                assert raised.value.agent_id == "unknown" and raised.value.version == 2
+                assert agent.notes == ["one"]  # its last known commit
+                proxy.allow()
+                note(agent, "three")
+                landed = ["two"] if cut == "answered" else []
+                assert agent.notes == ["one", *landed, "three"]
+                assert turns.persistence.store.state("unknown")["notes"] == agent.notes
+        finally:
+            proxy.close()
 
 
 # -- refusals --------------------------------------------------------------------------

@@ -162,8 +162,10 @@ class AgentRunner:
     exponential backoff, then the alarm is dead until re-armed. A read or write
     of the database that fails (:class:`~effectful_durable.StorageError`: a full
     or failing disk; :class:`~effectful_durable.DatabaseUnavailableError`: a
-    server out of reach) is logged and tried again after ``poll_interval``; the
-    runner keeps running.
+    server out of reach or frozen) is logged and tried again every
+    ``poll_interval``; the runner keeps running. A delivery the database failed
+    costs no attempt: its claim is given back, due when it was, and a write
+    back that fails is kept and retried until it lands (see :doc:`/production`).
 
     Between alarms it sleeps until the earliest one is due, looking at the
     database at least every ``poll_interval`` (one indexed read). On PostgreSQL
