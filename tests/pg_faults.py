@@ -131,6 +131,7 @@ class CuttingProxy:
         self.cuts = 0
         self.refusing = False
         self._refuse_after_cut = False
+        self._holding: bytes | None = None
         self._armed: str | None = None
         self._lock = threading.Lock()
         self._closing = False
@@ -147,11 +148,13 @@ class CuttingProxy:
         host = urllib.parse.quote(self.directory, safe="")
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{login}@{host}"))
 
-    def arm(self, cut: str, *, then_refuse: bool = False) -> None:
+    def arm(self, cut: str, *, then_refuse: bool = False, holding: bytes | None = None) -> None:
         """Cut the next batch sent through the proxy, at ``cut`` (one of :data:`CUTS`);
-        with ``then_refuse``, refuse every connection after the cut until :meth:`allow`."""
+        with ``then_refuse``, refuse every connection after the cut until :meth:`allow`;
+        with ``holding``, cut the next group of messages that holds those bytes instead."""
         with self._lock:
             self._armed = cut
+            self._holding = holding
             self._refuse_after_cut = then_refuse
             self._cut_done.clear()
 
@@ -166,8 +169,14 @@ class CuttingProxy:
         self._closing = True
         self._listener.close()
 
-    def _take(self) -> str | None:
+    def _take(self, group: bytes, executes: int) -> str | None:
+        """The cut for this group of messages, if it is the one armed for."""
         with self._lock:
+            if self._armed is None:
+                return None
+            wanted = self._holding in group if self._holding is not None else executes >= 3
+            if not wanted:
+                return None
             cut, self._armed = self._armed, None
             return cut
 
@@ -251,7 +260,7 @@ class _Pair:
         self.cut_quietly()
 
     def _send_group(self, group: bytes, executes: int) -> None:
-        cut = self.proxy._take() if executes >= 3 else None
+        cut = self.proxy._take(group, executes)
         if cut is None:
             self.upstream.sendall(group)
             return

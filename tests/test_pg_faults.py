@@ -32,9 +32,10 @@ import pytest
 pytest.importorskip("psycopg")
 
 import psycopg
+from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 from pg_faults import CUTS, RESTARTS, CuttingProxy, FaultyServer
-from pg_faults_app import Noter, handlers
+from pg_faults_app import Noter, answer, handlers
 from postgres_server import REQUIRE_ENV, find_bindir, unavailable
 
 from effectful_durable import (
@@ -45,6 +46,7 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.store.parts.alarms import Schedule
+from effectful_durable.testing import FakeLLM
 
 pytestmark = pytest.mark.slow
 
@@ -174,7 +176,7 @@ class TestRestarts:
         finally:
             _, stderr = child.communicate("stop\n", timeout=120)
         assert child.returncode == 0, stderr
-        assert stderr == ""  # no logging configured: a survived restart prints nothing
+        assert stderr == "", stderr  # no logging configured: a survived restart prints nothing
         records = [json.loads(line) for line in out.read_text().splitlines()]
         failed = [r for r in records if not r["ok"]]
         for record in failed:
@@ -495,6 +497,32 @@ class TestAmbiguousCommit:
             proxy.close()
         assert proxy.cuts == cuts
         print(f"ambiguous commits: {cuts} cut, {retried} reported not committed and retried")
+
+    def test_a_turn_start_whose_answer_was_lost(self, server: FaultyServer, url: str) -> None:
+        """The start of a turn (the agent's lock and its handoff row, one statement)
+        cut once answered is tried again; the row it wrote is the turn's own, and
+        the model is not told of a turn that did not complete."""
+        proxy = CuttingProxy(server)
+        llm = FakeLLM(respond=answer)
+        persistence = PersistenceHandler(proxy.url(url))
+        try:
+            with (
+                handler(LiteLLMProvider(model="fake")),
+                handler(llm),
+                handler(persistence),
+            ):
+                agent = Noter(agent_id="started")
+                note(agent, "one")
+                proxy.arm("answered", holding=b"effectful_durable_start")
+                note(agent, "two")
+                assert proxy.wait_cut(0)
+            assert persistence.store.state("started")["notes"] == ["one", "two"]
+            assert persistence.store.handoffs() == []
+            told = [m["content"] for m in llm.calls[-1].messages if m["role"] == "system"]
+            assert not any("did not complete" in str(text) for text in told)
+        finally:
+            persistence.close()
+            proxy.close()
 
     @pytest.mark.parametrize("cut", ["before", "answered"])
     def test_a_commit_that_cannot_be_looked_up(

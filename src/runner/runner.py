@@ -51,7 +51,7 @@ _LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
 _CUT_OFF = 5.0  # seconds run() still waits, past the grace period, for turns in workers
 _DOWN_REPORT_EVERY = 30.0  # seconds between warnings while the database keeps failing
-_JOIN = 2.0  # seconds a stop waits for each helper thread (daemons) to end
+_JOIN = 2.0  # seconds a stop waits for its helper threads (daemons) and last writes
 
 
 @dataclasses.dataclass
@@ -335,21 +335,20 @@ class AgentRunner:
             self._loop(until)
             self._drain()
         finally:
+            # Threads that may wait for a frozen database are daemons: a stop waits
+            # for them all, the last writes included, _JOIN seconds in all.
+            ending = time.monotonic() + _JOIN
             done.set()
-            # Threads that may wait for a frozen database are daemons: a stop does
-            # not wait for their statement_timeout.
-            keeper.join(timeout=_JOIN)
+            last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
+            last.start()
             self._listener.close()
             self._listener = Polling()
             self._running = False
             self._signals.put(None)
-            control.join(timeout=_JOIN)
+            for thread in (keeper, control, last):
+                thread.join(timeout=max(0.0, ending - time.monotonic()))
             for signum, old in previous.items():
                 signal.signal(signum, old)
-            # Bounded: a frozen database must not hold the stop past its promise.
-            last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
-            last.start()
-            last.join(timeout=_JOIN)
             if last.is_alive():
                 log.warning("the database did not take the last writes within %g s", _JOIN)
             log.info(

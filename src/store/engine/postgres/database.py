@@ -20,9 +20,10 @@ schema's identification) is here. See ``engine/seam.py`` for the seam.
   another's turn; ``effectful_durable_advance`` raises, so that a batch reads
   nothing back before its commit).
 - A lost connection (server restart, network) fails the block in flight with
-  DatabaseUnavailableError; the pool checks connections before handing them
-  out (reading what the server sent, without a query), so the next block
-  connects afresh.
+  DatabaseUnavailableError, unless it was a turn's COMMIT that landed (looked
+  up by its id: :meth:`PostgresDatabase._resolve`); each connection taken from
+  the pool is checked first (``connections.py``), so the next block works.
+  Every wait for the server ends by ``statement_timeout``.
 - The agents' SQL workspaces: their log is in this database, like every other
   part; each machine keeps its SQLite files of the agents' tables in a
   stamped cache of its own, one directory per database
@@ -110,7 +111,7 @@ _MAX_POLL_SECONDS = 0.1
 # The client waits this much longer than the server's own statement_timeout, so
 # that a live server ends a statement (and says so) before the client gives up.
 _ANSWER_MARGIN = 1.0
-_JOIN = 2.0  # seconds closing waits for the pool's threads (a frozen server: in vain)
+_CLOSE = 1.0  # seconds closing waits for the pool's threads (daemons: a frozen server)
 _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
 
 log = logging.getLogger("effectful_durable.store")
@@ -224,7 +225,7 @@ class PostgresDatabase:
         """Close the pool and the lock connection."""
         self._closed = True
         self._locks.close()
-        self._pool.close(timeout=_JOIN)
+        self._pool.close(timeout=_CLOSE)
 
     @property
     def statement_timeout(self) -> float | None:

@@ -73,7 +73,7 @@ class NotifyListener:
             return
         self._closing.set()
         self._stop_writer.send(b"\0")
-        self._thread.join(timeout=2.0)
+        self._thread.join(timeout=0.5)
         if not self._thread.is_alive():  # else still connecting: it ends on its own
             self._stop_reader.close()
             self._stop_writer.close()
