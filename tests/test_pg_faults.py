@@ -302,8 +302,8 @@ class TestRunner:
                 with Store(url) as store:  # an event, due when sent
                     agent = random.choice(agents)
                     text = f"{agent}-e{events:03d}"
-                    store.send_event(agent, "note", text, create=True)
-                    expected[agent].append((time.time(), text))
+                    sent = store.send_event(agent, "note", text, create=True)
+                    expected[agent].append((sent.sent_at.timestamp(), text))  # its due time
                     events += 1
                 down = time.time()
                 server.restart_as(how)
