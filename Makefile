@@ -1,4 +1,4 @@
-.PHONY: demo test lint format docs bench soak faults
+.PHONY: demo test lint format docs bench soak faults pg-faults
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
@@ -23,3 +23,6 @@ soak:  ## 4 processes x 16 agents SIGKILLed at random, 2 min per durability sett
 
 faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
 	bash scripts/faults.sh
+
+pg-faults:  ## PostgreSQL restarted, frozen and cut at random, loops in full (~5 min)
+	bash scripts/pg_faults.sh

@@ -942,6 +942,13 @@ def _parser() -> argparse.ArgumentParser:
         help="turns of different agents run at once (default: the config's, 1)",
     )
     sub.add_argument(
+        "--wait-for-database",
+        type=_seconds,
+        metavar="SECONDS",
+        help="PostgreSQL: how long to wait at start for a server that does not answer yet "
+        "(default: the config's wait_for_database, else 5)",
+    )
+    sub.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
     sub.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
@@ -980,6 +987,17 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("source", metavar="SRC", help="the database to copy")
     sub.add_argument("target", metavar="DST", help="a new file, or an empty PostgreSQL database")
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        number = float(text)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < float("inf"):
+        msg = f"expected a number of seconds >= 0, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return number
 
 
 def _positive(text: str) -> int:

@@ -28,17 +28,6 @@ import psycopg
 #: The channel the ``alarms_due`` trigger notifies; the payload names the schema.
 CHANNEL = "effectful_durable_alarms"
 
-#: libpq options of the listening connection. It runs no query after LISTEN (a
-#: query could swallow a notification in psycopg < 3.2.4, psycopg issue 962), so
-#: a peer lost without a word (a network cut) is found by TCP keepalives, within
-#: about a minute; a Unix socket's closure shows at once.
-KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-}
-
 _RETRY_FIRST = 0.2  # seconds before the first reconnection; doubles up to _RETRY_MAX
 _RETRY_MAX = 5.0
 
@@ -49,8 +38,9 @@ class NotifyListener:
     """Call ``wake`` whenever a commit makes an alarm of this database due (see above).
 
     Args:
-        connect: Opens a new autocommit connection to the database, with
-            :data:`KEEPALIVES`.
+        connect: Opens a new autocommit connection to the database (with TCP
+            keepalives: it runs no query after LISTEN, so a peer lost without a
+            word is found by them, within about a minute).
         wake: Called from the listener's thread; must be quick and thread-safe.
         location: The database, as named in log messages.
     """
@@ -83,7 +73,7 @@ class NotifyListener:
             return
         self._closing.set()
         self._stop_writer.send(b"\0")
-        self._thread.join(timeout=10.0)
+        self._thread.join(timeout=0.5)
         if not self._thread.is_alive():  # else still connecting: it ends on its own
             self._stop_reader.close()
             self._stop_writer.close()

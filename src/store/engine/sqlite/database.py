@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, Literal
 
 import apsw
@@ -43,6 +43,7 @@ class SQLiteDatabase:
     """
 
     kind = "sqlite"
+    statement_timeout: float | None = None  # no server to wait for
 
     def __init__(
         self,
@@ -78,6 +79,10 @@ class SQLiteDatabase:
                 quarantine(self.path)
                 self.connection()
         self._locks = AgentLocks.for_database(self.path)
+
+    def unhurried(self) -> AbstractContextManager[None]:
+        """Nothing to lift: SQLite's only wait is for a lock (``busy_timeout``)."""
+        return nullcontext()
 
     def close(self) -> None:
         """Close every connection this database opened, in all threads.
