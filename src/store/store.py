@@ -22,6 +22,8 @@ import apsw
 
 from ..errors import NotSupportedError
 from .agent_parts import PartMethods
+from .browse import BrowseMethods
+from .diff import DiffMethods
 from .engine.seam import Conn, Database, is_postgres_url
 from .engine.sqlite.connection import Durability
 from .engine.sqlite.damage import DamageWatch, watched
@@ -56,7 +58,16 @@ PARTS: tuple[VersionedPart, ...] = (
 
 
 @watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
-class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, WorkflowJournal):
+class Store(
+    StoreReads,
+    BrowseMethods,
+    DiffMethods,
+    TurnProtocol,
+    Maintenance,
+    PartMethods,
+    WaitingMethods,
+    WorkflowJournal,
+):
     """The durable log of every agent in one SQLite database file or PostgreSQL database.
 
     Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,

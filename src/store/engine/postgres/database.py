@@ -58,7 +58,7 @@ from ....errors import (
     SchemaTooNewError,
 )
 from ..seam import APPLICATION_ID, Conn, Rows, TurnWrite, moved_by, redacted
-from .listen import KEEPALIVES, NotifyListener
+from .listen import COMMITS, KEEPALIVES, NotifyListener
 from .opening import first_connection, pool_connections, unavailable_reason, user_options
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
@@ -399,6 +399,13 @@ class PostgresDatabase:
         """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
         connect = functools.partial(self.connect, **KEEPALIVES)
         return NotifyListener(connect, wake, location=self.location)
+
+    def watch_commits(self, wake: Callable[[], None]) -> NotifyListener:
+        """LISTEN for the ``*_committed`` triggers' notifications (schema 8)."""
+        connect = functools.partial(self.connect, **KEEPALIVES)
+        return NotifyListener(
+            connect, wake, location=self.location, channel=COMMITS, what="commits"
+        )
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others

@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 6.
+-- effectful-durable database schema on PostgreSQL, version 8.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -319,3 +319,31 @@ BEGIN
     END IF;
 END
 $$;
+
+-- == Commits heard by readers (schema 8) ==
+
+-- Readers LISTEN on effectful_durable_commits (the page, engine/postgres/listen.py)
+-- to hear of each commit without reading a table. A statement that changes an
+-- agent (every turn, rollback, fork or deletion moves its agents row), an
+-- approval, an alarm or event, a handoff, a journal step or a runner's status
+-- notifies them; PostgreSQL folds the equal notifications of one transaction
+-- into one, sent only if it commits.
+CREATE FUNCTION effectful_durable_committed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('effectful_durable_commits', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER agents_committed AFTER INSERT OR UPDATE OR DELETE ON agents
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER approvals_committed AFTER INSERT OR UPDATE OR DELETE ON approvals
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER alarms_committed AFTER INSERT OR UPDATE OR DELETE ON alarms
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER handoffs_committed AFTER INSERT OR UPDATE OR DELETE ON handoffs
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER workflow_steps_committed AFTER INSERT OR UPDATE OR DELETE ON workflow_steps
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runner_status
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
