@@ -604,7 +604,6 @@ def _filtered_page(
         (agent_id, conversation, start, *params),
     )
     matched: dict[int, list[dict[str, Any]]] = {}
-    totals: dict[int, int] = {}
     calls: dict[str, str] = {}
     next_before = None
     for version, group in _by_version(rows):
@@ -624,7 +623,6 @@ def _filtered_page(
             next_before = min(matched)
             break
         matched[version] = kept
-        totals[version] = len(messages)
     if not matched:
         return [], None
     marks = ", ".join("?" * len(matched))
@@ -635,7 +633,7 @@ def _filtered_page(
             (agent_id, *matched),
         )
     ]
-    blocks = [TurnBlock(info, matched[info.version], totals[info.version]) for info in infos]
+    blocks = [TurnBlock(info, matched[info.version], info.added) for info in infos]
     return blocks, next_before
 
 
@@ -682,8 +680,9 @@ def _earlier_calls(
     messages: list[dict[str, Any]],
     calls: dict[str, str],
 ) -> dict[str, str]:
-    """The tool names of results in ``messages`` whose call an earlier version made
-    (a turn suspended for an approval, resumed in a later version)."""
+    """The tool names of results in ``messages`` whose call the page's read left out:
+    made by an earlier version (a turn suspended for an approval, resumed in a later
+    one), or by this one where the filter's role keeps no assistant message."""
     missing = [
         m["tool_call_id"]
         for m in messages
@@ -695,7 +694,7 @@ def _earlier_calls(
     rows = conn.execute(
         """
         SELECT body FROM checked_messages
-         WHERE agent_id = ? AND conversation = ? AND added_in < ? AND role = 'assistant'
+         WHERE agent_id = ? AND conversation = ? AND added_in <= ? AND role = 'assistant'
          ORDER BY added_in DESC LIMIT 50
         """,
         (agent_id, conversation, version),

@@ -100,6 +100,8 @@ def make_app(
         return pages.error(request, status, what, f"{request.method} {request.url.path}", "")
 
     async def durable_error(request: Request, error: Exception) -> Response:
+        if isinstance(error, ValueError):  # an invalid agent id, say: the request's fault
+            return await bad_request(request, error)
         if isinstance(error, DamagedRowError):
             return pages.error(
                 request,
