@@ -719,7 +719,7 @@ def _ui(args: argparse.Namespace) -> int:
     try:
         from .ui import serve
     except ModuleNotFoundError as missing:
-        if missing.name not in _UI_LIBRARIES:
+        if (missing.name or "").split(".")[0] not in _UI_LIBRARIES:
             raise
         return _fail(
             f"the page needs the ui extra ({missing.name} is not installed): "
