@@ -31,12 +31,14 @@ class CommitFeed:
 
     def __init__(self) -> None:
         self.count = 0
+        self.closing = False
         self._changed: asyncio.Event | None = None
         self._watch: CommitWatch | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, store: Store) -> None:
         """Start watching ``store`` (in the event loop that serves the streams)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
 
         def wake() -> None:  # from the watch's thread
@@ -49,6 +51,15 @@ class CommitFeed:
         if self._watch is not None:
             self._watch.close()
             self._watch = None
+
+    def close_streams(self) -> None:
+        """End every open stream (the server is stopping); callable from any thread."""
+        if self._loop is not None and not self.closing:
+            self._loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        self.closing = True
+        self._bump()
 
     def _bump(self) -> None:
         self.count += 1
@@ -74,8 +85,10 @@ def stream(request: Request) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         seen = feed.count
         yield "retry: 1000\n\n"
-        while True:
+        while not feed.closing:
             if await feed.changed_since(seen, KEEPALIVE):
+                if feed.closing:
+                    return
                 seen = feed.count
                 yield f"event: commit\ndata: {seen}\n\n"
                 await asyncio.sleep(SPACING)

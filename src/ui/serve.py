@@ -8,6 +8,7 @@ import secrets
 import socket
 import sys
 import webbrowser
+from types import FrameType
 
 import uvicorn
 
@@ -15,6 +16,7 @@ from ..store import Store
 from ..store.engine.seam import redacted
 from .app import make_app
 from .guard import loopback
+from .live import CommitFeed
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -58,10 +60,23 @@ def serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=1,
             lifespan="on",
         )
-        uvicorn.Server(config).run(sockets=[listener])
+        _Server(config, app.state.feed).run(sockets=[listener])
     finally:
         store.close()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which ends the pages' live streams as soon as it is asked to stop:
+    otherwise it would wait for them, and then cancel them with an error."""
+
+    def __init__(self, config: uvicorn.Config, feed: CommitFeed) -> None:
+        super().__init__(config)
+        self._feed = feed
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._feed.close_streams()
+        super().handle_exit(sig, frame)
 
 
 def _bind(host: str, port: int) -> socket.socket:
