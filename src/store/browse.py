@@ -89,7 +89,7 @@ class AgentSummary:
 
     @property
     def needs_attention(self) -> bool:
-        """Whether a person should look: an approval waits, something died, a turn broke."""
+        """Whether a person should look (an approval waits, something died, a turn broke)."""
         return bool(self.approvals_pending or self.alarms_dead or self.handoff or self.damaged)
 
 
@@ -256,10 +256,10 @@ class BrowseMethods(StoreBase):
             text: Keep the agents whose id holds this text (in any case).
             attention: Keep the agents that need a person: an approval waits, an
                 alarm or event died, or a turn started and did not commit.
-            sort: One of :data:`AGENT_SORTS`: ``id``, ``updated``, ``version``,
+            sort: One of ``AGENT_SORTS``: ``id``, ``updated``, ``version``,
                 ``created``, each reversed with a leading ``-``.
             page: The page, from 1.
-            per_page: Agents per page, at most :data:`MAX_PAGE`.
+            per_page: Agents per page, at most ``MAX_PAGE`` (500).
 
         Raises:
             ValueError: An unknown sort, or a page or page size out of range.
@@ -325,7 +325,7 @@ class BrowseMethods(StoreBase):
             conversation: The conversation whose history to show.
             before: Show versions before this one (the previous page's
                 ``next_before``); the latest first by default.
-            limit: Blocks per page, at most :data:`MAX_PAGE`.
+            limit: Blocks per page, at most ``MAX_PAGE`` (500).
             filter: Show only the versions with a message that passes, and only
                 those messages.
 

@@ -12,7 +12,7 @@ whole, so its cost follows what changed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .base import StoreBase
@@ -27,8 +27,6 @@ from .workspace.diff import TableChange, table_changes
 # A row of a versioned table is held by version ?N when this holds (columns: added, removed).
 _HELD = "({a} <= ?{n} AND ({r} IS NULL OR {r} > ?{n}))"
 
-type ChangeOp = Literal["added", "removed", "changed"]
-
 #: The most messages (and rows per table) :meth:`DiffMethods.diff` lists by default.
 DIFF_LIMIT = 200
 
@@ -42,7 +40,7 @@ class ValueChange:
     """
 
     name: str
-    op: ChangeOp
+    op: Literal["added", "removed", "changed"]
     before: Any = None
     after: Any = None
 
@@ -59,9 +57,9 @@ class MessagesChange:
     conversation: str
     added_count: int
     removed_count: int
-    added: list[dict[str, Any]] = field(default_factory=list)
-    removed: list[dict[str, Any]] = field(default_factory=list)
-    fields: list[ValueChange] = field(default_factory=list)
+    added: list[dict[str, Any]]
+    removed: list[dict[str, Any]]
+    fields: list[ValueChange]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +231,7 @@ def _messages(
                 len(removed),
                 decode_messages(body for _, body in added[shown]),
                 decode_messages(body for _, body in removed[shown]),
+                [],
             )
         )
     return changes
@@ -258,7 +257,7 @@ def _with_own_fields(
         )
         if not fields:
             continue
-        old = by_name.get(conversation) or MessagesChange(conversation, 0, 0)
+        old = by_name.get(conversation) or MessagesChange(conversation, 0, 0, [], [], [])
         by_name[conversation] = MessagesChange(
             conversation, old.added_count, old.removed_count, old.added, old.removed, fields
         )

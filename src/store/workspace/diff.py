@@ -21,8 +21,6 @@ from .log import Step, apply, combine, log, replayed
 from .schema import quote, tables
 from .workspace import jsonable
 
-type RowOp = Literal["added", "removed", "changed"]
-
 
 @dataclass(frozen=True, slots=True)
 class RowChange:
@@ -34,7 +32,7 @@ class RowChange:
     .. versionadded:: 0.3.0
     """
 
-    op: RowOp
+    op: Literal["added", "removed", "changed"]
     before: dict[str, Any] | None
     after: dict[str, Any] | None
 
@@ -106,7 +104,7 @@ def _from_changeset(
         old = _row(names, change.old) if change.old is not None else None
         new = _row(names, change.new) if change.new is not None else None
         if change.op == "INSERT":
-            op: RowOp = "added"
+            op: Literal["added", "removed", "changed"] = "added"
         elif change.op == "DELETE":
             op = "removed"
         else:
