@@ -71,7 +71,7 @@ class AgentSummary:
     ``damaged`` says which row of the agent fails its checksum (then the counts
     are 0): the agent cannot be read until it is repaired.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     agent_id: str
@@ -97,7 +97,7 @@ class AgentSummary:
 class TablePage:
     """One page of the rows of an agent's SQL table (values as SQLite returns them).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     table: str
@@ -117,7 +117,7 @@ class TablePage:
 class AgentPage:
     """One page of the agents list: its agents, and how many match in all.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     agents: list[AgentSummary]
@@ -139,7 +139,7 @@ class HistoryFilter:
     its result match; ``text`` occurs in the message's text or tool calls, in any
     case; ``errors`` keeps the tool results and retries that report an error.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     role: str | None = None
@@ -173,7 +173,7 @@ class TurnBlock:
     ``"durable": {"removed_in": <version>}``. A rollback or a fork lists no
     messages: it restores or copies them (``info.added``).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     info: VersionInfo
@@ -189,7 +189,7 @@ class Timeline:
     ``next_before`` is the ``before`` of the next (older) page, None on the last;
     ``latest`` is the agent's current version.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     agent_id: str
@@ -264,7 +264,7 @@ class BrowseMethods(StoreBase):
         Raises:
             ValueError: An unknown sort, or a page or page size out of range.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         order = AGENT_SORTS.get(sort)
         if order is None:
@@ -333,7 +333,7 @@ class BrowseMethods(StoreBase):
             NotFoundError: No such agent.
             ValueError: ``before`` or ``limit`` is out of range.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         validate_conversation_id(conversation)
         _check_page(1, limit)
@@ -361,7 +361,7 @@ class BrowseMethods(StoreBase):
         reading no table. PostgreSQL: a connection of its own LISTENs for the
         notification each commit sends. Close what it returns to stop.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         return self._db.watch_commits(wake)
 
@@ -374,7 +374,7 @@ class BrowseMethods(StoreBase):
             NotFoundError: No such agent.
             ValueError: ``limit`` is out of range.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         _check_page(1, limit)
         with self._reading() as conn:
@@ -397,7 +397,7 @@ class BrowseMethods(StoreBase):
         Raises:
             NotFoundError: No such agent or version.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         validate_conversation_id(conversation)
         with self._reading() as conn:
@@ -420,7 +420,7 @@ class BrowseMethods(StoreBase):
         Raises:
             NotFoundError: No such agent or version.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         result = self.sql(agent_id, _TABLES, version=version)
         return [str(name) for (name,) in result.rows]
@@ -442,7 +442,7 @@ class BrowseMethods(StoreBase):
             NotFoundError: No such agent, version or table.
             ValueError: ``page`` or ``per_page`` is out of range.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         _check_page(page, per_page)
         if table not in self.sql_tables(agent_id, version):

@@ -36,7 +36,7 @@ class ValueChange:
     """A field, memory key or note that one version holds and the other does not, or
     holds with another value (``before``/``after``: None where absent).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     name: str
@@ -51,7 +51,7 @@ class MessagesChange:
 
     ``added``/``removed`` list the first of them, in order; the counts are of all.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     conversation: str
@@ -66,7 +66,7 @@ class MessagesChange:
 class AlarmChange:
     """An alarm pending at one version and not at the other (scheduled, or ended).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     alarm_id: str
@@ -88,7 +88,7 @@ class VersionDiff:
     ``alarms`` those pending at one version only; ``approvals`` those asked or
     resumed by a version in between.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     agent_id: str
@@ -134,7 +134,7 @@ class DiffMethods(StoreBase):
         Raises:
             NotFoundError: No such agent, or either version does not exist or was pruned.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         if limit is not None and limit < 0:
             msg = f"limit must be >= 0 or None, not {limit}"

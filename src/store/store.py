@@ -72,7 +72,8 @@ class Store(
 
     Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,
     ``memory_notes``, ``versions``, ``handoffs``, ``search_compacted``,
-    ``workflows``, ``steps``) see the last committed versions.
+    ``workflows``, ``steps``; a page at a time: ``agent_page``, ``timeline``,
+    ``version_page``; ``diff`` of two versions) see the last committed versions.
     Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``, ``prune``)
     takes the agent's lock, so it never races a running turn; ``vacuum`` and
     ``backup`` work on the whole file while turns go on. The remaining methods are the

@@ -149,7 +149,8 @@ class Guard:
     def _enter(self, request: Request) -> Response:
         """The token's answer: the same page without it, and the session cookie."""
         query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-        target = URL(path=request.url.path, query=urllib.parse.urlencode(query))
+        path = "/" + request.url.path.lstrip("/")  # never //host: a redirect off the site
+        target = URL(path=path, query=urllib.parse.urlencode(query))
         response = RedirectResponse(str(target), status_code=303)
         response.set_cookie(self.cookie, self.session, httponly=True, samesite="strict", path="/")
         return response

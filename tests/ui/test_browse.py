@@ -17,21 +17,9 @@ from effectful_durable.store.parts.memory import MemoryChanges
 from effectful_durable.testing import ToolCall
 from tests.helpers import commit_message, commit_writes, edit_rows
 from tests.sql_helpers import Tracker, sql_turn
-from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT, build
+from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def content(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The page's test content (tests/ui/content.py), built once per backend."""
-    if request.param == "sqlite":
-        db = str(tmp_path_factory.mktemp("browse") / "content.db")
-    else:
-        server = request.getfixturevalue("postgres_server")
-        db = server.new_database()
-    build(db)
-    return db
 
 
 class TestAgentPage:

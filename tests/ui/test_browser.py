@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.ui import browser
-from tests.ui.content import DESK, HTML, build
+from tests.ui.content import DESK, HTML
 from tests.ui.server import ROOT, Server, serving
 from tests.ui.test_live import write
 
@@ -58,10 +58,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def content(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The page over the test content: HTML everywhere, a refund that waits."""
-    db = str(tmp_path_factory.mktemp("content") / "content.db")
-    build(db)
+def desk(sqlite_content: str) -> Iterator[Server]:
+    """The page over the test content (HTML everywhere, a refund that waits), in a copy
+    of its own: the live test commits to it."""
+    import shutil
+
+    db = sqlite_content.replace("content.db", "content-browser.db")
+    shutil.copy(sqlite_content, db)
     with serving(db) as server:
         yield server
 
@@ -193,46 +196,48 @@ class TestDemoPages:
 
 
 class TestContent:
-    def test_html_is_shown_as_text(self, driver: Any, content: Server) -> None:
+    def test_html_is_shown_as_text(self, driver: Any, desk: Server) -> None:
         """HTML in messages, ids, tool arguments and memory shows as text; no script of
         the database's runs."""
-        enter(driver, content)
+        enter(driver, desk)
         assert HTML in text_of(driver)  # the agent whose id is HTML
-        driver.get(content.base + f"/agent?id={DESK}")
+        driver.get(desk.base + f"/agent?id={DESK}")
         shown = text_of(driver)
         assert f"Looked it up. {HTML}" in shown
         assert driver.execute_script("return document.scripts.length") == 2
         assert driver.execute_script("return window.alerted === undefined")
-        driver.get(content.base + f"/state?id={DESK}&sql=SELECT+note+FROM+refunds")
+        driver.get(desk.base + f"/state?id={DESK}&sql=SELECT+note+FROM+refunds")
         assert f"note {HTML}" in text_of(driver)
 
-    def test_a_refund_that_waits_is_plain_to_see(self, driver: Any, content: Server) -> None:
+    def test_a_refund_that_waits_is_plain_to_see(self, driver: Any, desk: Server) -> None:
         """The agent's page opens with the tool call that waits for a person, and how to
         decide it."""
-        enter(driver, content)
-        driver.get(content.base + f"/agent?id={DESK}")
+        enter(driver, desk)
+        driver.get(desk.base + f"/agent?id={DESK}")
         waiting = driver.find_element("css selector", "section.waiting article.approval")
         assert "Waits for a person" in waiting.text and "refund" in waiting.text
         assert "effectful-durable approve" in waiting.text
         shot(driver, "approval")
 
-    def test_a_commit_shows_without_a_reload(self, driver: Any, content: Server) -> None:
-        """Another process's commit appears on the open page, which is not reloaded."""
-        enter(driver, content)
-        driver.get(content.base + "/")
-        wait_for(driver, lambda d: d.execute_script("return document.readyState") == "complete")
-        time.sleep(1)  # the live stream connects
-        driver.execute_script("window.notReloaded = true")
-        assert "\nw\n" not in text_of(driver)
-        db = content.process.args[4]  # type: ignore[index]
-        assert write(str(db), 1).returncode == 0
-        wait_for(
-            driver,
-            lambda d: any(
-                a.text == "w" for a in d.find_elements("css selector", "table.agents a")
-            ),
-        )
-        assert driver.execute_script("return window.notReloaded") is True
+    def test_a_commit_shows_without_a_reload(self, driver: Any, desk: Server) -> None:
+        """Another process's commits appear on the open agents list and on the open
+        timeline, neither of which is reloaded."""
+        enter(driver, desk)
+        db = str(desk.process.args[4])  # type: ignore[index]
+        # Asked in one script each time: the live swap replaces the elements under a finder.
+        for path, shows in [
+            ("/", "[...document.querySelectorAll('table.agents a')].some(a => a.text === 'w')"),
+            ("/agent?id=w", "document.querySelector('li#v2') !== null"),
+        ]:
+            driver.get(desk.base + path)
+            wait_for(
+                driver, lambda d: d.execute_script("return document.readyState") == "complete"
+            )
+            time.sleep(1)  # the live stream connects
+            driver.execute_script("window.notReloaded = true")
+            assert write(db, 1).returncode == 0
+            wait_for(driver, lambda d, shows=shows: d.execute_script(f"return {shows}"))
+            assert driver.execute_script("return window.notReloaded") is True
 
 
 def test_screenshots_are_pictures() -> None:

@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 from effectful_durable import Store
 from effectful_durable.ui import make_app
 from tests.helpers import commit_message, edit_rows
-from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT, build
+from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT
 
 pytestmark = pytest.mark.slow
 
@@ -28,17 +28,6 @@ def client_for(db: str, *, read_only: bool = False) -> Iterator[TestClient]:
             entered = client.get(f"/?token={TOKEN}", follow_redirects=False)
             assert entered.status_code == 303
             yield client
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def content(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The page's test content (tests/ui/content.py), built once per backend."""
-    if request.param == "sqlite":
-        db = str(tmp_path_factory.mktemp("pages") / "content.db")
-    else:
-        db = request.getfixturevalue("postgres_server").new_database()
-    build(db)
-    return db
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +125,8 @@ class TestAccess:
                 assert "HttpOnly" in cookie and "SameSite=strict" in cookie
                 assert TOKEN not in cookie
                 assert browser.get(f"/agent?id={DESK}").status_code == 200
+                away = browser.get(f"{BASE}//evil.example/?token={TOKEN}", follow_redirects=False)
+                assert away.headers["location"] == "/evil.example/"
 
     @pytest.mark.parametrize(
         "host", ["localhost:8123", "127.0.0.1:8123", "[::1]:8123", "127.0.0.2", "LOCALHOST"]

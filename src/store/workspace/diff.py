@@ -29,7 +29,7 @@ class RowChange:
     ``before`` and ``after`` map column names to values: the whole row when it
     was added or removed; for a change, the key columns and those that changed.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     op: Literal["added", "removed", "changed"]
@@ -43,7 +43,7 @@ class TableChange:
     ``limit``; the counts are of all). ``schema`` says the table was created,
     dropped or altered in between.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     table: str

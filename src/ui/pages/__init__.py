@@ -10,10 +10,13 @@ page that says what was wrong.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ...store import Store
+from ..render import Pages
 
 
 class BadRequest(Exception):
@@ -24,6 +27,12 @@ def store_of(request: Request) -> Store:
     """The app's read-only Store."""
     store: Store = request.app.state.store
     return store
+
+
+def render(request: Request, template: str, context: dict[str, Any]) -> Response:
+    """The page ``template`` with ``context`` (and the app's settings)."""
+    pages: Pages = request.app.state.pages
+    return pages.render(request, template, context)
 
 
 def text(request: Request, name: str, default: str = "") -> str:

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from ...errors import NotFoundError
 from ...store.browse import HistoryFilter, is_error
 from ...store.history import message_text
-from . import choice, flag, number, required, store_of, text
+from . import BadRequest, choice, flag, number, render, required, store_of, text
 
 #: Turns per page of the timeline.
 PER_PAGE = 20
@@ -121,7 +121,7 @@ def agent(request: Request) -> Response:
         "roles": ROLES,
         "waiting": waiting_for(request, agent_id),
     }
-    return request.app.state.pages.render(request, "agent.html", context)  # type: ignore[no-any-return]
+    return render(request, "agent.html", context)
 
 
 def waiting_for(request: Request, agent_id: str) -> dict[str, Any]:
@@ -139,8 +139,11 @@ def compacted(request: Request) -> Response:
     """``/agent/compacted?id=&version=``: the originals a compaction replaced (a fragment)."""
     store = store_of(request)
     agent_id = required(request, "id")
-    version = number(request, "version") or int(required(request, "version"))
+    version = number(request, "version")
+    if version is None:
+        msg = "the parameter 'version' is missing: this page needs it"
+        raise BadRequest(msg)
     conversation = text(request, "conversation") or "default"
     originals = store.compacted(agent_id, version, conversation=conversation)
     context = {"entries": entries(originals), "version": version}
-    return request.app.state.pages.render(request, "_originals.html", context)  # type: ignore[no-any-return]
+    return render(request, "_originals.html", context)

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...store.browse import AGENT_SORTS
-from . import BadRequest, choice, flag, number, store_of, text
+from . import BadRequest, choice, flag, number, render, store_of, text
 
 #: Agents per page.
 PER_PAGE = 50
@@ -37,5 +37,4 @@ def agents(request: Request) -> Response:
         msg = f"there is no page {page}: the {found.total} agents shown fill {found.pages}"
         raise BadRequest(msg)
     context = {"found": found, "q": query, "attention": attention, "sort": sort, "sorts": SORTS}
-    pages = request.app.state.pages
-    return pages.render(request, "agents.html", context)  # type: ignore[no-any-return]
+    return render(request, "agents.html", context)

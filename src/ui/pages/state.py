@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from ...errors import SQLWorkspaceError
 from ...store.workspace.workspace import jsonable
-from . import number, required, store_of, text
+from . import number, render, required, store_of, text
 
 #: Rows per page of a table.
 PER_PAGE = 50
@@ -45,7 +45,7 @@ def state(request: Request) -> Response:
         "error": error,
         "query_rows": QUERY_ROWS,
     }
-    return request.app.state.pages.render(request, "state.html", context)  # type: ignore[no-any-return]
+    return render(request, "state.html", context)
 
 
 def table(request: Request) -> Response:
@@ -58,4 +58,4 @@ def table(request: Request) -> Response:
     found = store.table_page(agent_id, name, version=version, page=page, per_page=PER_PAGE)
     rows = [[jsonable(v) for v in row] for row in found.rows]
     context = {"agent_id": agent_id, "version": version, "found": found, "rows": rows}
-    return request.app.state.pages.render(request, "table.html", context)  # type: ignore[no-any-return]
+    return render(request, "table.html", context)

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...store.diff import DIFF_LIMIT
-from . import BadRequest, number, required, store_of
+from . import BadRequest, number, render, required, store_of
 from .agent import entries
 
 #: Versions per page.
@@ -28,7 +28,7 @@ def versions(request: Request) -> Response:
         "next_before": listed[-1].version if more else None,
         "latest": latest,
     }
-    return request.app.state.pages.render(request, "versions.html", context)  # type: ignore[no-any-return]
+    return render(request, "versions.html", context)
 
 
 def diff(request: Request) -> Response:
@@ -43,4 +43,4 @@ def diff(request: Request) -> Response:
     found = store.diff(agent_id, before, after, limit=DIFF_LIMIT)
     shown = [(c, entries(c.added), entries(c.removed)) for c in found.conversations]
     context = {"agent_id": agent_id, "diff": found, "shown": shown, "limit": DIFF_LIMIT}
-    return request.app.state.pages.render(request, "diff.html", context)  # type: ignore[no-any-return]
+    return render(request, "diff.html", context)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import required, store_of
+from . import render, required, store_of
 
 #: The most decided approvals listed (newest first).
 DECIDED = 50
@@ -26,11 +26,11 @@ def waiting(request: Request) -> Response:
         "workflows": store.workflows(),
         "runners": store.runner_statuses(),
     }
-    return request.app.state.pages.render(request, "waiting.html", context)  # type: ignore[no-any-return]
+    return render(request, "waiting.html", context)
 
 
 def workflow(request: Request) -> Response:
     """``/workflow?name=``: one workflow's step journal."""
     name = required(request, "name")
     context = {"name": name, "steps": store_of(request).steps(name)}
-    return request.app.state.pages.render(request, "workflow.html", context)  # type: ignore[no-any-return]
+    return render(request, "workflow.html", context)
