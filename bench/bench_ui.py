@@ -137,6 +137,7 @@ def pages(db: str, turns: int, runs: int) -> None:
         ("first page of the long agent", "/agent?id=long", 200),
         ("history filter: text near the start", "/agent?id=long&text=order+3%3F", 300),
         ("history filter: tool", "/agent?id=long&tool=self__lookup", 300),
+        ("history filter: its results", "/agent?id=long&role=tool&tool=self__lookup", 300),
         ("history filter: errors", "/agent?id=long&errors=1", 300),
         ("history filter: text found nowhere", "/agent?id=long&text=nowhere", 300),
         ("versions page", "/versions?id=long", 300),

@@ -643,10 +643,11 @@ def _prefilter(wanted: HistoryFilter) -> tuple[str, list[Any]]:
     The stored body is compact JSON (``rows.StorableJSON``): a text with no
     character JSON escapes, and no letter SQL's ``lower`` cannot fold (ASCII
     only), occurs in it as it is; other texts are looked for in Python alone.
-    A tool's results name no tool: only its calls are found by name in SQL.
+    A tool's results name no tool, so with a tool every role is read: a result is
+    matched through its call.
     """
     clauses, params = [], []
-    if wanted.role:
+    if wanted.role and not wanted.tool:
         clauses.append("role = ?")
         params.append(wanted.role)
     text = wanted.text
@@ -680,9 +681,8 @@ def _earlier_calls(
     messages: list[dict[str, Any]],
     calls: dict[str, str],
 ) -> dict[str, str]:
-    """The tool names of results in ``messages`` whose call the page's read left out:
-    made by an earlier version (a turn suspended for an approval, resumed in a later
-    one), or by this one where the filter's role keeps no assistant message."""
+    """The tool names of results in ``messages`` whose call an earlier version made
+    (a turn suspended for an approval, resumed in a later one)."""
     missing = [
         m["tool_call_id"]
         for m in messages
@@ -694,7 +694,7 @@ def _earlier_calls(
     rows = conn.execute(
         """
         SELECT body FROM checked_messages
-         WHERE agent_id = ? AND conversation = ? AND added_in <= ? AND role = 'assistant'
+         WHERE agent_id = ? AND conversation = ? AND added_in < ? AND role = 'assistant'
          ORDER BY added_in DESC LIMIT 50
         """,
         (agent_id, conversation, version),
