@@ -16,7 +16,7 @@ from effectful_durable.store.history import HistoryChange
 from effectful_durable.store.parts.memory import MemoryChanges
 from effectful_durable.testing import ToolCall
 from tests.helpers import commit_message, commit_writes, edit_rows
-from tests.sql_helpers import Tracker, sql_turn
+from tests.sql_helpers import Builder, Tracker, sql_turn
 from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT
 
 pytestmark = pytest.mark.slow
@@ -188,6 +188,27 @@ class TestDiff:
         changed = next(r for r in runs.rows if r.op == "changed")
         assert changed.before == {"id": 1, "km": 5.0} and changed.after == {"id": 1, "km": 7.0}
         assert (back.tables[0].removed, back.tables[0].changed) == (1, 1)
+
+    def test_sql_rows_across_a_schema_change(self, tmp_path: Path) -> None:
+        """A table created in between shows as created, with its rows; the others compare
+        row by row."""
+        db = str(tmp_path / "ddl.db")
+        builder = Builder(agent_id="b")
+        insert = "INSERT INTO notes (body) VALUES (?)"
+        sql_turn(db, builder, ToolCall("sql_execute", {"statement": insert, "params": ["a"]}))
+        create = "CREATE TABLE extra (id INTEGER PRIMARY KEY, v TEXT)"
+        sql_turn(
+            db,
+            builder,
+            ToolCall("sql_execute", {"statement": create}),
+            ToolCall("sql_execute", {"statement": "INSERT INTO extra (v) VALUES ('x')"}),
+            ToolCall("sql_execute", {"statement": "DELETE FROM notes"}),
+        )
+        with Store(db, readonly=True) as store:
+            found = {t.table: t for t in store.diff("b", 1, 2).tables}
+        assert (found["extra"].schema, found["extra"].added) == ("created", 1)
+        assert found["extra"].rows[0].after == {"id": 1, "v": "x"}
+        assert (found["notes"].schema, found["notes"].removed) == (None, 1)
 
     def test_a_rollback_cancels_out(self, store_url: str) -> None:
         """Messages a rollback restored (new rows, same messages) are no change."""

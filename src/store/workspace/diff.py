@@ -17,7 +17,7 @@ from typing import Any, Literal
 import apsw
 
 from ..engine.seam import Conn
-from .log import Step, apply, combine, log, replayed
+from .log import Step, apply, combine, log, replayed, schema_steps
 from .schema import quote, tables
 from .workspace import jsonable
 
@@ -71,7 +71,7 @@ def table_changes(
         changeset = combine(cs for _, cs in steps if cs)
         if low > high:
             changeset = apsw.Changeset.invert(changeset) if changeset else changeset
-        columns = _columns(log(conn, agent_id, 0, last))
+        columns = _columns(schema_steps(conn, agent_id, last))
         return _from_changeset(changeset, columns, limit)
     before = replayed(log(conn, agent_id, 0, low))
     after = replayed(log(conn, agent_id, 0, high))
@@ -83,10 +83,10 @@ def table_changes(
 
 
 def _columns(steps: list[Step]) -> dict[str, list[str]]:
-    """Each table's columns, from the DDL of ``steps`` alone (no rows replayed)."""
+    """Each table's columns, from DDL ``steps`` alone (no rows replayed)."""
     mem = apsw.Connection(":memory:")
     try:
-        apply(mem, [(ddl, None) for ddl, _ in steps if ddl is not None])
+        apply(mem, steps)
         return {t.name: [c.name for c in t.columns if not c.hidden] for t in tables(mem)}
     finally:
         mem.close()
