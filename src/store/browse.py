@@ -643,11 +643,14 @@ def _prefilter(wanted: HistoryFilter) -> tuple[str, list[Any]]:
     The stored body is compact JSON (``rows.StorableJSON``): a text with no
     character JSON escapes, and no letter SQL's ``lower`` cannot fold (ASCII
     only), occurs in it as it is; other texts are looked for in Python alone.
-    A tool's results name no tool, so with a tool every role is read: a result is
-    matched through its call.
+    A tool's results name no tool: they are matched through their calls, so with a
+    tool every message is read (no clause may leave a call out).
     """
-    clauses, params = [], []
-    if wanted.role and not wanted.tool:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if wanted.tool:
+        return "", params
+    if wanted.role:
         clauses.append("role = ?")
         params.append(wanted.role)
     text = wanted.text

@@ -88,11 +88,22 @@ class TestTimeline:
             (HistoryFilter(errors=True), [2]),
             (HistoryFilter(tool="self__refund"), [3]),
             (HistoryFilter(role="tool", tool="self__lookup"), [2, 1]),
+            (HistoryFilter(role="tool", tool="self__lookup", text="DELIVERED"), [1]),
+            (HistoryFilter(tool="self__lookup", errors=True), [2]),
             (HistoryFilter(text="ALERT('X')"), [1]),
             (HistoryFilter(text="where is my ORDER"), [1]),
             (HistoryFilter(text="no such words"), []),
         ],
-        ids=["errors", "tool", "tool-results", "text-case", "text-spaces", "none"],
+        ids=[
+            "errors",
+            "tool",
+            "tool-results",
+            "tool-results-text",
+            "tool-errors",
+            "text-case",
+            "text-spaces",
+            "none",
+        ],
     )
     def test_filter(self, content: str, wanted: HistoryFilter, versions: list[int]) -> None:
         """A filter keeps the versions with a matching message, and only those messages."""
