@@ -22,6 +22,8 @@ import apsw
 
 from ..errors import NotSupportedError
 from .agent_parts import PartMethods
+from .browse import BrowseMethods
+from .diff import DiffMethods
 from .engine.seam import DEFAULT_STATEMENT_TIMEOUT, Conn, Database, is_postgres_url
 from .engine.sqlite.connection import Durability
 from .engine.sqlite.damage import DamageWatch, watched
@@ -56,12 +58,22 @@ PARTS: tuple[VersionedPart, ...] = (
 
 
 @watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
-class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, WorkflowJournal):
+class Store(
+    StoreReads,
+    BrowseMethods,
+    DiffMethods,
+    TurnProtocol,
+    Maintenance,
+    PartMethods,
+    WaitingMethods,
+    WorkflowJournal,
+):
     """The durable log of every agent in one SQLite database file or PostgreSQL database.
 
     Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,
     ``memory_notes``, ``versions``, ``handoffs``, ``search_compacted``,
-    ``workflows``, ``steps``) see the last committed versions.
+    ``workflows``, ``steps``; a page at a time: ``agent_page``, ``timeline``,
+    ``version_page``; ``diff`` of two versions) see the last committed versions.
     Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``, ``prune``)
     takes the agent's lock, so it never races a running turn; ``vacuum`` and
     ``backup`` work on the whole file while turns go on. The remaining methods are the

@@ -103,6 +103,13 @@ class AlarmListener(Protocol):
         """Stop listening."""
 
 
+class CommitWatch(Protocol):
+    """What tells a reader of the database that another process committed (``watch_commits``)."""
+
+    def close(self) -> None:
+        """Stop watching."""
+
+
 class Polling:
     """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
 
@@ -198,6 +205,15 @@ class Database(Protocol):
         """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
 
         A backend that cannot tell returns a listener that is never ``listening``.
+        """
+
+    def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
+        """Call ``wake`` (from another thread) soon after each commit to the database.
+
+        A commit is noticed without reading any table: SQLite's ``PRAGMA
+        data_version``, PostgreSQL's LISTEN. ``wake`` may also be called when
+        nothing changed (after a lost connection, say), never much later than a
+        commit.
         """
 
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:

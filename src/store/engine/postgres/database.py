@@ -81,7 +81,7 @@ from .connections import (
     still_open,
     unhurried,
 )
-from .listen import NotifyListener
+from .listen import COMMITS, NotifyListener
 from .opening import (
     connect_timeout,
     connect_timeout_given,
@@ -665,6 +665,12 @@ class PostgresDatabase:
     def listen_alarms(self, wake: Callable[[], None]) -> NotifyListener:
         """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
         return NotifyListener(self.connect, wake, location=self.location)
+
+    def watch_commits(self, wake: Callable[[], None]) -> NotifyListener:
+        """LISTEN for the ``*_committed`` triggers' notifications (schema 9)."""
+        return NotifyListener(
+            self.connect, wake, location=self.location, channel=COMMITS, what="commits"
+        )
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others

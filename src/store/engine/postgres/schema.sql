@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 8.
+-- effectful-durable database schema on PostgreSQL, version 9.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -325,3 +325,32 @@ BEGIN
     PERFORM set_config('effectful_durable.commit', commit, true);
 END
 $$;
+
+-- == Commits heard by readers (schema 9) ==
+
+-- Readers LISTEN on effectful_durable_commits (the page, engine/postgres/listen.py)
+-- to hear of each commit without reading a table. A statement that changes an
+-- agent (every turn, rollback, fork or deletion moves its agents row), an
+-- approval, an alarm or event, a handoff marked failed or cleared, a journal
+-- step or a runner's status notifies them; PostgreSQL folds the equal
+-- notifications of one transaction into one, sent only if it commits. A turn's
+-- start (a handoff row written) notifies nobody: it is on every turn's path.
+CREATE FUNCTION effectful_durable_committed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('effectful_durable_commits', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER agents_committed AFTER INSERT OR UPDATE OR DELETE ON agents
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER approvals_committed AFTER INSERT OR UPDATE OR DELETE ON approvals
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER alarms_committed AFTER INSERT OR UPDATE OR DELETE ON alarms
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER handoffs_committed AFTER UPDATE OR DELETE ON handoffs
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER workflow_steps_committed AFTER INSERT OR UPDATE OR DELETE ON workflow_steps
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runner_status
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();

@@ -32,6 +32,7 @@ from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
 from .translate import translate, translated
+from .watch import DataVersionWatch
 
 
 class SQLiteDatabase:
@@ -230,6 +231,10 @@ class SQLiteDatabase:
     def listen_alarms(self, wake: Callable[[], None]) -> Polling:
         """Nothing tells: runners on SQLite poll."""
         return Polling()
+
+    def watch_commits(self, wake: Callable[[], None]) -> DataVersionWatch:
+        """Poll ``PRAGMA data_version`` in a thread of its own (watch.py)."""
+        return DataVersionWatch(self.connection, wake, location=self.path)
 
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
         payload = row_checks.PAYLOAD[table]
