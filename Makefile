@@ -1,4 +1,4 @@
-.PHONY: demo test lint format docs bench soak faults
+.PHONY: demo test lint format docs bench soak faults pg-faults screenshots
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
@@ -21,5 +21,11 @@ bench:  ## per-turn cost up to 10,000 turns and with 50 agents (~15 min); see be
 soak:  ## 4 processes x 16 agents SIGKILLed at random, 2 min per durability setting (~6 min); see bench/README.md
 	bash -c 'source scripts/env.sh && "$$PYTHON" bench/soak.py $(SOAK_ARGS)'
 
+screenshots:  ## the page's browser tests, saving their screenshots as the docs' copies
+	bash -c 'source scripts/env.sh && EFFECTFUL_DURABLE_SCREENSHOTS=docs/source/_static/ui "$$PYTHON" -m pytest -q tests/ui/test_browser.py'
+
 faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
 	bash scripts/faults.sh
+
+pg-faults:  ## PostgreSQL restarted, frozen and cut at random, loops in full (~5 min)
+	bash scripts/pg_faults.sh

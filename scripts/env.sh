@@ -41,7 +41,7 @@ stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if ! [[ -e "$stamp" ]]; then
     echo "Installing effectful-durable and its dependencies into $VENV ..." >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev,postgres]'
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev,postgres,ui]'
     rm -f "$VENV"/.installed-*
     touch "$stamp"
 fi

@@ -19,6 +19,7 @@ from .agents import (
 from .errors import (
     AgentInUseError,
     AlarmLeaseLostError,
+    CommitUnknownError,
     DamagedRowError,
     DatabaseAccessError,
     DatabaseBusyError,
@@ -72,6 +73,7 @@ __all__ = [
     "AlarmLeaseLostError",
     "AlarmTools",
     "ApprovalInfo",
+    "CommitUnknownError",
     "CompactionHandler",
     "ConversationInfo",
     "ConfigError",

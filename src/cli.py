@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     if args.command == "run":
         return _run(args)  # a long-running process: it logs, library loggers included
+    if args.command == "ui":
+        return _ui(args)
     with _library_logs_quiet():
         return _command(args)
 
@@ -458,8 +460,73 @@ def _events(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _diff(store: Store, args: argparse.Namespace) -> int:
+    diff = store.diff(args.agent, args.v1, args.v2, limit=None)
+    if args.json:
+        _print_json(dataclasses.asdict(diff))
+        return 0
+    print(
+        f"{args.agent}: v{diff.before.version} ({diff.before.kind}) -> "
+        f"v{diff.after.version} ({diff.after.kind})"
+    )
+    if diff.empty:
+        print("the two versions hold the same record")
+    for change in diff.conversations:
+        print(
+            f"\nconversation {change.conversation}: {change.added_count} messages added, "
+            f"{change.removed_count} removed"
+        )
+        rows = [["+", str(m.get("role", "?")), _cell(message_text(m))] for m in change.added]
+        rows += [["-", str(m.get("role", "?")), _cell(message_text(m))] for m in change.removed]
+        _print_rows(rows)
+        _print_values("its own fields", change.fields)
+    _print_values("fields", diff.fields)
+    _print_values("memory", diff.memory)
+    _print_values("context notes", diff.notes)
+    for table in diff.tables:
+        schema = f" (table {table.schema})" if table.schema else ""
+        print(
+            f"\ntable {table.table}{schema}: {table.added} rows added, {table.removed} removed, "
+            f"{table.changed} changed"
+        )
+        _print_rows(
+            [[_DIFF_SIGNS[row.op], _cell(row.before), _cell(row.after)] for row in table.rows]
+        )
+    if diff.alarms:
+        print("\nalarms")
+        _print_rows(
+            [
+                [_DIFF_SIGNS[a.op], a.alarm_id, _cell(a.fire_at), _cell(a.action)]
+                for a in diff.alarms
+            ]
+        )
+    if diff.approvals:
+        print("\napprovals asked or used in between")
+        _print_rows(
+            [
+                [a.approval_id, a.tool, a.status, _cell(a.decided_by), _cell(a.arguments)]
+                for a in diff.approvals
+            ]
+        )
+    return 0
+
+
+_DIFF_SIGNS = {"added": "+", "removed": "-", "changed": "~"}
+
+
+def _print_values(title: str, changes: Sequence[Any]) -> None:
+    """Print the fields, keys or notes that changed, one line each."""
+    if not changes:
+        return
+    print(f"\n{title}")
+    _print_rows(
+        [[_DIFF_SIGNS[c.op], _cell(c.name), _cell(c.before), _cell(c.after)] for c in changes]
+    )
+
+
 _READS = frozenset(
     {
+        "diff",
         "agents",
         "history",
         "conversations",
@@ -639,9 +706,43 @@ def _backup(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui_placeholder(store: Store, args: argparse.Namespace) -> int:
+    msg = "ui is dispatched before a Store is opened"
+    raise AssertionError(msg)  # pragma: no cover
+
+
 def _run_placeholder(store: Store, args: argparse.Namespace) -> int:
     msg = "run is dispatched before a Store is opened"
     raise AssertionError(msg)  # pragma: no cover
+
+
+def _ui(args: argparse.Namespace) -> int:
+    """``ui``: the page, from the ``ui`` extra (Starlette, uvicorn, Jinja2), imported only here."""
+    try:
+        from .ui import serve
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").split(".")[0] not in _UI_LIBRARIES:
+            raise
+        return _fail(
+            f"the page needs the ui extra ({missing.name} is not installed): "
+            "pip install 'effectful-durable[ui]'"
+        )
+    problem = _unusable(args.db)
+    if problem:
+        return _fail(problem)
+    with _library_logs_quiet():
+        try:
+            return serve(args)
+        except DurableError as error:
+            return _fail(_cli_words(str(error), redacted(args.db)))
+        except OSError as error:  # the address cannot be listened on
+            return _fail(str(error))
+        except KeyboardInterrupt:
+            return 130
+
+
+# The libraries of the ui extra: without one of them, `ui` says which extra to install.
+_UI_LIBRARIES = frozenset({"starlette", "uvicorn", "jinja2", "markupsafe", "anyio", "h11"})
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -944,9 +1045,29 @@ def _parser() -> argparse.ArgumentParser:
         help="turns of different agents run at once (default: the config's, 1)",
     )
     sub.add_argument(
+        "--wait-for-database",
+        type=_seconds,
+        metavar="SECONDS",
+        help="PostgreSQL: how long to wait at start for a server that does not answer yet "
+        "(default: the config's wait_for_database, else 5)",
+    )
+    sub.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="log line format"
     )
     sub.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    sub = command("diff", _diff, "show what changed in an agent between two versions")
+    agent(sub)
+    sub.add_argument("v1", type=int, metavar="V1", help="one version (usually the older)")
+    sub.add_argument("v2", type=int, metavar="V2", help="the other version")
+    sub = command("ui", _ui_placeholder, "serve a local, live page over the database")
+    sub.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
+    )
+    sub.add_argument(
+        "--port", type=int, default=0, metavar="N", help="the port (default: a free one)"
+    )
+    sub.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    sub.add_argument("--read-only", action="store_true", help="offer no action, refuse any")
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
     sub.add_argument(
@@ -982,6 +1103,17 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("source", metavar="SRC", help="the database to copy")
     sub.add_argument("target", metavar="DST", help="a new file, or an empty PostgreSQL database")
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        number = float(text)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < float("inf"):
+        msg = f"expected a number of seconds >= 0, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return number
 
 
 def _positive(text: str) -> int:

@@ -408,39 +408,85 @@ class NotSupportedError(DurableError):
 
 
 class DatabaseUnavailableError(DurableError):
-    """The database server could not be reached, or the connection broke mid-operation.
+    """The database server could not be reached, did not answer in time, or the
+    connection broke mid-operation.
 
     A condition that may pass, so retrying can help: the server did not answer
-    (down, restarting, a network cut, a host name that did not resolve) or
-    answered that it cannot take the connection now (starting up, too many
+    (down, restarting, frozen, a network cut, a host name that did not resolve)
+    or answered that it cannot take the connection now (starting up, too many
     connections). A server that answers with a refusal that lasts (no such
     database or role, a wrong password) raises :class:`DatabaseAccessError`
-    instead. Opening a Store (``opening`` true) waits ``busy_timeout`` (at least
-    5 s) for the server before raising this.
+    instead. Every call waits for the server up to the Store's
+    ``statement_timeout`` (opening a Store: ``wait_for_database``) before
+    raising this.
 
-    The operation did not commit, unless the connection broke during its COMMIT:
-    then it may have. Every earlier commit is intact. The next operation
-    connects again.
+    The operation did not commit: a commit whose answer was lost is checked on
+    a new connection, and is either reported as done or raises this saying it
+    did not land (:class:`CommitUnknownError` when even the check could not
+    reach the server). Every earlier commit is intact.
+
+    Attributes:
+        location: The database, without its password.
+        reason: What failed, in one line.
 
     .. versionadded:: 0.2.0
     """
 
-    def __init__(self, location: str, reason: str, *, opening: bool = False) -> None:
+    def __init__(
+        self,
+        location: str,
+        reason: str,
+        *,
+        opening: bool = False,
+        advice: str | None = None,
+        outcome: str | None = None,
+    ) -> None:
         self.location = location
         self.reason = reason
         if opening:
-            msg = (
-                f"cannot reach the database {location}: {reason}. Nothing was read or "
-                "written. Check that the server is up and that the URL names its host "
-                "and port, then retry."
+            outcome = outcome or "Nothing was read or written"
+            advice = advice or (
+                "Check that the server is up and that the URL names its host and port, then retry"
             )
         else:
-            msg = (
-                f"cannot reach the database {location}: {reason}. The operation did not "
-                "commit (if the connection broke while committing, it may have); every "
-                "earlier commit is intact. Check that the server is up, then retry."
-            )
-        super().__init__(msg)
+            outcome = outcome or "The operation did not commit; every earlier commit is intact"
+            advice = advice or "Check that the server is up, then retry"
+        super().__init__(f"cannot reach the database {location}: {reason}. {outcome}. {advice}.")
+
+
+class CommitUnknownError(DatabaseUnavailableError):
+    """A turn's commit was sent, its answer was lost, and the server could not be
+    reached to check whether it landed.
+
+    Nothing is lost either way, and nothing is applied twice: the agent in
+    memory stays at its last known commit, and its next turn reads the
+    database first (it loads the turn if it landed). Do not repeat the turn's
+    request before checking (``Store.versions(agent_id)``): it may have landed.
+
+    Attributes:
+        agent_id: The agent whose turn it was.
+        version: The version the commit would have made.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, location: str, reason: str, *, agent_id: str, version: int) -> None:
+        self.agent_id = agent_id
+        self.version = version
+        super().__init__(
+            location,
+            reason,
+            outcome=(
+                f"The commit of version {version} of agent {agent_id!r} was sent and its "
+                "answer lost, and the server could not be reached to check whether it "
+                "landed; the agent's next turn reads the database first and goes on "
+                "from whichever it finds"
+            ),
+            advice=(
+                f"Look before repeating the turn: Store.versions({agent_id!r}) (or "
+                "`effectful-durable versions DB AGENT`) once the server answers"
+            ),
+        )
 
 
 type AccessProblem = Literal[
@@ -469,7 +515,8 @@ class DatabaseAccessError(DurableError):
     - ``"authentication"``: the password (or other credential) was refused, or
       none was given where one is needed;
     - ``"not-permitted"``: the role exists and was authenticated, or could have
-      been, but may not connect (``pg_hba.conf``, ``CONNECT``, ``LOGIN``);
+      been, but may not connect (``pg_hba.conf``, ``CONNECT``, ``LOGIN``), or
+      may not create (or migrate) our tables in the schema (``CREATE``);
     - ``"settings"``: the URL, or libpq's ``PG*`` environment variables, ask
       for something invalid.
 

@@ -25,7 +25,7 @@ PACKAGE = "effectful_durable"
 LAYERS: list[list[tuple[str, ...]]] = [
     # what users run and import: the public API, the command, the test helpers
     [("", "__main__", "cli", "testing")],
-    [("runner",)],  # AgentRunner: delivers alarms as turns
+    [("runner",), ("ui",)],  # AgentRunner: delivers alarms as turns; the page
     [("handlers",)],  # PersistenceHandler, CompactionHandler
     [("agents",)],  # PersistentAgent and the tool mixins
     [("store",)],  # the Store facade: reads, the turn protocol, maintenance
@@ -302,3 +302,39 @@ class TestTracing:
                 if name.endswith("tracing") and module not in tracing:
                     wrong.append(f"src/{file}:{line}: {name}")
         assert not wrong, "imported with tracing off:\n" + "\n".join(wrong)
+
+
+class TestUI:
+    """The page is an optional extra over the store: it never loads effectful's LLM layer."""
+
+    def test_the_page_imports_only_the_store_and_the_errors(self) -> None:
+        """ui/ imports, of ours, only store/ and errors: never handlers, agents or runner,
+        so that litellm is never loaded; nor effectful."""
+        wrong = [
+            str(arrow)
+            for arrow in imports()
+            if (arrow.source == "ui" or arrow.source.startswith("ui."))
+            and group_of(arrow.target) not in (group_of("ui"), None)
+            and not (arrow.target.startswith("store") or arrow.target == "errors")
+        ]
+        for module, file in modules().items():
+            if module == "ui" or module.startswith("ui."):
+                wrong += [
+                    f"src/{file}:{line}: {name}"
+                    for line, name in _module_level_imports(file)
+                    if name.split(".")[0] in ("effectful", "litellm")
+                ]
+        assert not wrong, "the page imports more than the store:\n" + "\n".join(wrong)
+
+    def test_only_the_page_imports_its_libraries(self) -> None:
+        """Starlette, uvicorn and Jinja2 (the ui extra) are imported by ui/ alone, and
+        ui/ by no module when it is imported (the command imports it when run)."""
+        extra = ("starlette", "uvicorn", "jinja2")
+        wrong = []
+        for module, file in modules().items():
+            if module == "ui" or module.startswith("ui."):
+                continue
+            for line, name in _module_level_imports(file):
+                if name.split(".")[0] in extra or name in (".ui", f"{PACKAGE}.ui"):
+                    wrong.append(f"src/{file}:{line}: {name}")
+        assert not wrong, "imported without the ui extra:\n" + "\n".join(wrong)

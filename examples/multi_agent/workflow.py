@@ -374,6 +374,8 @@ def report(db: str, project: Path, calls: ModelCalls) -> None:
     print(f"database:    {shown(db)}: {len(agents)} agents, {len(steps)} journal steps")
     run_textkit_tests(project)
     print(f"model calls: {calls.count}")
+    command = shown(Path(sys.executable).parent / "effectful-durable")  # the ui extra's page
+    print(f"browse it:   {command} ui {shown(db)}")
 
 
 def shown(place: str | Path) -> str:

@@ -30,6 +30,7 @@ from ..agents.state import conversation_fields, dump_state, reset_conversation_s
 from ..agents.tools import search_compacted
 from ..errors import DurableError, TurnSuspended
 from ..store import CommitStats, Compaction, Durability, Handoff, Store, TurnStart
+from ..store.engine.seam import DEFAULT_STATEMENT_TIMEOUT
 from ..store.history import (
     ActiveHistory,
     HistoryChange,
@@ -123,6 +124,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         durability: ``"normal"`` survives process crashes; ``"full"`` also power loss.
             Used only when ``db`` is a path (PostgreSQL's durability is the server's).
         busy_timeout: Seconds to wait for another writer's lock. Only with a path.
+        statement_timeout: On PostgreSQL, the longest in seconds any one call
+            of the turn may wait for the server (for a connection, for each
+            answer; model calls are not database time): past it the turn fails
+            with DatabaseUnavailableError, so that a frozen server is an error,
+            not a hang. None: no limit. Only with a URL.
         wait: Seconds a turn waits for its agent while another turn holds it.
         workflow: Name of the workflow whose step journal this run follows.
         keep_versions: Keep only each agent's latest ``keep_versions`` versions,
@@ -165,7 +171,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     .. versionadded:: 0.1.0
 
     .. versionchanged:: 0.2.0
-       ``tracing`` and ``trace_tool_arguments``.
+       ``tracing``, ``trace_tool_arguments`` and ``statement_timeout``.
     """
 
     def __init__(
@@ -174,6 +180,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         *,
         durability: Durability = "normal",
         busy_timeout: float = 5.0,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
         wait: float = 0.0,
         workflow: str | None = None,
         keep_versions: int | None = None,
@@ -202,6 +209,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 durability=durability,
                 busy_timeout=busy_timeout,
                 on_unreadable=on_unreadable,
+                statement_timeout=statement_timeout,
             )
         )
         self.wait = wait

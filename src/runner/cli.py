@@ -78,6 +78,7 @@ def run_command(args: argparse.Namespace) -> int:
             handlers=handlers,
             config=args.config,
             max_concurrency=getattr(args, "concurrency", None),
+            wait_for_database=getattr(args, "wait_for_database", None),
         ) as runner:
             return runner.run()
     except DurableError as error:

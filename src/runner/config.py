@@ -60,6 +60,8 @@ class RunnerConfig:
         missed = "coalesce"     # or "each": deliver every missed occurrence
         grace_seconds = 30      # SIGTERM lets the turns in progress finish this long
         concurrency = 1         # turns of different agents run at once (SIGHUP may change it)
+        statement_timeout = 10  # PostgreSQL: longest wait for the server per call (0: none)
+        wait_for_database = 60  # PostgreSQL: how long starting waits for the server
 
         [agents.support-bot]
         paused = false
@@ -83,6 +85,13 @@ class RunnerConfig:
         concurrency: How many turns, of different agents, run at once (see
             :doc:`/production`); ``AgentRunner(max_concurrency=...)`` and ``run
             --concurrency`` override it.
+        statement_timeout: PostgreSQL only: the Store's ``statement_timeout``
+            (the longest any call waits for the server; 0: no limit). Unset, the
+            Store keeps its own (10 s unless it was opened with another). A
+            reload applies it from the next call on.
+        wait_for_database: PostgreSQL only: how long starting the runner waits
+            for a server that does not answer yet (``run --wait-for-database``
+            overrides it); unset, the Store's default (5 s).
         agents: Per-agent settings, by agent id.
         features: Feature flags, passed on to agents' ``on_config_update``.
         source: The file it was read from, if any.
@@ -99,6 +108,8 @@ class RunnerConfig:
     missed: Literal["coalesce", "each"] = "coalesce"
     grace_seconds: float = 30.0
     concurrency: int = 1
+    statement_timeout: float | None = None
+    wait_for_database: float | None = None
     agents: Mapping[str, AgentSettings] = field(default_factory=dict)
     features: Mapping[str, Any] = field(default_factory=dict)
     source: str | None = None
@@ -108,8 +119,12 @@ class RunnerConfig:
             value = getattr(self, name)
             if not _number(value) or value <= 0:
                 _bad(f"{name} must be a number of seconds above 0, not {value!r}")
-        if not _number(self.grace_seconds) or self.grace_seconds < 0:
-            _bad(f"grace_seconds must be a number of seconds >= 0, not {self.grace_seconds!r}")
+        for name in ("grace_seconds", "statement_timeout", "wait_for_database"):
+            value = getattr(self, name)
+            if (value is not None or name == "grace_seconds") and (
+                not _number(value) or value < 0
+            ):
+                _bad(f"{name} must be a number of seconds >= 0, not {value!r}")
         if self.poll_interval > 1.0:
             _bad(f"poll_interval must be at most 1 second, not {self.poll_interval!r}")
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
@@ -119,6 +134,11 @@ class RunnerConfig:
         check_concurrency(self.concurrency, "concurrency")
         if self.model is not None and not isinstance(self.model, str):
             _bad(f"model must be a string, not {self.model!r}")
+
+    @property
+    def store_timeout(self) -> float | None:
+        """``statement_timeout`` as a Store takes it: None for no limit (0 here)."""
+        return self.statement_timeout or None
 
     def agent(self, agent_id: str) -> AgentSettings:
         """The settings of ``agent_id`` (defaults when the file names it not)."""
@@ -172,6 +192,8 @@ class RunnerConfig:
             "missed",
             "grace_seconds",
             "concurrency",
+            "statement_timeout",
+            "wait_for_database",
         }
         unknown = set(runner) - allowed
         if unknown:

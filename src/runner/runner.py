@@ -50,6 +50,8 @@ _SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a d
 _LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
 _CUT_OFF = 5.0  # seconds run() still waits, past the grace period, for turns in workers
+_DOWN_REPORT_EVERY = 30.0  # seconds between warnings while the database keeps failing
+_JOIN = 2.0  # seconds a stop waits for its helper threads (daemons) and last writes
 
 
 @dataclasses.dataclass
@@ -128,6 +130,15 @@ class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call
         return persistence is not None and persistence._resuming(agent)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _WriteBack:
+    """A delivery's outcome the database refused, to write when it answers again."""
+
+    claim: Claim
+    done: str  # what writing it does, in the past tense: "gave back", "recorded ..."
+    write: Callable[[], object]
+
+
 @dataclasses.dataclass
 class _InProgress:
     agent_id: str
@@ -151,8 +162,10 @@ class AgentRunner:
     exponential backoff, then the alarm is dead until re-armed. A read or write
     of the database that fails (:class:`~effectful_durable.StorageError`: a full
     or failing disk; :class:`~effectful_durable.DatabaseUnavailableError`: a
-    server out of reach) is logged and tried again after ``poll_interval``; the
-    runner keeps running.
+    server out of reach or frozen) is logged and tried again every
+    ``poll_interval``; the runner keeps running. A delivery the database failed
+    costs no attempt: its claim is given back, due when it was, and a write
+    back that fails is kept and retried until it lands (see :doc:`/production`).
 
     Between alarms it sleeps until the earliest one is due, looking at the
     database at least every ``poll_interval`` (one indexed read). On PostgreSQL
@@ -199,6 +212,9 @@ class AgentRunner:
             False, True (the global TracerProvider) or a TracerProvider. A
             PersistenceHandler from ``handlers`` has its own ``tracing``. Either
             way, with tracing on, each delivery is a span, the parent of its turn.
+        wait_for_database: When ``db`` is a PostgreSQL URL: how long to wait
+            for a server that does not answer yet; default: the config's
+            ``wait_for_database``, else the Store's (5 s).
 
     Raises:
         ConfigError: The config file does not parse.
@@ -217,13 +233,10 @@ class AgentRunner:
         durability: Durability = "normal",
         max_concurrency: int | None = None,
         tracing: bool | TracerProvider = False,
+        wait_for_database: float | None = None,
     ) -> None:
         if max_concurrency is not None:
             check_concurrency(max_concurrency, "max_concurrency")
-        self.store = db if isinstance(db, Store) else Store(db, durability=durability)
-        self._owns_store = not isinstance(db, Store)
-        self._agents_factory = agents
-        self._handlers_factory = handlers or _default_handlers
         if isinstance(config, RunnerConfig):
             self.config_path: str | None = config.source
             self.config = config
@@ -232,6 +245,21 @@ class AgentRunner:
         else:
             self.config_path = os.fspath(config)
             self.config = RunnerConfig.from_toml(self.config_path)
+        if isinstance(db, Store):
+            self.store = db
+        else:
+            timeouts: dict[str, Any] = {
+                "wait_for_database": self.config.wait_for_database
+                if wait_for_database is None
+                else wait_for_database
+            }
+            if self.config.statement_timeout is not None:
+                timeouts["statement_timeout"] = self.config.store_timeout
+            self.store = Store(db, durability=durability, **timeouts)
+        self._owns_store = not isinstance(db, Store)
+        self._apply_timeout(self.config)
+        self._agents_factory = agents
+        self._handlers_factory = handlers or _default_handlers
         self.config_generation = 1
         self.config_loaded_at = time.time()
         self.clock: Clock = clock or SystemClock()
@@ -263,6 +291,10 @@ class AgentRunner:
         self._running = False
         self._next_reclaim = 0.0
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._write_backs: list[_WriteBack] = []  # under self._lock
+        self._unsure_of_leases = False
+        self._down_since: float | None = None  # time.monotonic() of the first failure
+        self._down_logged = 0.0
         self._started = time.monotonic()
         self._started_at = time.time()
         self._build_stack(self.config)
@@ -303,16 +335,22 @@ class AgentRunner:
             self._loop(until)
             self._drain()
         finally:
+            # Threads that may wait for a frozen database are daemons: a stop waits
+            # for them all, the last writes included, _JOIN seconds in all.
+            ending = time.monotonic() + _JOIN
             done.set()
-            keeper.join(timeout=5)
+            last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
+            last.start()
             self._listener.close()
             self._listener = Polling()
             self._running = False
             self._signals.put(None)
-            control.join(timeout=5)
+            for thread in (keeper, control, last):
+                thread.join(timeout=max(0.0, ending - time.monotonic()))
             for signum, old in previous.items():
                 signal.signal(signum, old)
-            self._record("stopped")
+            if last.is_alive():
+                log.warning("the database did not take the last writes within %g s", _JOIN)
             log.info(
                 "runner %s stopped after %d turns (%d errors)",
                 self.id,
@@ -473,36 +511,75 @@ class AgentRunner:
         """Log a failed read or write of the database, and wait before the next try.
 
         A full or failing disk, or a database server out of reach, must not end a
-        runner meant to run for weeks: what failed committed nothing (a claim
-        without its turn runs out with its lease), so the runner tries again
-        after ``poll_interval``.
+        runner meant to run for weeks: the runner tries again every
+        ``poll_interval``, first writing back what it could not (a claim to give
+        back, a failure to record), and giving back any claim whose commit it
+        could not confirm. The first failure is a warning, the next ones are
+        summed up every 30 s, and the return of the database is logged.
 
         Returns:
             True when ``until`` has passed.
         """
         self._count(errors=1)
+        self._unsure_of_leases = True  # a claim's commit may have been what failed
         wait = self.config.poll_interval
-        log.error("the database failed, trying again in %g s: %s", wait, error)
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = self._down_logged = now
+            log.warning(
+                "the database failed; waiting for it, trying again every %g s: %s",
+                wait,
+                error,
+                extra={"db": self.store._db.location},
+            )
+        elif now - self._down_logged >= _DOWN_REPORT_EVERY:
+            self._down_logged = now
+            log.warning(
+                "still waiting for the database (failing for %.0f s): %s",
+                now - self._down_since,
+                error,
+                extra={"db": self.store._db.location},
+            )
+        else:
+            log.debug("the database failed again: %s", error)
         return self._sleep(wait, self.clock.now(), until)
+
+    def _database_answers(self) -> None:
+        """After a step that reached the database: log its return, once."""
+        if self._down_since is not None:
+            log.info(
+                "the database answers again, after %.1f s", time.monotonic() - self._down_since
+            )
+            self._down_since = None
 
     def _step(self, until: float | None) -> bool:
         """Start one due turn, or sleep until one may be due; True when ``until`` passed."""
         now = self.clock.now()
+        self._write_back()
+        if self._unsure_of_leases:
+            running = [p.alarm_id for p in self._running_turns()]
+            freed = self._queue.release_own(self.id, now, keep=running)
+            self._unsure_of_leases = False
+            if freed:
+                log.info("gave back %d claim(s) whose commit could not be confirmed", freed)
         if time.monotonic() >= self._next_reclaim:
             freed = self._queue.reclaim_dead_owners(now)
             if freed:
                 log.info("took back %d alarm(s) from dead runners", freed)
             self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        self._database_answers()
         busy = self._busy_agents()
+        held = sorted({*busy, *self._awaiting_write_back()})
         due = None
         if len(busy) < self._concurrency():
-            due = self._queue.next_due(busy)  # a read: claim (a write) only when one is due
+            # A read: claim (a write) only when one is due.
+            due = self._queue.next_due(held)
             if due is not None and due <= now:
-                claim = self._queue.claim(self.id, now, self.config.lease_seconds, busy)
+                claim = self._queue.claim(self.id, now, self.config.lease_seconds, held)
                 if claim is not None:
                     self._start(claim, now)
                     return False
-                due = self._queue.next_due(busy)
+                due = self._queue.next_due(held)
                 if due is not None and due <= now:  # another runner is claiming it right now
                     due = now + _CONTENDED
         if busy and (not self._polls or (until is not None and now >= until)):
@@ -514,13 +591,85 @@ class AgentRunner:
             return False
         if not self._polls:  # a fake clock in a test has no other process to notice
             wait = 1e9
-        elif self._listener.listening:
+        elif self._listener.listening and not self._awaiting_write_back():
             wait = _LISTENING_POLL
         else:
             wait = self.config.poll_interval
         if due is not None:
             wait = min(wait, max(due - now, 0.0))
         return self._sleep(wait, now, until)
+
+    def _write_back(self) -> None:
+        """Write back what the database refused earlier, oldest first.
+
+        Raises:
+            StorageError, DatabaseUnavailableError: It still fails; what is left
+                stays to be written back at the next step.
+        """
+        while True:
+            with self._lock:
+                if not self._write_backs:
+                    return
+                pending = self._write_backs[0]
+            pending.write()
+            with self._lock:
+                self._write_backs.remove(pending)
+            log.info(
+                "%s %s %s of %s, now that the database answers",
+                pending.done,
+                _noun(pending.claim.kind),
+                pending.claim.alarm_id,
+                pending.claim.agent_id,
+                extra={"agent": pending.claim.agent_id, "alarm": pending.claim.alarm_id},
+            )
+
+    def _written_back(
+        self, claim: Claim, done: str, write: Callable[[], object], reason: str = ""
+    ) -> None:
+        """Write a delivery's outcome back (``write``); if the database fails, keep it
+        to write at the next steps, holding the agent's later alarms back until then.
+
+        ``done`` says what it did, in the past tense ("gave back"); ``reason``, why.
+        """
+        try:
+            write()
+        except (StorageError, DatabaseUnavailableError) as error:
+            with self._lock:
+                self._write_backs.append(_WriteBack(claim, done, write))
+            log.warning(
+                "could not write back %s %s of %s%s: %s; the runner tries again at each "
+                "step, and holds the agent's later alarms back meanwhile",
+                _noun(claim.kind),
+                claim.alarm_id,
+                claim.agent_id,
+                f" ({reason})" if reason else "",
+                error,
+                extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
+            )
+
+    def _awaiting_write_back(self) -> list[str]:
+        with self._lock:
+            return [pending.claim.agent_id for pending in self._write_backs]
+
+    def _last_writes(self) -> None:
+        """On the way out: what is left to write back, and the "stopped" status, unless
+        the database is failing (each write would wait for it in vain)."""
+        if self._down_since is None:
+            with contextlib.suppress(StorageError, DatabaseUnavailableError):
+                self._write_back()
+        if self._down_since is None:
+            self._record("stopped")
+        else:
+            log.warning("the database is failing: the stopped status is not recorded")
+        with self._lock:
+            left = list(self._write_backs)
+        if left:
+            log.warning(
+                "%d claim(s) left as they are, until their leases run out (another runner "
+                "on this host takes them back at once): %s",
+                len(left),
+                ", ".join(f"{p.claim.alarm_id} of {p.claim.agent_id}" for p in left),
+            )
 
     def _concurrency(self) -> int:
         """How many turns may run at once: the argument, else the config's ``concurrency``."""
@@ -659,7 +808,8 @@ class AgentRunner:
         settings = config.agent(claim.agent_id)
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
-            self._queue.release(claim, now + max(config.poll_interval, 60.0))
+            later = now + max(config.poll_interval, 60.0)
+            self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
             log.debug("agent paused: %s put back", _noun(claim.kind), extra=context)
             return "paused"
         started = time.monotonic()
@@ -704,7 +854,8 @@ class AgentRunner:
                 outcome = "suspended"
             else:
                 # The agent's conversation waits for a decision: no turn began.
-                self._queue.release(claim, now + _SUSPENDED_RETRY)
+                later = now + _SUSPENDED_RETRY
+                self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
                 log.info(
                     "agent waits for a decision; %s put back for %g s",
                     claim.alarm_id,
@@ -717,11 +868,29 @@ class AgentRunner:
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
             outcome = "lease_lost"
         except AgentInUseError:
-            self._queue.release(claim, now + _IN_USE_RETRY)
+            later = now + _IN_USE_RETRY
+            self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
             log.info(
                 "agent busy in another process; %s put back", _noun(claim.kind), extra=context
             )
             outcome = "agent_busy"
+        except (DatabaseUnavailableError, StorageError) as error:
+            # Not the alarm's fault: no attempt counted, and due again when it was
+            # (a turn whose commit did land marked it done: giving it back is a no-op).
+            self._count(errors=1)
+            due = claim.due_at if claim.due_at is not None else now
+            log.warning(
+                "the database failed during the delivery of %s %s; it is given back, "
+                "no attempt counted: %s",
+                _noun(claim.kind),
+                claim.alarm_id,
+                error,
+                extra=context,
+            )
+            self._written_back(
+                claim, "gave back", lambda: self._queue.release(claim, due), "the database failed"
+            )
+            outcome = "database_failed"
         except KeyboardInterrupt:
             # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
             # handoff; give the alarm back so that the next runner delivers it at once.
@@ -757,9 +926,13 @@ class AgentRunner:
         attempts = claim.attempts + 1
         retry_at = None if attempts >= max_attempts else now + self.config.retry_delay(attempts)
         text = f"{type(error).__name__}: {error}"
-        status = self._queue.fail(claim, text, retry_at)
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id, "attempt": attempts}
-        if status == "dead":
+
+        def record() -> None:
+            self._queue.fail(claim, text, retry_at)
+
+        self._written_back(claim, f"recorded failed delivery {attempts} of", record)
+        if retry_at is None:
             log.error(
                 "%s %s is dead after %d failed deliveries: %s",
                 _noun(claim.kind),
@@ -842,6 +1015,7 @@ class AgentRunner:
             )
             return
         self.config = config
+        self._apply_timeout(config)
         self.config_generation += 1
         self.config_loaded_at = time.time()
         for agent in self.agents.values():
@@ -852,6 +1026,11 @@ class AgentRunner:
             self.config_path,
             extra={"config": self.config_path, "generation": self.config_generation},
         )
+
+    def _apply_timeout(self, config: RunnerConfig) -> None:
+        """Give the store the config's ``statement_timeout``, if it sets one."""
+        if config.statement_timeout is not None:
+            self.store._db.statement_timeout = config.store_timeout
 
     def _notify(self, agent: PersistentAgent, config: RunnerConfig) -> None:
         hook = getattr(agent, "on_config_update", None)

@@ -1,7 +1,8 @@
 """The durable log: agents, their versions and turns, on SQLite or PostgreSQL; no effectful here.
 
 Layers, each importing only itself and the layers below: the :class:`Store`
-facade (``store.py``, assembled from ``reads.py``, ``turns.py``,
+facade (``store.py``, assembled from ``reads.py``, ``browse.py`` (reads a page
+at a time), ``diff.py`` (what changed between two versions), ``turns.py``,
 ``maintenance.py``, ``agent_parts.py`` and ``journal.py`` on ``base.py``, with
 ``retention.py``, ``copy.py`` and ``alarm_queue.py``); then ``parts/`` and
 ``workspace/`` side by side (neither imports the other); then the shared leaves

@@ -65,10 +65,16 @@ def runner_id() -> str:
 def next_due(conn: Conn, busy: Collection[str] = ()) -> float | None:
     """When the earliest pending alarm of an agent not in ``busy`` becomes claimable.
 
+    An alarm waits while another alarm of its agent is leased (see :func:`claim`);
+    that one's lease, when it runs out, is the time it may be claimed again.
     One indexed read (the agents a runner is running turns of are few).
     """
     due = conn.execute(
-        f"SELECT min(due_at) FROM alarms WHERE status = 'pending'{_not_busy(busy)}", tuple(busy)
+        f"""
+        SELECT min(due_at) FROM alarms AS a
+         WHERE status = 'pending'{_not_busy(busy)} AND NOT EXISTS ({_OTHER} AND {_LEASED})
+        """,
+        tuple(busy),
     ).get
     return None if due is None else float(due)
 
@@ -77,14 +83,29 @@ def _not_busy(busy: Collection[str]) -> str:
     return f" AND agent_id NOT IN ({', '.join('?' * len(busy))})" if busy else ""
 
 
+# Another pending alarm (``o``) of the agent of alarm ``a``; one that is leased (its
+# lease running or run out: an agent has one at most), or due before ``a`` (unless
+# ``a`` is the leased one: its lease moved its due time, not its place).
+_OTHER = """SELECT 1 FROM alarms AS o
+             WHERE o.agent_id = a.agent_id AND o.ended_in IS NULL AND o.status = 'pending'
+               AND o.alarm_id <> a.alarm_id"""
+_LEASED = "o.lease_owner IS NOT NULL"
+_EARLIER = "(o.due_at < a.due_at AND a.lease_owner IS NULL)"
+
+
 def claim(
     db: Database, conn: Conn, owner: str, now: float, lease: float, busy: Collection[str] = ()
 ) -> Claim | None:
     """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
 
-    Alarms of the agents in ``busy`` (whose turns the runner is running) are
-    left for later, so that one agent's turns run one at a time and in order, and
-    an agent with many due alarms takes one of the runner's turns at a time.
+    One agent's alarms go one at a time, in the order they are due, whichever
+    runners deliver them: an alarm is claimable only while no other alarm of its
+    agent is leased (a lease that ran out holds the rest back too: its alarm goes
+    first again), and none of them is due earlier (one that another runner is
+    claiming at this moment is not yet seen as leased). Alarms
+    of the agents in ``busy`` (whose turns the runner is running) are left for
+    later too, and an agent with many due alarms takes one of the runner's turns
+    at a time.
     The lease moves the alarm's ``due_at`` to its end, so a lease that runs out
     makes the alarm claimable again through the same index. An alarm another
     runner is claiming at this moment is skipped, never waited for
@@ -94,8 +115,10 @@ def claim(
         conn,
         f"""
         SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts,
-               kind, topic
-          FROM checked_alarms WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)}
+               kind, topic, due_at
+          FROM checked_alarms AS a
+         WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)}
+           AND NOT EXISTS ({_OTHER} AND ({_LEASED} OR {_EARLIER}))
          ORDER BY due_at LIMIT 1
         """,
         (now, *busy),
@@ -103,7 +126,7 @@ def claim(
     if row is None:
         return None
     alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts = row[:9]
-    kind, topic = row[9:]
+    kind, topic, due_at = row[9:]
     token = secrets.token_hex(8)
     until = now + lease
     conn.execute(
@@ -114,7 +137,7 @@ def claim(
         (alarm_id, created_in, owner, token, until, time.time()),
     )
     schedule = Schedule(fire_at, every, cron, timezone)
-    return Claim(alarm_id, agent_id, action, schedule, attempts, token, until, kind, topic)
+    return Claim(alarm_id, agent_id, action, schedule, attempts, token, until, kind, topic, due_at)
 
 
 def finish(conn: Conn, claim: Claim) -> bool:
@@ -161,6 +184,26 @@ def release(conn: Conn, claim: Claim, due_at: float) -> bool:
         (claim.alarm_id, claim.token, due_at, time.time()),
     )
     return bool(conn.changes())
+
+
+def release_own(conn: Conn, owner: str, now: float, keep: Collection[str] = ()) -> int:
+    """Give back every lease of ``owner`` but those of the alarms in ``keep``; how many.
+
+    For a runner that cannot tell whether a claim of its own committed (the
+    connection broke while committing it): the alarm is due again at once, at its
+    scheduled time if that was earlier, without counting an attempt.
+    """
+    kept = ", ".join(f"?{n}" for n in range(4, 4 + len(keep)))
+    others = f" AND alarm_id NOT IN ({kept})" if keep else ""
+    conn.execute(
+        f"""
+        UPDATE alarms SET lease_owner = NULL, lease_token = NULL,
+               due_at = CASE WHEN fire_at < ?2 THEN fire_at ELSE ?2 END, updated_at = ?3
+         WHERE lease_owner = ?1 AND status = 'pending'{others}
+        """,
+        (owner, now, time.time(), *keep),
+    )
+    return conn.changes()
 
 
 def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
@@ -320,6 +363,11 @@ class AlarmQueue:
         """Give a claim back, due again at ``due_at``, without counting an attempt."""
         with self._store._writing() as conn:
             return release(conn, claim, due_at)
+
+    def release_own(self, owner: str, now: float, keep: Collection[str] = ()) -> int:
+        """Give back the leases of ``owner``, but those of the alarms in ``keep``."""
+        with self._store._writing() as conn:
+            return release_own(conn, owner, now, keep)
 
     def finish(self, claim: Claim) -> bool:
         """End a claimed row without a turn (nothing left to resume)."""

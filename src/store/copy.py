@@ -65,7 +65,12 @@ def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
             source's. The target is left as it was.
     """
     source_db, target_db = source._db, target._db
-    with source_db.reading() as read, target_db.writing() as write:
+    with (
+        source_db.unhurried(),
+        target_db.unhurried(),
+        source_db.reading() as read,
+        target_db.writing() as write,
+    ):
         source_columns = source_db.columns(read)
         target_columns = target_db.columns(write)
         _refuse_non_empty(write, target_db)

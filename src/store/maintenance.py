@@ -70,7 +70,7 @@ class Maintenance(StoreBase):
             NotFoundError: No such agent or version.
             AgentInUseError: A turn of the agent is running.
         """
-        with self.agent_lock(agent_id), self._writing() as conn:
+        with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
             current = self._checked_version(conn, agent_id, None)
             self._checked_version(conn, agent_id, version)
             self._check_copied(conn, agent_id, version)
@@ -127,7 +127,7 @@ class Maintenance(StoreBase):
             DurableError: ``new_agent_id`` already exists.
         """
         validate_agent_id(new_agent_id)
-        with self.agent_lock(new_agent_id), self._writing() as conn:
+        with self._db.unhurried(), self.agent_lock(new_agent_id), self._writing() as conn:
             version = self._checked_version(conn, agent_id, version)
             self._check_copied(conn, agent_id, version)
             if current_version(conn, new_agent_id) is not None:
@@ -186,7 +186,7 @@ class Maintenance(StoreBase):
             NotFoundError: No such agent.
             AgentInUseError: A turn of the agent is running.
         """
-        with self.agent_lock(agent_id), self._writing() as conn:
+        with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
             found = current_version(conn, agent_id) is not None
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
@@ -239,14 +239,15 @@ class Maintenance(StoreBase):
         .. versionadded:: 0.2.0
         """
         self._db.require("Store.prune")
-        return retention.prune_store(
-            self,
-            agent_id,
-            keep_versions=keep_versions,
-            older_than=older_than,
-            drop_compacted=drop_compacted,
-            parts=self._parts,
-        )
+        with self._db.unhurried():
+            return retention.prune_store(
+                self,
+                agent_id,
+                keep_versions=keep_versions,
+                older_than=older_than,
+                drop_compacted=drop_compacted,
+                parts=self._parts,
+            )
 
     def vacuum(self) -> int:
         """Give the space of deleted rows back to the file system, and empty the WAL.
@@ -325,7 +326,7 @@ class Maintenance(StoreBase):
         .. versionadded:: 0.2.0
         """
         validate_conversation_id(conversation)
-        with self.agent_lock(agent_id), self._writing() as conn:
+        with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
             current = self._checked_version(conn, agent_id, None)
             if not _conversations.exists(conn, agent_id, conversation, current):
                 raise NotFoundError(no_conversation(agent_id, conversation, current))

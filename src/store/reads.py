@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import NotFoundError
 from . import retention
 from .base import StoreBase
+from .browse import VERSION_SELECT, version_info
 from .engine.seam import Conn
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
 from .parts import conversation_fields
@@ -178,38 +179,9 @@ class StoreReads(StoreBase):
         with self._reading() as conn:
             self._checked_version(conn, agent_id, None)
             rows: list[tuple[Any, ...]] = conn.execute(
-                """
-                SELECT version, kind, template, added, removed, state IS NOT NULL,
-                       detail, committed_at, conversation
-                  FROM checked_versions WHERE agent_id = ? ORDER BY version
-                """,
-                (agent_id,),
+                f"{VERSION_SELECT} WHERE agent_id = ? ORDER BY version", (agent_id,)
             ).fetchall()
-        return [
-            VersionInfo(
-                agent_id,
-                version,
-                kind,
-                template,
-                added,
-                removed,
-                bool(changed),
-                json.loads(detail) if detail else None,
-                utc(committed),
-                conversation,
-            )
-            for (
-                version,
-                kind,
-                template,
-                added,
-                removed,
-                changed,
-                detail,
-                committed,
-                conversation,
-            ) in rows
-        ]
+        return [version_info(agent_id, row) for row in rows]
 
     def _version_trace(self, agent_id: str, version: int) -> str | None:
         """The ``traceparent`` of the traced turn that committed ``version``, if any."""

@@ -22,7 +22,9 @@ import apsw
 
 from ..errors import NotSupportedError
 from .agent_parts import PartMethods
-from .engine.seam import Conn, Database, is_postgres_url
+from .browse import BrowseMethods
+from .diff import DiffMethods
+from .engine.seam import DEFAULT_STATEMENT_TIMEOUT, Conn, Database, is_postgres_url
 from .engine.sqlite.connection import Durability
 from .engine.sqlite.damage import DamageWatch, watched
 from .engine.sqlite.database import SQLiteDatabase
@@ -56,12 +58,22 @@ PARTS: tuple[VersionedPart, ...] = (
 
 
 @watched(lambda store: store._damage)  # SQLite's reports of damage -> DatabaseCorruptError
-class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, WorkflowJournal):
+class Store(
+    StoreReads,
+    BrowseMethods,
+    DiffMethods,
+    TurnProtocol,
+    Maintenance,
+    PartMethods,
+    WaitingMethods,
+    WorkflowJournal,
+):
     """The durable log of every agent in one SQLite database file or PostgreSQL database.
 
     Reads (``agents``, ``history``, ``conversations``, ``state``, ``memory``,
     ``memory_notes``, ``versions``, ``handoffs``, ``search_compacted``,
-    ``workflows``, ``steps``) see the last committed versions.
+    ``workflows``, ``steps``; a page at a time: ``agent_page``, ``timeline``,
+    ``version_page``; ``diff`` of two versions) see the last committed versions.
     Maintenance (``rollback``, ``fork``, ``delete``, ``reset_workflow``, ``prune``)
     takes the agent's lock, so it never races a running turn; ``vacuum`` and
     ``backup`` work on the whole file while turns go on. The remaining methods are the
@@ -86,6 +98,15 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, 
             and starts a new database at ``path``. A file written by a newer
             version is always refused.
         pool_size: PostgreSQL only: the most connections the store opens at once.
+            A process needs at least 2 (a pooled one, and one holding the
+            agents' locks); see :doc:`/backends`.
+        statement_timeout: PostgreSQL only: the longest, in seconds, a statement
+            may run and any call may wait for the server (for a connection, and
+            for each answer); past it the call raises DatabaseUnavailableError,
+            so that a frozen server is an error, not a hang. Model calls are not
+            database time. None: no limit.
+        wait_for_database: PostgreSQL only: how long opening waits for a server
+            that does not answer yet (default: ``busy_timeout``, at least 5 s).
         workspace_dir: PostgreSQL only: the directory under which this machine
             keeps its copies of the agents' SQL tables (``SQLTools``), one
             subdirectory per database; by default
@@ -119,6 +140,8 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, 
         on_unreadable: Literal["refuse", "quarantine"] = "refuse",
         pool_size: int = 10,
         workspace_dir: str | os.PathLike[str] | None = None,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+        wait_for_database: float | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.durability: Durability = durability
@@ -145,6 +168,8 @@ class Store(StoreReads, TurnProtocol, Maintenance, PartMethods, WaitingMethods, 
                 readonly=readonly,
                 pool_size=pool_size,
                 workspace_dir=None if workspace_dir is None else os.fspath(workspace_dir),
+                statement_timeout=statement_timeout,
+                wait_for_database=wait_for_database,
             )
             self._db = db
             self._damage = DamageWatch(db.location, [])

@@ -90,6 +90,9 @@ class TurnProtocol(StoreBase):
                     conversation=conversation,
                     resume_only=resume_only,
                     trace=trace,
+                    # PostgreSQL retries a start whose connection broke: the row
+                    # that one may have written is this turn's, not an earlier one.
+                    own=None if handoff is None else handoff[4:7],
                 )
 
     def begin_turn(
@@ -102,6 +105,7 @@ class TurnProtocol(StoreBase):
         conversation: str = DEFAULT_CONVERSATION,
         resume_only: bool = False,
         trace: str | None = None,
+        own: Sequence[Any] | None = None,
     ) -> TurnStart:
         """Commit a handoff row for a turn that starts now (and its journal step).
 
@@ -120,6 +124,8 @@ class TurnProtocol(StoreBase):
             trace: The W3C ``traceparent`` of the turn's span, kept in the handoff
                 (:attr:`Handoff.trace <effectful_durable.Handoff.trace>`) so
                 that the turn after a crash can link to it.
+            own: ``(host, pid, started_at)`` of a handoff row this turn may have
+                written already (a start whose answer was lost): not an earlier turn.
 
         Returns:
             The agent's committed version, the handoff of an earlier turn that did
@@ -154,7 +160,7 @@ class TurnProtocol(StoreBase):
                 f"{HANDOFF_SELECT} WHERE agent_id = ? AND conversation = ?",
                 (agent_id, conversation),
             ).fetchone()
-            earlier = handoff_of(row) if row else None
+            earlier = handoff_of(row) if row and tuple(row[7:10]) != tuple(own or ()) else None
             conn.execute(
                 """
                 INSERT INTO handoffs (agent_id, conversation, base_version,

@@ -257,17 +257,39 @@ class TestQueue:
         with Store(store_url) as store:
             store.schedule_alarm("a", "late", make_schedule(NOW, delay=20), now=NOW)
             store.schedule_alarm("a", "soon", make_schedule(NOW, delay=10), now=NOW)
+            store.schedule_alarm("b", "other", make_schedule(NOW, delay=15), now=NOW)
             queue = store.alarm_queue
             assert queue.claim("r1", NOW + 5, 30) is None
             assert queue.next_due() == NOW + 10
             claim = queue.claim("r1", NOW + 25, 30)
-            assert claim is not None and claim.action == "soon"
+            assert claim is not None and claim.action == "soon" and claim.due_at == NOW + 10
             second = queue.claim("r2", NOW + 26, 30)
-            assert second is not None and second.action == "late"
-            assert queue.claim("r3", NOW + 27, 30) is None
+            assert second is not None and second.action == "other"
+            assert queue.claim("r3", NOW + 27, 30) is None  # a's "late" waits for "soon"
+            assert queue.next_due() == NOW + 55  # when r1's lease runs out
             again = queue.claim("r3", NOW + 55.5, 30)  # r1's lease ran out, r2's not yet
             assert again is not None and again.action == "soon"
             assert not queue.release(claim, NOW)  # r1's token is stale
+
+    def test_one_agents_alarms_go_one_at_a_time_in_due_order(self, store_url: str) -> None:
+        """While an alarm of an agent is leased, its agent's later alarms wait, whoever
+        claims; given back (the database failed), it goes first again."""
+        with Store(store_url) as store:
+            for n, action in enumerate(["first", "second", "third"]):
+                store.schedule_alarm("a", action, make_schedule(NOW, delay=n), now=NOW)
+            queue = store.alarm_queue
+            first = queue.claim("r1", NOW + 5, 30)
+            assert first is not None and first.action == "first"
+            assert queue.claim("r2", NOW + 5, 30) is None
+            assert queue.release(first, first.due_at or NOW)
+            again = queue.claim("r2", NOW + 5, 30)
+            assert again is not None and again.action == "first"
+            assert queue.release_own("r2", NOW + 6) == 1  # its commit was in doubt
+            actions = []
+            while (claim := queue.claim("r3", NOW + 7, 30)) is not None:
+                actions.append(claim.action)
+                queue.finish(claim)
+        assert actions == ["first", "second", "third"]
 
     def test_fail_then_dead_then_rearm(self, store_url: str) -> None:
         """A failure sets the retry time; a final one makes the alarm dead; rearm revives it."""
@@ -327,14 +349,18 @@ class TestQueue:
 
         host, now = socket.gethostname(), time.time()  # leases shown while they run
         with Store(store_url) as store:
-            for action in ("dead", "alive", "elsewhere"):
-                store.schedule_alarm("a", action, make_schedule(now, delay=0), now=now)
+            for agent, action in zip("abc", ("dead", "alive", "elsewhere"), strict=True):
+                store.schedule_alarm(agent, action, make_schedule(now, delay=0), now=now)
             queue = store.alarm_queue
             owners = [f"{host}:999999999:x", f"{host}:{os.getpid()}:y", "other-host:1:z"]
             claims = [queue.claim(owner, now, 3600) for owner in owners]
             assert all(claims)
             assert queue.reclaim_dead_owners(now + 10) == 1
-            leased = {a.action: (a.leased_by, a.next_attempt) for a in store.alarms("a")}
+            leased = {
+                a.action: (a.leased_by, a.next_attempt)
+                for agent in "abc"
+                for a in store.alarms(agent)
+            }
         assert leased["dead"] == (None, datetime.fromtimestamp(now + 10, UTC))
         assert leased["alive"][0] == owners[1] and leased["elsewhere"][0] == owners[2]
 

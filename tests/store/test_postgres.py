@@ -54,9 +54,9 @@ def added(position: int) -> HistoryChange:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 7)."""
+        """Opening an empty database creates the schema and marks it ours (version 9)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 7
+            assert store.check()["schema"] == SCHEMA_VERSION == 9
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
@@ -300,27 +300,42 @@ class TestMigrations:
                 assert store.check()["schema"] == SCHEMA_VERSION
                 assert [a.agent_id for a in store.agents()] == ["bot"]  # rows kept
             assert catalog(old) == catalog(fresh)
-            assert [name for name, _ in catalog(fresh)["triggers"]] == ["alarms_due"]
+            assert sorted(name for name, _ in catalog(fresh)["triggers"]) == [
+                "agents_committed",
+                "alarms_committed",
+                "alarms_due",
+                "approvals_committed",
+                "handoffs_committed",
+                "runner_status_committed",
+                "workflow_steps_committed",
+            ]
         finally:
             postgres_server.drop_database(fresh)
             postgres_server.drop_database(old)
 
     def test_schema_5_gains_the_turn_functions(self, postgres_url: str) -> None:
-        """A schema-5 database (before the turn's functions) migrates to schema 7 when
-        opened, and its agents' turns go on from the versions they had."""
+        """A schema-5 database (before the turn's functions) migrates to the current
+        schema when opened, and its agents' turns go on from the versions they had;
+        the new commits carry their ids, the versions before none."""
         self.schema3(postgres_url)
         with psycopg.connect(postgres_url) as conn:
             for version in (3, 4):
                 conn.execute(MIGRATIONS[version])
             conn.execute("UPDATE effectful_durable SET schema_version = 5")
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == 7
+            assert store.check()["schema"] == SCHEMA_VERSION
             assert commit_message(store, "bot") == 2  # bot was at version 1
             with store.locked_turn("new", template="t", arguments={}) as start:
                 assert start.version == 0
         functions = [name for name, _ in catalog(postgres_url)["functions"]]
         assert {"effectful_durable_start", "effectful_durable_advance"} <= set(functions)
         assert "effectful_durable_lock" not in functions  # schema 6's, dropped by schema 7
+        with psycopg.connect(postgres_url) as conn:
+            ids = conn.execute(
+                "SELECT version, commit_id FROM versions WHERE agent_id = 'bot' ORDER BY version"
+            ).fetchall()
+        assert all(commit_id is None for version, commit_id in ids if version < 2)
+        assert ids[-1][0] == 2 and len(ids[-1][1]) == 16
 
     def test_a_read_only_store_does_not_migrate(self, postgres_url: str) -> None:
         """readonly=True refuses an older schema, saying to open it read-write once."""

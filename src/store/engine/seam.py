@@ -15,8 +15,9 @@ differs too: beside the SQLite file, or in a cache directory per PostgreSQL
 database (``PostgresDatabase.workspace_directory``); the Store makes that cache.
 
 Besides the protocols, this module holds what both engines and the layers above
-them share: :class:`TurnWrite`, :class:`Polling`, :data:`HANDOFF_INSERT` and
-:data:`APPLICATION_ID`. It imports nothing of ours.
+them share: :class:`TurnWrite`, :class:`Polling`, :data:`HANDOFF_INSERT`,
+:data:`DEFAULT_STATEMENT_TIMEOUT` and :data:`APPLICATION_ID`. It imports nothing
+of ours.
 
 A part a backend does not carry yet is refused there (:meth:`Database.require`,
 :meth:`Database.check_writes`), never half done.
@@ -32,6 +33,10 @@ from typing import Any, Protocol
 #: What marks a database as ours: SQLite's ``PRAGMA application_id`` ("EFDU"),
 #: and on PostgreSQL the ``application_id`` of the ``effectful_durable`` table.
 APPLICATION_ID = 0x45464455
+
+#: The default ``statement_timeout`` of a Store on a database server, in seconds:
+#: the longest a statement may run and a call wait for the server.
+DEFAULT_STATEMENT_TIMEOUT = 10.0
 
 
 class Rows(Protocol):
@@ -98,6 +103,13 @@ class AlarmListener(Protocol):
         """Stop listening."""
 
 
+class CommitWatch(Protocol):
+    """What tells a reader of the database that another process committed (``watch_commits``)."""
+
+    def close(self) -> None:
+        """Stop watching."""
+
+
 class Polling:
     """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
 
@@ -114,6 +126,9 @@ class Database(Protocol):
     kind: str
     #: The file path, or the URL without its password: named in messages.
     location: str
+    #: The longest a call may wait for a database server, in seconds (None: no
+    #: limit); assignable. An SQLite file has no server: it is None there, unused.
+    statement_timeout: float | None
 
     def reading(self) -> AbstractContextManager[Conn]:
         """One read transaction (or the thread's open write): several reads, one snapshot."""
@@ -190,6 +205,14 @@ class Database(Protocol):
     def close(self) -> None:
         """Close every connection, in all threads."""
 
+    def unhurried(self) -> AbstractContextManager[None]:
+        """Lift the statement timeout for this thread's calls in the block.
+
+        For maintenance that may take long on a large database (a prune, a fork,
+        a copy); a database without such a timeout returns a block that does
+        nothing.
+        """
+
     def require(self, feature: str) -> None:
         """Raise NotSupportedError unless this database carries ``feature``."""
 
@@ -210,6 +233,15 @@ class Database(Protocol):
         """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
 
         A backend that cannot tell returns a listener that is never ``listening``.
+        """
+
+    def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
+        """Call ``wake`` (from another thread) soon after each commit to the database.
+
+        A commit is noticed without reading any table: SQLite's ``PRAGMA
+        data_version``, PostgreSQL's LISTEN. ``wake`` may also be called when
+        nothing changed (after a lost connection, say), never much later than a
+        commit.
         """
 
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:

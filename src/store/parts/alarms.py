@@ -226,6 +226,9 @@ class Claim:
     lease_until: float
     kind: str = "alarm"  # or "event" (topic: its name), "resume" (topic: the conversation)
     topic: str | None = None
+    #: When it was due before the claim: a claim given back for a reason that is not
+    #: the alarm's (the database failed) is due again then, keeping the agent's order.
+    due_at: float | None = None
 
 
 # -- staged writes of a turn --------------------------------------------------

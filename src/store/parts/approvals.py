@@ -246,6 +246,20 @@ def listed(
     return [_info(row) for row in rows]
 
 
+def between(conn: Conn, agent_id: str, low: int, high: int) -> list[ApprovalInfo]:
+    """The approvals of ``agent_id`` asked or resumed by a version after ``low`` up to
+    ``high``, oldest first."""
+    rows = conn.execute(
+        f"""{_SELECT}
+         WHERE agent_id = ?1 AND (suspended_in > ?2 AND suspended_in <= ?3
+                                  OR ended_in > ?2 AND ended_in <= ?3)
+         ORDER BY asked_at, approval_id
+        """,
+        (agent_id, low, high),
+    ).fetchall()
+    return [_info(row) for row in rows]
+
+
 def one(conn: Conn, approval_id: str) -> ApprovalInfo | None:
     """The approval ``approval_id``, or None."""
     if not isinstance(approval_id, str) or "\0" in approval_id or not storable(approval_id):

@@ -86,6 +86,19 @@ def log(conn: Conn, agent_id: str, after: int, upto: int) -> list[Step]:
     return [(_text(ddl), _blob(changeset)) for ddl, changeset in rows]
 
 
+def schema_steps(conn: Conn, agent_id: str, upto: int) -> list[Step]:
+    """The DDL steps (resets included) of the versions up to ``upto``, in order: what
+    makes the tables' schema at ``upto``, without their rows."""
+    rows = conn.execute(
+        """
+        SELECT ddl, changeset FROM checked_workspace_log
+         WHERE agent_id = ? AND version <= ? AND ddl IS NOT NULL ORDER BY version, seq
+        """,
+        (agent_id, upto),
+    ).fetchall()
+    return [(_text(ddl), None) for ddl, _ in rows]
+
+
 def write_log(conn: Conn, agent_id: str, version: int, steps: Sequence[Step]) -> None:
     """Record ``steps`` as ``version`` of the agent's tables."""
     conn.executemany(

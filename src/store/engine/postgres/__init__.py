@@ -1,7 +1,8 @@
 """The PostgreSQL engine (psycopg): a connection pool, advisory locks per agent.
 
-``database.py`` is the Database a Store holds; ``opening.py`` its first
-connection, which tells a server's lasting refusal from one that may pass;
+``database.py`` is the Database a Store holds; ``connections.py`` the
+connections' options, deadline and check; ``opening.py`` connecting, which tells a
+server's lasting refusal from one that may pass;
 ``schema.py`` and ``schema.sql`` are the schema and its migrations; ``listen.py``
 wakes alarm runners on NOTIFY.
 It imports ``engine/seam.py`` and ``errors`` only, and psycopg only when a Store

@@ -20,9 +20,10 @@ schema's identification) is here. See ``engine/seam.py`` for the seam.
   another's turn; ``effectful_durable_advance`` raises, so that a batch reads
   nothing back before its commit).
 - A lost connection (server restart, network) fails the block in flight with
-  DatabaseUnavailableError; the pool checks connections before handing them
-  out (reading what the server sent, without a query), so the next block
-  connects afresh.
+  DatabaseUnavailableError, unless it was a turn's COMMIT that landed (looked
+  up by its id: :meth:`PostgresDatabase._resolve`); each connection taken from
+  the pool is checked first (``connections.py``), so the next block works.
+  Every wait for the server ends by ``statement_timeout``.
 - The agents' SQL workspaces: their log is in this database, like every other
   part; each machine keeps its SQLite files of the agents' tables in a
   stamped cache of its own, one directory per database
@@ -34,13 +35,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
 import psycopg
@@ -50,6 +53,8 @@ from psycopg.pq import TransactionStatus
 
 from ....errors import (
     AgentInUseError,
+    CommitUnknownError,
+    DatabaseAccessError,
     DatabaseBusyError,
     DatabaseUnavailableError,
     DurableError,
@@ -57,9 +62,36 @@ from ....errors import (
     NotSupportedError,
     SchemaTooNewError,
 )
-from ..seam import APPLICATION_ID, HANDOFF_INSERT, Conn, Rows, TurnWrite, moved_by, redacted
-from .listen import KEEPALIVES, NotifyListener
-from .opening import first_connection, pool_connections, unavailable_reason, user_options
+from ..seam import (
+    APPLICATION_ID,
+    DEFAULT_STATEMENT_TIMEOUT,
+    HANDOFF_INSERT,
+    Conn,
+    Rows,
+    TurnWrite,
+    moved_by,
+    redacted,
+)
+from .connections import (
+    KEEPALIVES,
+    POOL_PREFIX,
+    DeadlineConnection,
+    ServerSilent,
+    is_unhurried,
+    session_options,
+    still_open,
+    unhurried,
+)
+from .listen import COMMITS, NotifyListener
+from .opening import (
+    connect_timeout,
+    connect_timeout_given,
+    first_connection,
+    pool_connections,
+    unavailable,
+    unavailable_reason,
+    user_options,
+)
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
 
 _HOST = socket.gethostname()
@@ -77,6 +109,13 @@ _MOVED = "EDMVD"
 
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.1
+# The client waits this much longer than the server's own statement_timeout, so
+# that a live server ends a statement (and says so) before the client gives up.
+_ANSWER_MARGIN = 1.0
+_CLOSE = 1.0  # seconds closing waits for the pool's threads (daemons: a frozen server)
+_UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+
+log = logging.getLogger("effectful_durable.store")
 
 
 class PostgresDatabase:
@@ -101,10 +140,17 @@ class PostgresDatabase:
         readonly: bool,
         pool_size: int = 10,
         workspace_dir: str | None = None,
+        statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+        wait_for_database: float | None = None,
     ) -> None:
-        if busy_timeout < 0:
-            msg = f"busy_timeout must be >= 0 seconds, not {busy_timeout!r}"
-            raise ValueError(msg)
+        for name, value in (
+            ("busy_timeout", busy_timeout),
+            ("statement_timeout", statement_timeout),
+            ("wait_for_database", wait_for_database),
+        ):
+            if value is not None and (not isinstance(value, (int, float)) or value < 0):
+                msg = f"{name} must be a number of seconds >= 0, not {value!r}"
+                raise ValueError(msg)
         if pool_size < 1:
             msg = f"pool_size must be >= 1, not {pool_size!r}"
             raise ValueError(msg)
@@ -114,10 +160,9 @@ class PostgresDatabase:
         self.readonly = readonly
         self._local = threading.local()
         self._closed = False
-        # Waits for a row lock end at busy_timeout, as SQLite's busy timeout does.
         # The user's own options (the URL's, else PGOPTIONS) go first: libpq would
         # otherwise drop them for ours.
-        options = f"-c lock_timeout={max(1, int(busy_timeout * 1000))}"
+        options = session_options(busy_timeout=busy_timeout, statement_timeout=statement_timeout)
         if readonly:
             options += " -c default_transaction_read_only=on"
         if own := user_options(url):
@@ -126,32 +171,47 @@ class PostgresDatabase:
             "autocommit": True,
             "application_name": f"effectful-durable {_HOST} {os.getpid()}",
             "options": options,
+            **KEEPALIVES,
         }
-        wait = max(busy_timeout, 5.0)
+        self._statement_timeout = statement_timeout
+        if not connect_timeout_given(url):
+            # A connection attempt to a frozen server ends, as every wait does.
+            self._connect_kwargs["connect_timeout"] = connect_timeout(self._connection_wait)
+        #: Our connections' class: each wait for an answer ends by its deadline.
+        self._connection_class: type[DeadlineConnection] = type(
+            "Connection", (DeadlineConnection,), {}
+        )
+        self.statement_timeout = statement_timeout
+        wait = max(busy_timeout, 5.0) if wait_for_database is None else wait_for_database
         started = time.monotonic()
         # In this thread, so that a refusal is raised at once, in the server's words;
         # the pool's own attempts only log why they fail (opening.py).
-        first = first_connection(url, self.location, self._connect_kwargs, timeout=wait)
+        first = first_connection(
+            url,
+            self.location,
+            self._connect_kwargs,
+            timeout=wait,
+            connection_class=self._connection_class,
+        )
+        self._pool_class = pool_connections(first, self._connection_class, lambda: self._closed)
         self._pool = psycopg_pool.ConnectionPool(
             url,
-            connection_class=pool_connections(first),
+            connection_class=self._pool_class,
             min_size=1,
             max_size=pool_size,
             kwargs=self._connect_kwargs,
-            check=_still_open,
             open=False,
-            timeout=wait,
-            name=f"effectful-durable {self.location}",
+            timeout=self._connection_wait,
+            name=f"{POOL_PREFIX}{self.location}",
         )
         try:
             self._pool.open(wait=True, timeout=max(wait - (time.monotonic() - started), 1.0))
         except psycopg_pool.PoolTimeout as e:
             self._pool.close()
-            raise DatabaseUnavailableError(
-                self.location, unavailable_reason(e, url), opening=True
-            ) from e
+            raise unavailable(e, url, self.location, opening=True) from e
         try:
-            self._prepare()
+            with unhurried():  # a migration may take its time
+                self._prepare()
             #: This machine's directory of the agents' SQL workspace files (their
             #: cache: see store/workspace/cache.py), one per database.
             self.workspace_directory = os.path.join(
@@ -166,21 +226,61 @@ class PostgresDatabase:
         """Close the pool and the lock connection."""
         self._closed = True
         self._locks.close()
-        self._pool.close()
+        self._pool.close(timeout=_CLOSE)
+
+    @property
+    def statement_timeout(self) -> float | None:
+        """The longest a statement may run, and a call wait for the server, in seconds.
+
+        The server ends a statement past it (``statement_timeout``), and a
+        transaction left idle as long (``idle_in_transaction_session_timeout``);
+        the client waits for each answer one second more, then closes the
+        connection and raises DatabaseUnavailableError (a frozen server). A call
+        also waits this long for a connection. Set, it applies to each wait from
+        then on (the server's settings: to new connections). None: no limit.
+        """
+        return self._statement_timeout
+
+    @statement_timeout.setter
+    def statement_timeout(self, seconds: float | None) -> None:
+        self._statement_timeout = seconds
+        answer = None if seconds is None else seconds + _ANSWER_MARGIN
+        self._connection_class.answer_timeout = answer
+
+    def unhurried(self) -> AbstractContextManager[None]:
+        """Lift the statement timeout, client's and server's, in this thread's block."""
+        return unhurried()
+
+    @property
+    def _connection_wait(self) -> float:
+        """How long a call waits for a connection: the server restarting, the pool busy."""
+        if self._statement_timeout is None:
+            return max(self.busy_timeout, 5.0)
+        return max(self._statement_timeout, 1.0)
 
     # -- connections and transactions ------------------------------------------
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (the locks' own, a runner's listening one)."""
-        try:
-            return psycopg.connect(self.url, **(self._connect_kwargs | options))
-        except psycopg.OperationalError as e:
-            raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
+        """A new connection outside the pool (the locks' own, a runner's listening
+        one), within the time a call waits for a connection."""
+        return first_connection(
+            self.url,
+            self.location,
+            self._connect_kwargs | options,
+            timeout=self._connection_wait,
+            connection_class=self._connection_class,
+            opening=False,
+        )
 
     @contextmanager
     def _transaction(self, begin: str | None, *, batch: bool = False) -> Iterator[PostgresConn]:
         """A pooled connection in a transaction started by ``begin`` (None: autocommit),
-        its statements pipelined with the commit if ``batch``."""
+        its statements pipelined with the commit if ``batch``.
+
+        A connection the server closed while the pool held it fails at ``BEGIN``,
+        before anything of the block was sent: the block then gets a new one. A
+        COMMIT whose answer was lost is resolved (:meth:`_resolve`).
+        """
         if self._closed:
             msg = f"Store({self.location!r}) is closed; open a new Store to use it"
             raise DurableError(msg)
@@ -188,52 +288,187 @@ class PostgresDatabase:
         if open_conn is not None:  # nested in this thread's block: see what it sees
             yield open_conn
             return
+        raw: DeadlineConnection | None = None
         try:
-            with self._pool.connection() as raw:
-                conn = PostgresConn(raw)
-                self._local.conn = conn
-                try:
-                    if begin is None:
+            raw = self._checked_out(None if batch else begin)
+            conn = PostgresConn(raw)
+            self._local.conn = conn
+            committing = False
+            try:
+                if begin is None:
+                    yield conn
+                    return
+                if batch:
+                    # One round trip: BEGIN, the block's statements and COMMIT
+                    # go out together, and the pipeline's end waits for them
+                    # (raising the first error; the server skips what follows).
+                    with raw.pipeline() as conn.pipeline:
+                        raw.execute(begin)
                         yield conn
-                        return
-                    try:
-                        if batch:
-                            # One round trip: BEGIN, the block's statements and COMMIT
-                            # go out together, and the pipeline's end waits for them
-                            # (raising the first error; the server skips what follows).
-                            with raw.pipeline() as conn.pipeline:
-                                raw.execute(begin)
-                                yield conn
-                                raw.execute("COMMIT")
-                        else:
-                            raw.execute(begin)
-                            yield conn
-                            raw.execute("COMMIT")
-                    except BaseException:
-                        if batch and not raw.closed:
-                            # psycopg does not learn that a failed pipeline skipped
-                            # preparing its later statements, and would name them
-                            # to the server ever after: the pool replaces the connection.
-                            raw.close()
-                        elif (
-                            not raw.closed
-                            and not raw.broken
-                            and raw.info.transaction_status != TransactionStatus.IDLE
-                        ):
-                            with suppress(psycopg.Error):  # the pool discards it then
-                                raw.execute("ROLLBACK")
-                        raise
-                    finally:
-                        conn.pipeline = None
-                finally:
-                    self._local.conn = None
+                        committing = True
+                        raw.execute("COMMIT")
+                else:
+                    yield conn
+                    committing = True
+                    raw.execute("COMMIT")
+            except BaseException as error:
+                lost = raw.closed or raw.broken
+                if batch and not raw.closed:
+                    # psycopg does not learn that a failed pipeline skipped
+                    # preparing its later statements, and would name them
+                    # to the server ever after: the pool replaces the connection.
+                    raw.close()
+                elif not lost and raw.info.transaction_status != TransactionStatus.IDLE:
+                    with suppress(psycopg.Error):  # the pool discards it then
+                        raw.execute("ROLLBACK")
+                if committing and lost and isinstance(error, psycopg.Error):
+                    self._resolve(conn, error)  # returns if the commit landed
+                    return
+                raise
+            finally:
+                conn.pipeline = None
+                self._local.conn = None
         except psycopg.Error as e:
             ours = self._translated(e)
             if ours is e:
                 raise
             raise ours from e
         except psycopg_pool.PoolTimeout as e:
-            raise DatabaseUnavailableError(self.location, unavailable_reason(e, self.url)) from e
+            raise self._no_connection() from e
+        finally:
+            if raw is not None:
+                self._pool.putconn(raw)
+
+    def _no_connection(self) -> DatabaseUnavailableError:
+        """What to raise when the pool had no connection to give in time: why, if a
+        connection attempt of the pool's failed meanwhile."""
+        failure = self._pool_class.last_failure  # type: ignore[attr-defined]
+        if failure is not None:
+            return unavailable(failure, self.url, self.location)
+        reason = f"no connection within {self._connection_wait:g} s"
+        return DatabaseUnavailableError(self.location, reason)
+
+    def _checked_out(self, begin: str | None) -> DeadlineConnection:
+        """A connection from the pool, checked, in a transaction ``begin`` started (if given).
+
+        Each connection is checked before use (:func:`still_open`, no round trip):
+        one that the server closed while the pool held it (a restart) is dropped
+        for the next, until the call's wait for a connection is over. Here, not
+        as the pool's ``check``: the pool sleeps a growing while after each
+        failed check (1 s, 2 s, ...), which a restart would make seconds long. A
+        session the server ends just after the check fails at ``BEGIN``, before
+        anything of the block was sent: a new connection is taken, once. In an
+        :meth:`unhurried` block the transaction has no server-side timeout.
+
+        Raises:
+            psycopg_pool.PoolTimeout: No connection within the call's wait.
+        """
+        deadline = time.monotonic() + self._connection_wait
+        retried = False
+        while True:
+            raw = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+            try:
+                still_open(raw)
+            except psycopg.OperationalError:
+                raw.close()
+                self._pool.putconn(raw)  # discarded
+                continue
+            if begin is None:
+                return raw
+            try:
+                raw.execute(begin)
+                if is_unhurried():
+                    raw.execute(_UNHURRIED)
+            except psycopg.OperationalError as error:
+                ended = (raw.closed or raw.broken) and not isinstance(error, ServerSilent)
+                self._pool.putconn(raw)  # discarded if lost
+                if retried or not ended:
+                    raise
+                retried = True
+                continue
+            return raw
+
+    def _resolve(self, conn: PostgresConn, error: psycopg.Error) -> None:
+        """Tell whether the COMMIT ``conn`` sent, then lost, landed: return if it did.
+
+        A turn's commit carries an id of its own (:meth:`advance`): on a new
+        connection, the session that sent it is ended (so that nothing of it is
+        still on its way), and the version's row tells whether it committed.
+
+        Raises:
+            DatabaseUnavailableError: It did not land (nothing was written), or
+                it was no turn's commit, which cannot be checked.
+            CommitUnknownError: The check could not reach the server either.
+        """
+        reason = unavailable_reason(error, self.url)
+        fence = conn.fence
+        if fence is None:
+            raise DatabaseUnavailableError(
+                self.location,
+                reason,
+                outcome=(
+                    "The connection broke while committing: the operation may have "
+                    "committed; every earlier commit is intact"
+                ),
+                advice="Look before repeating it, once the server answers",
+            ) from error
+        agent_id, version, commit_id = fence
+        try:
+            landed = self._landed(agent_id, version, commit_id, conn.backend)
+        except (DurableError, psycopg.Error) as check:
+            log.warning(
+                "the commit of version %d of %s is in doubt: %s; the check failed: %s",
+                version,
+                agent_id,
+                reason,
+                check,
+            )
+            raise CommitUnknownError(
+                self.location, reason, agent_id=agent_id, version=version
+            ) from error
+        if landed:
+            log.info(
+                "the connection broke while committing version %d of %s (%s); "
+                "a new connection found the commit done",
+                version,
+                agent_id,
+                reason,
+            )
+            return
+        raise DatabaseUnavailableError(
+            self.location,
+            reason,
+            outcome=(
+                f"The connection broke while committing version {version} of agent "
+                f"{agent_id!r}, and a new connection found that it did not commit: "
+                "nothing of it was written; every earlier commit is intact"
+            ),
+        ) from error
+
+    def _landed(self, agent_id: str, version: int, commit_id: str, backend: int) -> bool:
+        """Whether ``version`` of ``agent_id`` committed with ``commit_id``, asked on a
+        new connection once the session ``backend`` (the one that sent it) is over."""
+        with self.connect() as check:
+            check.execute(
+                """
+                SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE pid = %s AND pid <> pg_backend_pid() AND application_name = %s
+                """,
+                (backend, self._connect_kwargs["application_name"]),
+            )
+            deadline = time.monotonic() + self._connection_wait
+            while check.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)
+            ).fetchone():
+                if time.monotonic() > deadline:
+                    msg = f"the session that sent the commit (backend {backend}) did not end"
+                    raise DurableError(msg)
+                time.sleep(_POLL_SECONDS)
+            row = check.execute(
+                "SELECT commit_id FROM versions WHERE agent_id = %s AND version = %s",
+                (agent_id, version),
+            ).fetchone()
+        return row is not None and row[0] == commit_id
 
     def _translated(self, error: psycopg.Error) -> BaseException:
         """What to raise for ``error`` of a statement: ours, or the error itself."""
@@ -245,7 +480,7 @@ class PostgresDatabase:
             )
             return DurableError(msg)
         if isinstance(error, psycopg.OperationalError):
-            return DatabaseUnavailableError(self.location, unavailable_reason(error, self.url))
+            return unavailable(error, self.url, self.location)
         if error.sqlstate == _MOVED:  # effectful_durable_advance (schema.sql)
             # The message is the agent's id; the detail "moved to version N during ..."
             version = (error.diag.message_detail or "").split()[3:4] or ["0"]
@@ -279,7 +514,8 @@ class PostgresDatabase:
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (_key("schema", ""),))
                 version = self._schema_version(conn)
                 if version is None:
-                    conn.execute(schema_sql())
+                    with self._permitted(conn, "create our tables in"):
+                        conn.execute(schema_sql())
                     conn.execute(
                         "INSERT INTO effectful_durable VALUES (?, ?, ?)",
                         (APPLICATION_ID, SCHEMA_VERSION, time.time()),
@@ -295,8 +531,32 @@ class PostgresDatabase:
                         f"(Store(url)) to migrate it to schema {SCHEMA_VERSION}"
                     )
                     raise DurableError(msg)
-                conn.execute(MIGRATIONS[version])
+                with self._permitted(conn, f"migrate our tables to schema {version + 1} in"):
+                    conn.execute(MIGRATIONS[version])
                 conn.execute("UPDATE effectful_durable SET schema_version = ?", (version + 1,))
+
+    @contextmanager
+    def _permitted(self, conn: PostgresConn, what: str) -> Iterator[None]:
+        """Turn the server's refusal of a schema change into advice that names the GRANT.
+
+        PostgreSQL 15 no longer lets every role create tables in schema ``public``.
+        """
+        schema, role = conn.execute("SELECT current_schema(), current_user").fetchone()
+        try:
+            yield
+        except pg_errors.InsufficientPrivilege as error:
+            reason = (
+                f"role {role!r} may not {what} schema {schema!r}: {error.diag.message_primary}"
+            )
+            advice = (
+                f'Have the schema\'s owner run GRANT CREATE ON SCHEMA "{schema}" TO "{role}", '
+                "or open the Store once as a role that may (the owner of the schema, or of "
+                "our tables for a migration); later Stores need no more than reading and "
+                "writing the tables"
+            )
+            raise DatabaseAccessError(
+                self.location, reason, problem="not-permitted", advice=advice
+            ) from error
 
     def _schema_version(self, conn: PostgresConn) -> int | None:
         """Our schema version in this database, or None if it is empty.
@@ -400,11 +660,19 @@ class PostgresDatabase:
         state_in: int | None = None,
     ) -> None:
         """Move the agent's version, fenced: a function of the schema raises, so that
-        no answer needs reading before the commit (a batch stays one round trip)."""
+        no answer needs reading before the commit (a batch stays one round trip).
+
+        The commit gets an id of its own, kept in its versions' rows
+        (``versions.commit_id``): if the connection breaks while committing, a
+        new connection tells whether it landed (:meth:`_resolve`).
+        """
+        commit_id = secrets.token_hex(8)
         conn.execute(
-            "SELECT effectful_durable_advance(?, ?, ?, ?)",
-            (agent_id, base_version, version, time.time()),
+            "SELECT effectful_durable_advance(?, ?, ?, ?, ?)",
+            (agent_id, base_version, version, time.time(), commit_id),
         )
+        if isinstance(conn, PostgresConn):
+            conn.fence = (agent_id, version, commit_id)
 
     # -- what differs from SQLite --------------------------------------------------
 
@@ -426,8 +694,13 @@ class PostgresDatabase:
 
     def listen_alarms(self, wake: Callable[[], None]) -> NotifyListener:
         """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
-        connect = functools.partial(self.connect, **KEEPALIVES)
-        return NotifyListener(connect, wake, location=self.location)
+        return NotifyListener(self.connect, wake, location=self.location)
+
+    def watch_commits(self, wake: Callable[[], None]) -> NotifyListener:
+        """LISTEN for the ``*_committed`` triggers' notifications (schema 9)."""
+        return NotifyListener(
+            self.connect, wake, location=self.location, channel=COMMITS, what="commits"
+        )
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
@@ -510,7 +783,7 @@ class PostgresDatabase:
 
     def check(self) -> dict[str, Any]:
         """The schema version and row counts ("integrity" is "ok" when they read)."""
-        with self.reading() as conn:
+        with unhurried(), self.reading() as conn:  # counting a large table takes its time
             facts: dict[str, Any] = {
                 "integrity": "ok",
                 "schema": conn.execute("SELECT schema_version FROM effectful_durable").get,
@@ -537,6 +810,11 @@ class PostgresConn:
         self.raw = raw
         #: The block's pipeline, in a batch (``writing(batch=True)``).
         self.pipeline: psycopg.Pipeline | None = None
+        #: The server process of the session, to end it if its COMMIT is in doubt.
+        self.backend: int = raw.info.backend_pid
+        #: The turn this transaction commits, if it advanced an agent:
+        #: ``(agent_id, version, commit_id)`` (PostgresDatabase.advance).
+        self.fence: tuple[str, int, str] | None = None
         self._last: psycopg.Cursor[Any] | None = None
 
     def execute(self, statements: str, bindings: Any = None, /) -> PostgresRows:
@@ -611,26 +889,6 @@ def _unlock_quietly(conn: psycopg.Connection[Any], key: int) -> None:
     if not conn.broken:
         with suppress(psycopg.Error):
             conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-
-
-def _still_open(conn: psycopg.Connection[Any]) -> None:
-    """The pool's check of a connection it hands out, without a round trip to the server.
-
-    Reads what the server sent meanwhile without waiting: a server that restarted
-    or ended the session has closed it, and that raises here (the pool then
-    connects afresh). psycopg_pool's own check sends an empty query: one more
-    round trip per transaction.
-    """
-    if conn.closed or conn.broken:
-        msg = "the connection is closed"
-        raise psycopg.OperationalError(msg)
-    conn.pgconn.consume_input()  # raises OperationalError if the server closed it
-    if (
-        conn.pgconn.status != psycopg.pq.ConnStatus.OK
-        or conn.pgconn.transaction_status != TransactionStatus.IDLE
-    ):
-        msg = "the connection is not idle"
-        raise psycopg.OperationalError(msg)
 
 
 _NUMBERED = re.compile(r"\?(\d+)")
@@ -761,10 +1019,8 @@ class _AdvisoryLocks:
                 return self._start(conn, key, handoff)
             except psycopg.OperationalError as e:
                 self._drop()
-                if attempt == 2:
-                    raise DatabaseUnavailableError(
-                        self._db.location, unavailable_reason(e, self._db.url)
-                    ) from e
+                if attempt == 2 or isinstance(e, ServerSilent):
+                    raise unavailable(e, self._db.url, self._db.location) from e
             except psycopg.Error as e:
                 ours = self._db._translated(e)
                 if ours is e:
@@ -790,6 +1046,11 @@ class _AdvisoryLocks:
         return True, [] if base is None else [(base,)]
 
     def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is not None:
+            try:
+                still_open(self._conn)  # a restart ended the session: reconnect now
+            except psycopg.OperationalError:
+                self._drop()
         if self._conn is None:
             self._conn = self._db.connect()
             # The server dropped the locks of the lost session: take back the ones

@@ -27,17 +27,10 @@ import psycopg
 
 #: The channel the ``alarms_due`` trigger notifies; the payload names the schema.
 CHANNEL = "effectful_durable_alarms"
-
-#: libpq options of the listening connection. It runs no query after LISTEN (a
-#: query could swallow a notification in psycopg < 3.2.4, psycopg issue 962), so
-#: a peer lost without a word (a network cut) is found by TCP keepalives, within
-#: about a minute; a Unix socket's closure shows at once.
-KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-}
+#: The channel the ``*_committed`` triggers notify at each commit that changes an
+#: agent, its approvals, alarms, handoffs, journal steps or a runner's status
+#: (schema 9); the payload names the schema.
+COMMITS = "effectful_durable_commits"
 
 _RETRY_FIRST = 0.2  # seconds before the first reconnection; doubles up to _RETRY_MAX
 _RETRY_MAX = 5.0
@@ -49,10 +42,14 @@ class NotifyListener:
     """Call ``wake`` whenever a commit makes an alarm of this database due (see above).
 
     Args:
-        connect: Opens a new autocommit connection to the database, with
-            :data:`KEEPALIVES`.
+        connect: Opens a new autocommit connection to the database (with TCP
+            keepalives: it runs no query after LISTEN, so a peer lost without a
+            word is found by them, within about a minute).
         wake: Called from the listener's thread; must be quick and thread-safe.
         location: The database, as named in log messages.
+        channel: The channel to LISTEN on: :data:`CHANNEL`, or :data:`COMMITS` to
+            hear of every commit (the page's live updates).
+        what: What it listens for, as named in log messages.
     """
 
     def __init__(
@@ -61,15 +58,19 @@ class NotifyListener:
         wake: Callable[[], None],
         *,
         location: str,
+        channel: str = CHANNEL,
+        what: str = "due alarms",
     ) -> None:
         self._connect = connect
+        self._channel = channel
+        self._what = what
         self._wake = wake
         self._location = location
         self._listening = threading.Event()
         self._closing = threading.Event()
         # Written to by close(), so that a wait on the connection ends at once.
         self._stop_reader, self._stop_writer = socket.socketpair()
-        self._thread = threading.Thread(target=self._run, name="alarm-listener", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"listen-{channel}", daemon=True)
         self._thread.start()
 
     @property
@@ -83,7 +84,7 @@ class NotifyListener:
             return
         self._closing.set()
         self._stop_writer.send(b"\0")
-        self._thread.join(timeout=10.0)
+        self._thread.join(timeout=0.5)
         if not self._thread.is_alive():  # else still connecting: it ends on its own
             self._stop_reader.close()
             self._stop_writer.close()
@@ -95,11 +96,11 @@ class NotifyListener:
             try:
                 with self._connect() as conn:
                     schema = conn.execute("SELECT current_schema()").fetchone()
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {self._channel}")
                     self._listening.set()
                     listened = time.monotonic()
                     if lost:
-                        logger.info("listening for due alarms on %s again", self._location)
+                        logger.info("listening for %s on %s again", self._what, self._location)
                     lost = False
                     self._wake()  # what committed before LISTEN took effect
                     self._serve(conn, None if schema is None else schema[0])
@@ -107,8 +108,8 @@ class NotifyListener:
                 if not lost and not self._closing.is_set():
                     reason = (str(error).strip() or type(error).__name__).splitlines()[0]
                     logger.warning(
-                        "cannot listen for due alarms on %s; the runner polls until the "
-                        "connection is back: %s",
+                        "cannot listen for %s on %s; polling until the connection is back: %s",
+                        self._what,
                         self._location,
                         reason,
                     )

@@ -37,16 +37,24 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ....errors import AccessProblem, DatabaseAccessError, DatabaseUnavailableError
+from .connections import DeadlineConnection
 
 _RETRY_FIRST = 0.1  # seconds before the second attempt; doubles up to _RETRY_MAX
-_RETRY_MAX = 1.0
+_RETRY_MAX = 0.5
 _MIN_CONNECT_TIMEOUT = 2  # libpq takes a connect_timeout below 2 s as 2 s
 
 
 def first_connection(
-    url: str, location: str, options: Mapping[str, Any], *, timeout: float
-) -> psycopg.Connection[Any]:
-    """Connect to ``url`` once, within ``timeout`` seconds; the pool's first connection.
+    url: str,
+    location: str,
+    options: Mapping[str, Any],
+    *,
+    timeout: float,
+    connection_class: type[DeadlineConnection] = DeadlineConnection,
+    opening: bool = True,
+) -> DeadlineConnection:
+    """Connect to ``url`` once, within ``timeout`` seconds (the pool's first
+    connection, or one of the Store's own: the agents' locks, a runner's LISTEN).
 
     Args:
         url: The ``postgresql://`` URL, as given.
@@ -54,9 +62,12 @@ def first_connection(
         options: psycopg's connection options, as the pool will pass them.
         timeout: Seconds to wait for a server that does not answer, or answers
             that it cannot take the connection now.
+        connection_class: The class of the connection made.
+        opening: Whether the Store is opening (its error then says that nothing
+            was read or written).
 
     Returns:
-        The connection, for the pool to take over (:func:`pool_connections`).
+        The connection (the pool takes over the first one: :func:`pool_connections`).
 
     Raises:
         DatabaseAccessError: The server refused the connection for a reason
@@ -65,46 +76,119 @@ def first_connection(
         DatabaseUnavailableError: No attempt succeeded within ``timeout``.
     """
     deadline = time.monotonic() + timeout
-    # The URL's own connect_timeout (or PGCONNECT_TIMEOUT), as the pool's connections use.
-    given_timeout = _conninfo(url).get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT")
+    try:
+        return patient_connection(
+            connection_class, url, options, lambda: deadline - time.monotonic()
+        )
+    except psycopg.Error as error:
+        refusal = access_error(error, url, location)
+        if refusal is not None:
+            raise refusal from error
+        raise unavailable(error, url, location, opening=opening) from error
+
+
+def patient_connection(
+    connection_class: type[DeadlineConnection],
+    url: str,
+    options: Mapping[str, Any],
+    remaining: Callable[[], float],
+    failed: Callable[[psycopg.Error], object] = lambda error: None,
+) -> DeadlineConnection:
+    """Connect, trying again (0.1 s apart, then up to 0.5 s) while the failure may pass
+    and ``remaining()`` seconds are left; ``failed`` hears of each failed attempt.
+
+    Raises:
+        psycopg.Error: The last attempt's error, at once for a lasting refusal.
+    """
+    given_timeout = connect_timeout_given(url)
     pause = _RETRY_FIRST
     while True:
-        remaining = deadline - time.monotonic()
         attempt = dict(options)
         if not given_timeout:
-            attempt["connect_timeout"] = max(_MIN_CONNECT_TIMEOUT, math.ceil(remaining))
+            attempt["connect_timeout"] = connect_timeout(remaining())
         try:
-            return psycopg.Connection.connect(url, **attempt)
+            return connection_class.connect(url, **attempt)
         except psycopg.Error as error:
-            refusal = access_error(error, url, location)
-            if refusal is not None:
-                raise refusal from error
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                reason = unavailable_reason(error, url)
-                raise DatabaseUnavailableError(location, reason, opening=True) from error
-        time.sleep(min(pause, remaining))  # the last attempt at the deadline
+            failed(error)
+            if remaining() <= 0 or access_error(error, url, "") is not None:
+                raise
+        time.sleep(max(0.0, min(pause, remaining())))  # the last attempt at the deadline
         pause = min(pause * 2, _RETRY_MAX)
 
 
-def pool_connections(first: psycopg.Connection[Any]) -> type[psycopg.Connection[Any]]:
+def connect_timeout_given(url: str) -> bool:
+    """Whether the URL (or ``PGCONNECT_TIMEOUT``) sets libpq's ``connect_timeout``."""
+    return bool(_conninfo(url).get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT"))
+
+
+def connect_timeout(seconds: float) -> int:
+    """libpq's ``connect_timeout`` for an attempt of at most ``seconds``."""
+    return max(_MIN_CONNECT_TIMEOUT, math.ceil(seconds))
+
+
+def pool_connections(
+    first: DeadlineConnection,
+    connection_class: type[DeadlineConnection],
+    closed: Callable[[], bool],
+) -> type[DeadlineConnection]:
     """A connection class for the pool whose first ``connect()`` returns ``first``.
 
     The pool makes its connections with ``connection_class.connect(conninfo,
     **kwargs)``; the first one is then the connection :func:`first_connection`
-    made (with the same options), not a second one to the server.
+    made (with the same options), not a second one to the server. The others
+    try again and again while the failure may pass, until the pool is
+    ``closed()``: so that the pool's own backoff (1 s, doubling) never delays
+    it once the server is back. A failed attempt is kept (``last_failure``): a
+    caller that waited for a connection in vain says why.
     """
     handed = [first]
 
-    class PoolConnection(psycopg.Connection[Any]):
+    class PoolConnection(connection_class):  # type: ignore[valid-type, misc]
+        last_failure: psycopg.Error | None = None
+
         @classmethod
         def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:
                 return cast(Self, handed.pop())
             except IndexError:  # the first one is taken: a new one
-                return super().connect(conninfo, **kwargs)
+                pass
+
+            def remaining() -> float:
+                return 0.0 if closed() else _RETRY_MAX
+
+            def failed(error: psycopg.Error) -> None:
+                PoolConnection.last_failure = error
+
+            connection = patient_connection(connection_class, conninfo, kwargs, remaining, failed)
+            PoolConnection.last_failure = None
+            return cast(Self, connection)
 
     return PoolConnection
+
+
+def unavailable(
+    error: BaseException, url: str, location: str, *, opening: bool = False
+) -> DatabaseUnavailableError:
+    """The DatabaseUnavailableError for ``error`` (connecting, or a connection lost)."""
+    reason = unavailable_reason(error, url)
+    advice = None
+    if _TOO_MANY.search(reason):
+        advice = CONNECTIONS_NEEDED
+    return DatabaseUnavailableError(location, reason, opening=opening, advice=advice)
+
+
+#: What a refusal for lack of connection slots advises (SQLSTATE 53300).
+CONNECTIONS_NEEDED = (
+    "Each process using a Store needs at least 2 connections (one pooled, one for "
+    "the agents' locks), an AgentRunner 3 (one more to listen for due alarms) and "
+    "one more per concurrent turn, up to pool_size + 2. Raise the limit (ALTER ROLE "
+    "... CONNECTION LIMIT, ALTER DATABASE ... CONNECTION LIMIT, or the server's "
+    "max_connections), lower pool_size, or run fewer processes"
+)
+
+# PostgreSQL's words for a refusal for lack of slots (postinit.c): the server's
+# max_connections, a role's or a database's CONNECTION LIMIT.
+_TOO_MANY = re.compile(r"too many clients already|too many connections for (role|database)")
 
 
 def access_error(error: psycopg.Error, url: str, location: str) -> DatabaseAccessError | None:
@@ -145,6 +229,8 @@ def access_error(error: psycopg.Error, url: str, location: str) -> DatabaseAcces
 
 def unavailable_reason(error: BaseException, url: str) -> str:
     """Why connecting failed, in one line without psycopg's prefix or a password."""
+    if isinstance(error, psycopg.errors.ConnectionTimeout):
+        return "the server did not accept a connection in time (connect_timeout)"
     line = _first_line(_scrubbed(str(error), url))
     return re.sub(r"^connection (?:failed|is bad): ", "", line)
 

@@ -192,8 +192,69 @@ END
 $$;
 """
 
+# Schema 8 gives each turn's commit an id of its own, kept in its versions' rows:
+# when the connection breaks while committing, a new one tells whether it landed.
+_V8 = """
+ALTER TABLE versions ADD COLUMN commit_id text
+    DEFAULT nullif(current_setting('effectful_durable.commit', true), '');
+
+DROP FUNCTION effectful_durable_advance(text, bigint, bigint, double precision);
+
+CREATE FUNCTION effectful_durable_advance(
+    agent text, base bigint, new_version bigint, now double precision, commit text
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    found_version bigint;
+BEGIN
+    IF base = 0 THEN
+        INSERT INTO agents (agent_id, version, created_at, updated_at)
+        VALUES (agent, new_version, now, now) ON CONFLICT (agent_id) DO NOTHING;
+    ELSE
+        UPDATE agents SET version = new_version, updated_at = now
+         WHERE agent_id = agent AND version = base;
+    END IF;
+    IF NOT FOUND THEN
+        SELECT a.version INTO found_version FROM agents AS a WHERE a.agent_id = agent;
+        RAISE EXCEPTION USING ERRCODE = 'EDMVD', MESSAGE = agent,
+            DETAIL = 'moved to version ' || coalesce(found_version, 0) || ' during this turn';
+    END IF;
+    PERFORM set_config('effectful_durable.commit', commit, true);
+END
+$$;
+"""
+
+# Schema 9 tells readers of every commit: LISTEN effectful_durable_commits (the page).
+_V9 = """
+-- Readers LISTEN on effectful_durable_commits (the page, engine/postgres/listen.py)
+-- to hear of each commit without reading a table. A statement that changes an
+-- agent (every turn, rollback, fork or deletion moves its agents row), an
+-- approval, an alarm or event, a handoff marked failed or cleared, a journal
+-- step or a runner's status notifies them; PostgreSQL folds the equal
+-- notifications of one transaction into one, sent only if it commits. A turn's
+-- start (a handoff row written) notifies nobody: it is on every turn's path.
+CREATE FUNCTION effectful_durable_committed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('effectful_durable_commits', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER agents_committed AFTER INSERT OR UPDATE OR DELETE ON agents
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER approvals_committed AFTER INSERT OR UPDATE OR DELETE ON approvals
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER alarms_committed AFTER INSERT OR UPDATE OR DELETE ON alarms
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER handoffs_committed AFTER UPDATE OR DELETE ON handoffs
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER workflow_steps_committed AFTER INSERT OR UPDATE OR DELETE ON workflow_steps
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runner_status
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
-MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6, 6: _V7}
+MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9}
 
 #: The schema version this library writes on PostgreSQL.
 SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)

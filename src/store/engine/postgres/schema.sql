@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 6.
+-- effectful-durable database schema on PostgreSQL, version 9.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -35,6 +35,10 @@ CREATE TABLE versions (
     removed      bigint NOT NULL,
     detail       text,
     committed_at double precision NOT NULL,
+    -- The id of the turn's commit that wrote the row (effectful_durable_advance
+    -- sets it for its transaction): after a connection broke while committing,
+    -- it tells whether the commit landed. NULL for the other writes.
+    commit_id    text DEFAULT nullif(current_setting('effectful_durable.commit', true), ''),
     PRIMARY KEY (agent_id, version)
 );
 
@@ -274,8 +278,9 @@ CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
 -- server's log), NULL when the lock was taken but no row written, else the
 -- version the turn starts from. A turn's commit sends its statements with BEGIN
 -- and COMMIT in one pipeline: effectful_durable_advance's error, when another
--- writer moved the agent, makes the server skip the rest. See
--- engine/postgres/database.py.
+-- writer moved the agent, makes the server skip the rest; it also names the
+-- commit (effectful_durable.commit, kept in versions.commit_id), so that a commit
+-- whose answer was lost can be looked up. See engine/postgres/database.py.
 CREATE FUNCTION effectful_durable_start(
     lock_key bigint, agent text, conv text, tmpl text, args text,
     host_name text, process bigint, started double precision, note text
@@ -300,7 +305,7 @@ END
 $$;
 
 CREATE FUNCTION effectful_durable_advance(
-    agent text, base bigint, new_version bigint, now double precision
+    agent text, base bigint, new_version bigint, now double precision, commit text
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     found_version bigint;
@@ -317,5 +322,35 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'EDMVD', MESSAGE = agent,
             DETAIL = 'moved to version ' || coalesce(found_version, 0) || ' during this turn';
     END IF;
+    PERFORM set_config('effectful_durable.commit', commit, true);
 END
 $$;
+
+-- == Commits heard by readers (schema 9) ==
+
+-- Readers LISTEN on effectful_durable_commits (the page, engine/postgres/listen.py)
+-- to hear of each commit without reading a table. A statement that changes an
+-- agent (every turn, rollback, fork or deletion moves its agents row), an
+-- approval, an alarm or event, a handoff marked failed or cleared, a journal
+-- step or a runner's status notifies them; PostgreSQL folds the equal
+-- notifications of one transaction into one, sent only if it commits. A turn's
+-- start (a handoff row written) notifies nobody: it is on every turn's path.
+CREATE FUNCTION effectful_durable_committed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('effectful_durable_commits', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER agents_committed AFTER INSERT OR UPDATE OR DELETE ON agents
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER approvals_committed AFTER INSERT OR UPDATE OR DELETE ON approvals
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER alarms_committed AFTER INSERT OR UPDATE OR DELETE ON alarms
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER handoffs_committed AFTER UPDATE OR DELETE ON handoffs
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER workflow_steps_committed AFTER INSERT OR UPDATE OR DELETE ON workflow_steps
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
+CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runner_status
+    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, Literal, NamedTuple
 
 import apsw
@@ -33,6 +33,7 @@ from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
 from .translate import translate, translated
+from .watch import DataVersionWatch
 
 
 class SQLiteDatabase:
@@ -44,6 +45,7 @@ class SQLiteDatabase:
     """
 
     kind = "sqlite"
+    statement_timeout: float | None = None  # no server to wait for
 
     def __init__(
         self,
@@ -86,6 +88,10 @@ class SQLiteDatabase:
                 quarantine(self.path)
                 self.connection()
         self._locks = AgentLocks.for_database(self.path)
+
+    def unhurried(self) -> AbstractContextManager[None]:
+        """Nothing to lift: SQLite's only wait is for a lock (``busy_timeout``)."""
+        return nullcontext()
 
     def close(self) -> None:
         """Close every connection this database opened, in all threads.
@@ -384,6 +390,10 @@ class SQLiteDatabase:
     def listen_alarms(self, wake: Callable[[], None]) -> Polling:
         """Nothing tells: runners on SQLite poll."""
         return Polling()
+
+    def watch_commits(self, wake: Callable[[], None]) -> DataVersionWatch:
+        """Poll ``PRAGMA data_version`` in a thread of its own (watch.py)."""
+        return DataVersionWatch(self.connection, wake, location=self.path)
 
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
         payload = row_checks.PAYLOAD[table]

@@ -1,0 +1,183 @@
+"""The connections of a PostgreSQL Store: their options, a deadline on every answer, their check.
+
+A server can fail in three ways a client must survive (see docs' "When the
+server misbehaves"):
+
+- It restarts, or ends a session: a connection idle in the pool is dead. The
+  check of a connection taken from the pool (:func:`still_open`) reads what
+  the server sent meanwhile, without a round trip, until nothing more is there:
+  a server that ended the session sent its goodbye and then closed the socket,
+  and only the read after the goodbye sees the close.
+- It freezes (stopped, swapped out, a network path that drops everything): a
+  query waits for an answer that never comes. Every wait for the server on a
+  :class:`DeadlineConnection` ends after ``answer_timeout`` seconds, closes the
+  connection (its state is unknown) and raises :class:`ServerSilent`. The
+  server's own ``statement_timeout`` and ``idle_in_transaction_session_timeout``
+  (:func:`session_options`) end what a live server runs for a client gone
+  silent, freeing its locks; TCP keepalives find a peer lost without a word.
+- It refuses connections for a while (starting up, too many connections): the
+  callers retry until their deadline (``opening.first_connection``).
+
+psycopg and its pool log these failures as warnings, which a program with no
+logging configured prints to stderr, even for a restart it survives. Their
+records about our connections and pools go to our logger
+(``effectful_durable.store``) at DEBUG instead (:class:`_OursQuieted`); what
+matters of them is in the errors we raise and the warnings we log.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import waiting
+from psycopg.pq import ConnStatus, TransactionStatus
+
+#: libpq's TCP keepalives, for every connection: a peer lost without a word (a
+#: network cut, a host gone) is found within about a minute, not the kernel's
+#: two hours. libpq ignores them on a Unix socket.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+#: The name every pool of ours starts with (psycopg_pool names its threads after it).
+POOL_PREFIX = "effectful-durable "
+
+_POLL_INTERVAL = 0.1  # psycopg's: a wait wakes this often, so that signals are handled
+_MAX_READS = 8  # still_open reads at most this many times (each drains the socket)
+
+
+class ServerSilent(psycopg.OperationalError):
+    """The server did not answer within the connection's ``answer_timeout``; the
+    connection was closed."""
+
+
+class DeadlineConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait for the server ends by a deadline.
+
+    ``answer_timeout`` (seconds, None: no deadline) bounds each round trip: a
+    statement, a pipeline's sync, a COMMIT. An interrupted wait (Ctrl-C, a
+    runner stopping past its grace) closes the connection at once instead of
+    asking the server to cancel, which a frozen server would not answer either.
+    """
+
+    answer_timeout: float | None = None
+
+    def wait(
+        self, gen: Any, interval: float = _POLL_INTERVAL, timeout: float | None = None
+    ) -> Any:
+        if timeout is None:
+            timeout = _unhurried.timeout if _unhurried.on else self.answer_timeout
+        try:
+            return waiting.wait(gen, self.pgconn.socket, interval=interval, timeout=timeout)
+        except pg_errors._WaitTimeout:
+            self.pgconn.finish()
+            msg = f"the server did not answer within {timeout:g} s"
+            raise ServerSilent(msg) from None
+        except BaseException:
+            if self.pgconn.transaction_status == TransactionStatus.ACTIVE:
+                self.pgconn.finish()  # waiting for an answer that no longer matters
+            raise
+
+
+class _Unhurried(threading.local):
+    """This thread's exemption from the deadline (maintenance: a prune, a fork)."""
+
+    on = False
+    timeout: float | None = None
+
+
+_unhurried = _Unhurried()
+
+
+@contextmanager
+def unhurried(timeout: float | None = None) -> Iterator[None]:
+    """Let this thread's round trips take up to ``timeout`` seconds (None: no limit)."""
+    before = _unhurried.on, _unhurried.timeout
+    _unhurried.on, _unhurried.timeout = True, timeout
+    try:
+        yield
+    finally:
+        _unhurried.on, _unhurried.timeout = before
+
+
+def is_unhurried() -> bool:
+    """Whether this thread is in an :func:`unhurried` block."""
+    return _unhurried.on
+
+
+def session_options(*, busy_timeout: float, statement_timeout: float | None) -> str:
+    """The server settings of our sessions, as libpq ``options``.
+
+    ``lock_timeout`` ends a wait for a row lock at ``busy_timeout``, as SQLite's
+    busy timeout does. ``statement_timeout`` and
+    ``idle_in_transaction_session_timeout`` end, on the server, what a client
+    that stopped answering left running or open (its locks go with it).
+    """
+    options = f"-c lock_timeout={_ms(busy_timeout)}"
+    if statement_timeout is not None:
+        options += (
+            f" -c statement_timeout={_ms(statement_timeout)}"
+            f" -c idle_in_transaction_session_timeout={_ms(statement_timeout)}"
+        )
+    return options
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def still_open(conn: psycopg.Connection[Any]) -> None:
+    """Check a connection before its use, without a round trip.
+
+    Raises:
+        psycopg.OperationalError: The connection is closed, broken, in a
+            transaction, or the server ended its session meanwhile.
+    """
+    if conn.closed or conn.broken:
+        msg = "the connection is closed"
+        raise psycopg.OperationalError(msg)
+    pgconn = conn.pgconn
+    poll = select.poll()
+    poll.register(pgconn.socket, select.POLLIN)
+    for _ in range(_MAX_READS):
+        if not poll.poll(0):
+            break
+        pgconn.consume_input()  # raises OperationalError once it reads the close
+    if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
+        msg = "the connection is not idle"
+        raise psycopg.OperationalError(msg)
+
+
+class _OursQuieted(logging.Filter):
+    """Pass psycopg's records about our connections and pools to our logger, at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not any(_ours(arg) for arg in args):
+            return True
+        log.debug("%s: %s", record.name, record.getMessage())
+        return False
+
+
+def _ours(arg: object) -> bool:
+    """Whether a psycopg log record's argument is one of our connections or pools."""
+    if isinstance(arg, DeadlineConnection):
+        return True
+    if isinstance(getattr(arg, "_conn", None), DeadlineConnection):  # a pipeline, a copy
+        return True
+    return isinstance(arg, str) and arg.startswith(POOL_PREFIX)  # a pool's name
+
+
+log = logging.getLogger("effectful_durable.store")
+for _name in ("psycopg", "psycopg.pool"):
+    logging.getLogger(_name).addFilter(_OursQuieted())

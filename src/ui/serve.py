@@ -1,0 +1,95 @@
+"""``effectful-durable ui``: open the database read-only, print the address, serve the page."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import secrets
+import socket
+import sys
+import webbrowser
+from types import FrameType
+
+import uvicorn
+
+from ..store import Store
+from ..store.engine.seam import redacted
+from .app import make_app
+from .guard import loopback
+from .live import CommitFeed
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Serve the page for ``args`` (``db``, ``host``, ``port``, ``no_browser``, ``read_only``)
+    until Ctrl-C. The database is opened first: what is wrong with it is raised here
+    (a DurableError), before anything is bound or printed.
+
+    Returns:
+        The exit code: 0 after Ctrl-C.
+    """
+    location = redacted(args.db)
+    store = Store(args.db, readonly=True)
+    try:
+        listener = _bind(args.host, args.port)
+        port = int(listener.getsockname()[1])
+        token = secrets.token_urlsafe(24)
+        hosts = frozenset() if loopback(args.host) else frozenset({args.host})
+        app = make_app(
+            store, token=token, port=port, hosts=hosts, read_only=args.read_only, location=location
+        )
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        if args.host in ("0.0.0.0", "::"):
+            shown = "127.0.0.1"
+        url = f"http://{shown}:{port}/?token={token}"
+        if not loopback(args.host):
+            print(
+                f"effectful-durable: warning: serving on {args.host}, not only this machine: "
+                "anyone who can reach it and learns the address's token sees every agent's "
+                "conversations",
+                file=sys.stderr,
+            )
+        print(f"effectful-durable ui: {location}{' (read-only)' if args.read_only else ''}")
+        print(f"open {url}")
+        print("Ctrl-C stops it.", flush=True)
+        if not args.no_browser:
+            webbrowser.open(url)
+        config = uvicorn.Config(
+            app,
+            log_level=logging.WARNING,
+            access_log=False,
+            timeout_graceful_shutdown=1,
+            lifespan="on",
+        )
+        _Server(config, app.state.feed).run(sockets=[listener])
+    finally:
+        store.close()
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which ends the pages' live streams as soon as it is asked to stop:
+    otherwise it would wait for them, and then cancel them with an error."""
+
+    def __init__(self, config: uvicorn.Config, feed: CommitFeed) -> None:
+        super().__init__(config)
+        self._feed = feed
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._feed.close_streams()
+        super().handle_exit(sig, frame)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (port 0: one the system picks)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        msg = f"cannot listen on {host}:{port}: {error.strerror or error}"
+        raise OSError(msg) from error
+    listener.listen(128)
+    listener.set_inheritable(True)
+    return listener

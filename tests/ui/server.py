@@ -1,0 +1,75 @@
+"""``effectful-durable ui`` run for real, in a child process, for the tests to use."""
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).parents[2]
+
+
+@dataclass
+class Server:
+    """A running page: its process, the address it printed, and what it wrote."""
+
+    process: subprocess.Popen[str]
+    url: str
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        """``http://host:port``."""
+        return self.url.split("/?", 1)[0]
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[httpx.Client]:
+        """A client let in through the printed address (it holds the cookie)."""
+        with httpx.Client(base_url=self.base, timeout=30, follow_redirects=True) as client:
+            entered = client.get(self.url)
+            assert entered.status_code == 200, entered.text
+            yield client
+
+
+@contextlib.contextmanager
+def serving(db: str, *options: str) -> Iterator[Server]:
+    """Run ``effectful-durable ui DB --no-browser --port 0 OPTIONS`` until the block ends."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "effectful_durable", "ui", db, "--no-browser", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    output: list[str] = []
+    url = None
+    for line in process.stdout:
+        output.append(line)
+        found = re.match(r"open (http://\S+)", line)
+        if found:
+            url = found[1]
+            break
+    if url is None:
+        process.wait(timeout=30)
+        raise AssertionError("the page did not start:\n" + "".join(output))
+    reader = threading.Thread(target=lambda: output.extend(process.stdout or ()), daemon=True)
+    reader.start()
+    server = Server(process, url, output)
+    try:
+        yield server
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
