@@ -20,11 +20,16 @@ message and a ~700-byte answer from the offline ``FakeLLM`` under effectful's
 * loading the N-turn agent in a fresh process (see ``child_load``).
 
 ``--agents 50`` plays 50 bots per arm round-robin in one database instead (N turns
-each): what switching agents costs. ``--profile`` splits the handler's time into
-the handoff write at turn start, planning the change, the commit and the rest, and
-plays two more arms: under a handler that only calls ``fwd()`` (what effectful charges
-for any handler in that place) and under ``TwoWrites``, which makes only the writes
-every turn must make (the floor of the handler's time).
+each): what switching agents costs. ``--baseline DIR`` plays one more arm, under
+the PersistenceHandler of another checkout of effectful-durable (DIR holds its
+``src/``, e.g. a ``git worktree`` of main), in the same process, turns interleaved
+with the others, and measures its loads in fresh processes too: a before-and-after
+in one run, each printed on a row of its own (``N base``). ``--profile`` splits
+the handler's time into the handoff write at turn start, planning the change, the
+commit and the rest, and plays two more arms: under a handler that only calls
+``fwd()`` (what effectful charges for any handler in that place) and under
+``TwoWrites``, which makes only the writes every turn must make (the floor of the
+handler's time).
 
 Run: ``.venv/bin/python bench/bench_persistence.py [--turns 100,1000,5000] [--quick]``.
 No assertions: targets are in bench/README.md.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import importlib.util
 import itertools
 import json
 import os
@@ -44,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # before litellm is imported
 
@@ -72,6 +79,40 @@ class Bot(PersistentAgent):
     def ask(self, question: str) -> str:
         """Answer the question: {question}"""
         raise NotHandled
+
+
+def bot_class(package: Any) -> type:
+    """``Bot`` over the PersistentAgent of ``package`` (another checkout's, for --baseline)."""
+
+    @dataclasses.dataclass
+    class Bot(package.PersistentAgent):  # type: ignore[name-defined, misc]
+        """You are a helpful assistant."""
+
+        topic: str = "benchmarks"
+
+        @Template.define
+        def ask(self, question: str) -> str:
+            """Answer the question: {question}"""
+            raise NotHandled
+
+    return Bot
+
+
+def baseline_package(tree: Path) -> Any:
+    """The effectful_durable package of the checkout ``tree``, imported under its own name."""
+    name = "effectful_durable_baseline"
+    src = tree / "src"
+    spec = importlib.util.spec_from_file_location(
+        name, src / "__init__.py", submodule_search_locations=[str(src)]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+BASELINE: Path | None = None  # --baseline
 
 
 class PassThrough(ObjectInterpretation):
@@ -197,8 +238,15 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     # forwards, and under one that only makes the two writes every turn must make.
     two_writes = TwoWrites(db.with_suffix(".writes.db")) if PROFILE else None
     extra = {"pass": PassThrough(), "writes": two_writes} if two_writes else {}
+    classes: dict[str, type] = {}
+    if BASELINE is not None:
+        package = baseline_package(BASELINE)
+        extra["baseline"] = package.PersistenceHandler(db.with_suffix(".base.db"))
+        classes["baseline"] = bot_class(package)
     arms = {"plain": {}, "durable": persistence, **extra}
-    bots = {arm: [Bot(agent_id=f"{arm}-{j}") for j in range(agents)] for arm in arms}
+    bots = {
+        arm: [classes.get(arm, Bot)(agent_id=f"{arm}-{j}") for j in range(agents)] for arm in arms
+    }
     times: dict[str, list[float]] = {
         f"{kind}{arm}": [] for arm in arms for kind in ("", "below_", "gc_")
     }
@@ -226,6 +274,8 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     persistence.close()
     if two_writes is not None:
         two_writes.store.close()
+    if "baseline" in arms:
+        arms["baseline"].close()
     return times
 
 
@@ -325,55 +375,92 @@ def child_load(db: str, agent_id: str, what: str) -> None:
         print(json.dumps({"restore_ms": restore, "first_turn_extra_ms": extras[0]}))
 
 
-def fresh_load(db: Path, agent_id: str) -> dict[str, float]:
-    """The fresh-process measures, each the median of its runs.
+def fresh_loads(arms: list[tuple[Path, str, Path | None]]) -> list[dict[str, float]]:
+    """The fresh-process measures of each arm ``(db, agent id, checkout or None for
+    ours)``, each the median of its runs; the arms take turns, run by run, so that
+    they meet the same machine.
 
     The asks commit a turn, so they run last; ask-warm forks the agent under fixed
     ids, so it runs once.
     """
-    runs: dict[str, list[float]] = {}
-    for what, repeats in (("load", 3), ("ask", 3), ("ask-warm", 1)):
-        for _ in range(repeats):
-            out = subprocess.run(
-                [sys.executable, __file__, "--child-load", str(db), agent_id, what],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            for key, value in json.loads(out.stdout.strip().splitlines()[-1]).items():
-                runs.setdefault(key, []).append(value)
-    return {key: statistics.median(values) for key, values in runs.items()}
+    runs: list[dict[str, list[float]]] = [{} for _ in arms]
+    with tempfile.TemporaryDirectory() as path:
+        envs = []
+        for k, (_, _, tree) in enumerate(arms):
+            env = dict(os.environ)
+            if tree is not None:  # the child imports that checkout's package instead of ours
+                os.makedirs(Path(path) / str(k))
+                os.symlink((tree / "src").resolve(), Path(path) / str(k) / "effectful_durable")
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [str(Path(path) / str(k)), env.get("PYTHONPATH", "")]
+                )
+            envs.append(env)
+        for what, repeats in (("load", 3), ("ask", 3), ("ask-warm", 1)):
+            for _ in range(repeats):
+                for (db, agent_id, _), env, found in zip(arms, envs, runs, strict=True):
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--child-load", str(db), agent_id, what],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        env=env,
+                    )
+                    for key, value in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                        found.setdefault(key, []).append(value)
+    return [{key: statistics.median(values) for key, values in found.items()} for found in runs]
 
 
-def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
+def measure(n: int, directory: Path, agents: int = 1) -> list[dict[str, float]]:
+    """Play n turns (of ``agents`` bots per arm) and measure; a row per durable arm:
+    ours, then the --baseline checkout's."""
     db = directory / f"bench-{n}x{agents}.db"
     t = play(n, db, agents)
-    over = [d - p for d, p in zip(t["durable"], t["plain"], strict=True)]
+    arms = [("durable", db, None)]
+    if BASELINE is not None:
+        arms.append(("baseline", db.with_suffix(".base.db"), BASELINE))
+    if agents == 1:
+        loads = fresh_loads([(path, f"{arm}-0", tree) for arm, path, tree in arms])
+    else:
+        keys = ("load_ms", "restore_ms", "first_turn_extra_ms", "first_turn_warm_extra_ms")
+        loads = [dict.fromkeys(keys, 0.0) for _ in arms]
+    return [
+        {**arm_row(t, arm, n, agents, path), **load}
+        for (arm, path, _), load in zip(arms, loads, strict=True)
+    ]
+
+
+def arm_row(
+    t: dict[str, list[float]], arm: str, n: int, agents: int, db: Path
+) -> dict[str, float]:
+    """The measures of the durable ``arm`` against the plain one, the same turns."""
+    over = [d - p for d, p in zip(t[arm], t["plain"], strict=True)]
     # Above the provider, each turn also pays effectful's cost of calling the
     # template, with or without a handler: take the plain turn's from the durable's.
     floor = [p - b for p, b in zip(t["plain"], t["below_plain"], strict=True)]
-    own = [d - b - f for d, b, f in zip(t["durable"], t["below_durable"], floor, strict=True)]
+    own = [d - b - f for d, b, f in zip(t[arm], t[f"below_{arm}"], floor, strict=True)]
     turns = n * agents
     tail = slice(turns - max(1, turns // 10), turns)
     median = statistics.median
     ms = 1e3
     profile = {}
-    if PROFILE is not None:
+    if PROFILE is not None and arm == "durable":
         parts = {part: values[-turns:] for part, values in PROFILE.parts.items()}
         rest = [o - sum(p) for o, *p in zip(own, *parts.values(), strict=True)]
         profile = {f"p_{part}": median(v) * ms for part, v in [*parts.items(), ("rest", rest)]}
-        for arm in ("pass", "writes"):
-            arm_own = [a - b - f for a, b, f in zip(t[arm], t[f"below_{arm}"], floor, strict=True)]
-            profile[f"p_{arm}"] = median(arm_own) * ms
+        for extra in ("pass", "writes"):
+            arm_own = [
+                a - b - f for a, b, f in zip(t[extra], t[f"below_{extra}"], floor, strict=True)
+            ]
+            profile[f"p_{extra}"] = median(arm_own) * ms
         profile["gc_pass"] = sum(t["gc_pass"]) / turns * ms
     return {
         **profile,
-        "ratio": median(t["durable"]) / median(t["plain"]),
-        "ratio_tail": median(t["durable"][tail]) / median(t["plain"][tail]),
+        "ratio": median(t[arm]) / median(t["plain"]),
+        "ratio_tail": median(t[arm][tail]) / median(t["plain"][tail]),
         "gc_p": sum(t["gc_plain"]) / turns * ms,
-        "gc_d": sum(t["gc_durable"]) / turns * ms,
+        "gc_d": sum(t[f"gc_{arm}"]) / turns * ms,
         "plain": median(t["plain"]) * ms,
-        "durable": median(t["durable"]) * ms,
+        "durable": median(t[arm]) * ms,
         "over": statistics.median(over) * ms,
         "over90": p90(over) * ms,
         "over_tail": statistics.median(over[tail]) * ms,
@@ -383,18 +470,11 @@ def measure(n: int, directory: Path, agents: int = 1) -> dict[str, float]:
         "own_tail": statistics.median(own[tail]) * ms,
         "own90_tail": p90(own[tail]) * ms,
         "mb": db_bytes(db) / 1e6,
-        **(
-            fresh_load(db, "durable-0")
-            if agents == 1
-            else dict.fromkeys(
-                ("load_ms", "restore_ms", "first_turn_extra_ms", "first_turn_warm_extra_ms"), 0.0
-            )
-        ),
     }
 
 
 COLUMNS = [  # (header, format)
-    ("turns", "{label:>6}"),
+    ("turns", "{label:>10}"),
     ("plain ms", "{plain:>8.2f}"),
     ("durable ms", "{durable:>10.2f}"),
     ("ratio all/last10%", "{ratio:>6.3f}/{ratio_tail:<6.3f}"),
@@ -411,7 +491,7 @@ COLUMNS = [  # (header, format)
 
 
 PROFILE_COLUMNS = [
-    ("turns", "{label:>6}"),
+    ("turns", "{label:>10}"),
     ("handler ms", "{own:>10.3f}"),
     ("handoff write", "{p_begin:>13.3f}"),
     ("plan change", "{p_plan:>11.3f}"),
@@ -440,25 +520,32 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="split the handler's time")
     parser.add_argument("--quick", action="store_true", help="smoke run: --turns 20,100")
     parser.add_argument("--dir", type=Path, help="where to put the databases (default: tmp)")
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout to compare with, in the same run (its root)"
+    )
     parser.add_argument("--child-load", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_load:
         child_load(*args.child_load)
         return
-    global PROFILE
+    global PROFILE, BASELINE
     PROFILE = Profile() if args.profile else None
+    BASELINE = args.baseline
     turns = [20, 100] if args.quick else [int(n) for n in args.turns.split(",")]
     turns = [100, 1000, 5000, 10000] if args.long else turns
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        rows = [{"label": str(n), **measure(n, Path(tmp))} for n in turns]
+        plays = [(str(n), n, 1) for n in turns]
         if args.agents:
-            label = f"{args.agents}x{args.agent_turns}"
-            rows.append({"label": label, **measure(args.agent_turns, Path(tmp), args.agents)})
+            plays.append((f"{args.agents}x{args.agent_turns}", args.agent_turns, args.agents))
+        rows = []
+        for label, n, agents in plays:
+            for row, suffix in zip(measure(n, Path(tmp), agents), ("", " base"), strict=False):
+                rows.append({"label": label + suffix, **row})
     print_table(rows)
     if PROFILE is not None:
         print("\nhandler time split (medians, ms):")
-        print_table(rows, PROFILE_COLUMNS)
+        print_table([row for row in rows if "p_rest" in row], PROFILE_COLUMNS)
     print(
         f"(times in ms; run took {time.perf_counter() - started:.0f} s; 1-min load average "
         f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "

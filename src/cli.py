@@ -186,6 +186,8 @@ def _cli_words(message: str, db: str) -> str:
             f"`{PROG} approvals {db}` lists them",
         ),
         ("(Store.agents() lists them)", f"(`{PROG} agents {db}` lists them)"),
+        ("Store.alarms() lists them", f"`{PROG} alarms {db}` lists them"),
+        ("Store.events() lists them", f"`{PROG} events {db}` lists them"),
         ("pass create=True (--create)", "pass --create"),
         ("invalid agent_id", "invalid agent id"),
         ("made with Store.backup", f"made with `{PROG} backup`"),

@@ -69,6 +69,32 @@ class TestAlarms:
         assert code == 1 and "no pending or dead alarm" in err
 
 
+class TestRearmWords:
+    """``rearm`` refusals name commands, not Python calls, and call an event an event."""
+
+    def test_unknown_or_delivered_event(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """An event id nothing waits for: the refusal says event, and names ``events``."""
+        with Store(db) as store:
+            delivered = store.send_event("bot", "paid", {"n": 1}, create=True).event_id
+            claim = store.alarm_queue.claim("host:1:y", time.time(), 60, ["other"])
+            assert claim is not None and claim.alarm_id == delivered
+            assert store.alarm_queue.finish(claim)
+        for event_id, says in ((delivered, "was delivered"), ("evt_0000", "no pending or dead")):
+            code, _, err = run(capsys, "rearm", db, event_id)
+            assert code == 1
+            assert f"event {event_id!r}" in err and says in err, err
+            assert f"`effectful-durable events {db}` lists them" in err
+            assert "alarm" not in err and "Store." not in err and "()" not in err
+
+    def test_unknown_alarm(self, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """An alarm id nothing waits for: the refusal names ``alarms``."""
+        code, _, err = run(capsys, "rearm", db, "alm_nope")
+        assert code == 1
+        assert "no pending or dead alarm 'alm_nope'" in err
+        assert f"`effectful-durable alarms {db}` lists them" in err
+        assert "Store." not in err and "()" not in err
+
+
 class TestStatus:
     """``status`` prints each runner's last report."""
 

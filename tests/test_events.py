@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from typing import Any
@@ -270,6 +271,19 @@ class TestWaitingWorkflows:
         assert sorted(w.agent_id or "" for w in waits) == ["a", "b"]
         with Store(store_url) as store:
             assert sorted(a.agent_id for a in store.approvals()) == ["a", "b"]
+
+
+def test_a_failed_delivery_is_logged_as_an_event(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runner's log calls a failed event delivery an event, not an alarm."""
+    start(store_url)
+    with Store(store_url) as store:
+        event_id = store.send_event("clerk", "invoice", {"n": 1}).event_id
+    caplog.set_level(logging.WARNING, logger="effectful_durable")
+    run_runner(store_url, FakeLLM([RuntimeError("model down")]))
+    assert f"delivery 1 of event {event_id} failed, retrying in" in caplog.text
+    assert "alarm" not in caplog.text
 
 
 def test_two_runners_deliver_each_event_once(store_url: str) -> None:

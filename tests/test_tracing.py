@@ -106,7 +106,7 @@ class Fragile(PersistentAgent):
     @Tool.define
     def explode(self, secret: str) -> str:
         """Explode."""
-        raise ValueError("boom")
+        raise ValueError(f"tool exploded: {secret}")  # as errors often do: repeats input
 
     @Template.define
     def ask(self, question: str) -> str:
@@ -222,17 +222,26 @@ class TestToolTurn:
         assert not any("1234" in str(attributes(span)) for span in spans.finished)
 
     def test_tool_arguments_when_opted_in_are_cut(self, db_path: Path, spans: Spans) -> None:
-        """With trace_tool_arguments, the arguments are recorded, cut to 1024 characters."""
-        script = [ToolCall("remember", {"note": "x" * 5000}), "noted"]
+        """With trace_tool_arguments, the arguments are recorded, cut to 1,024 characters
+        with the marker that says so (arguments that fit are recorded whole)."""
+        script = [
+            ToolCall("remember", {"note": "x" * 5000}),
+            ToolCall("remember", {"note": "y" * 1012}),
+            ToolCall("remember", {"note": "z" * 1013}),
+            "noted",
+        ]
         with persisted(
             db_path, FakeLLM(script), tracing=spans.provider, trace_tool_arguments=True
         ):
             Assistant(agent_id="bot").ask("remember")
-        (tool,) = spans.named("execute_tool")
-        text = attributes(tool)["gen_ai.tool.call.arguments"]
-        assert text.startswith('{"note": "xxx')
-        assert text.endswith("... (5012 characters)")
-        assert len(text) < 1100
+        cut, whole, over = (
+            attributes(s)["gen_ai.tool.call.arguments"] for s in spans.named("execute_tool")
+        )
+        assert cut.startswith('{"note": "xxx')
+        assert cut.endswith("xxx... (5012 characters)")
+        assert len(cut) == 1024
+        assert whole == json.dumps({"note": "y" * 1012})  # 1,024 characters: kept whole
+        assert len(over) == 1024 and over.endswith("zzz... (1025 characters)")
 
     def test_failing_tool(self, db_path: Path, spans: Spans) -> None:
         """A tool that raises is a failed execute_tool span; the turn still commits."""
@@ -249,6 +258,32 @@ class TestToolTurn:
         assert "s3cret" not in str(attributes(tool))
         (turn,) = spans.named("invoke_agent")
         assert attributes(turn)["effectful_durable.outcome"] == "committed"
+
+    @pytest.mark.parametrize("opted_in", [False, True], ids=["arguments-off", "arguments-on"])
+    def test_tool_error_that_ends_the_turn(
+        self, db_path: Path, spans: Spans, opted_in: bool
+    ) -> None:
+        """Without RetryLLMHandler a tool's error fails the turn: its message (which may
+        repeat the model's arguments) is in no span unless trace_tool_arguments is on,
+        in the turn's span as in the tool's; the error's type is in both."""
+        script = [ToolCall("explode", {"secret": "WHY-SECRET-42"}), "unreached"]
+        persistence = PersistenceHandler(
+            db_path, tracing=spans.provider, trace_tool_arguments=opted_in
+        )
+        with running(FakeLLM(script), persistence):
+            with pytest.raises(Exception, match="WHY-SECRET-42"):
+                Fragile(agent_id="f").ask("go")
+        persistence.close()
+        (tool,) = spans.named("execute_tool")
+        (turn,) = spans.named("invoke_agent")
+        assert attributes(tool)["error.type"] == "ValueError"
+        assert attributes(turn)["error.type"] == "ToolCallExecutionError"
+        for span in (tool, turn):
+            assert span.status.status_code == StatusCode.ERROR
+            assert attributes(span)["effectful_durable.outcome"] == "failed"
+            recorded = f"{span.status.description} {[e.attributes for e in span.events]}"
+            assert ("WHY-SECRET-42" in recorded) is opted_in, span.name
+            assert [e.name for e in span.events] == (["exception"] if opted_in else [])
 
 
 class TestNestedTurn:

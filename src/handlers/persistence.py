@@ -153,8 +153,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             True uses the global TracerProvider; or pass a TracerProvider. Needs
             ``pip install 'effectful-durable[otel]'``.
         trace_tool_arguments: Record each tool call's arguments in its span
-            (``gen_ai.tool.call.arguments``, cut to 1024 characters). They are
-            written by the model, so off by default.
+            (``gen_ai.tool.call.arguments``, cut to at most 1,024 characters),
+            and a failing tool's error message in its span and its turn's. They
+            are written by the model, so off by default.
 
     A turn that calls a tool needing approval is suspended: its messages so far
     commit, with the approvals it waits for, and the call raises

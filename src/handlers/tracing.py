@@ -139,11 +139,20 @@ class Tracing:
                     span.set_attribute(OUTCOME, "not_started")  # another turn runs instead
                     raise
                 except BaseException as error:
-                    failed(span, error)
+                    self.failed(span, error)
                     raise
         finally:
             if reset is not None:
                 _next_turn_links.reset(reset)
+
+    def failed(self, span: Span, error: BaseException) -> None:
+        """Mark the span of a turn (or of its delivery) failed with ``error``.
+
+        A tool's error that ended the turn is told as the tool's own span tells
+        it: its type, and its message and exception event only when tool
+        arguments are recorded (a tool's error often repeats its arguments).
+        """
+        failed(span, error, detail=self.tool_arguments or not _from_tool(error))
 
     def committed(self, span: Span, version: int) -> None:
         """Mark the turn's span committed as ``version``."""
@@ -385,6 +394,21 @@ def failed(span: Span, error: BaseException | None, *, detail: bool = True) -> N
         span.record_exception(error)
 
 
+def _from_tool(error: BaseException) -> bool:
+    """Whether ``error`` is a tool's failure, or was caused by one (effectful raises a
+    tool's error as ``ToolCallExecutionError``, the tool's own as its cause)."""
+    from effectful.handlers.llm.completions import ToolCallExecutionError
+
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        if isinstance(found, ToolCallExecutionError):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
+
+
 def _response(span: Span, response: Any) -> None:
     """Set what the response tells of the model call: model, id, finish reasons, usage."""
     model = getattr(response, "model", None)
@@ -406,7 +430,8 @@ def _response(span: Span, response: Any) -> None:
 
 
 def _arguments_text(tool_call: Any) -> str:
-    """The tool call's arguments as JSON, cut to MAX_ARGUMENTS characters (model input)."""
+    """The tool call's arguments as JSON (model input), at most MAX_ARGUMENTS characters:
+    a longer text is cut, and ends with a marker that gives its length."""
     import json
 
     try:
@@ -414,5 +439,6 @@ def _arguments_text(tool_call: Any) -> str:
     except (TypeError, ValueError, AttributeError):
         text = "<arguments not representable>"
     if len(text) > MAX_ARGUMENTS:
-        text = text[:MAX_ARGUMENTS] + f"... ({len(text)} characters)"
+        marker = f"... ({len(text)} characters)"
+        text = text[: MAX_ARGUMENTS - len(marker)] + marker
     return text

@@ -305,8 +305,8 @@ class AgentRunner:
         """Deliver alarms until :meth:`stop` (or a signal); return the exit status, 0.
 
         Args:
-            until: Return once the clock has passed this time and nothing is due
-                (for tests and batch runs on a fake clock).
+            until: Return once the clock has passed this time, no turn is in
+                flight and nothing is due (for tests and batch runs on a fake clock).
         """
         signals = self._in_main = threading.current_thread() is threading.main_thread()
         previous = self._install_signals() if signals else {}
@@ -582,9 +582,11 @@ class AgentRunner:
                 due = self._queue.next_due(held)
                 if due is not None and due <= now:  # another runner is claiming it right now
                     due = now + _CONTENDED
-        if busy and not self._polls:
+        if busy and (not self._polls or (until is not None and now >= until)):
             # A fake clock jumps only once the turns in flight are done: their
-            # agents' next alarms must not be skipped over.
+            # agents' next alarms must not be skipped over. Past ``until`` the
+            # same: run() returns only when nothing is due, and while every slot
+            # is taken (or the due ones are the busy agents') nothing says so.
             self._turn_done.wait(0.05)
             return False
         if not self._polls:  # a fake clock in a test has no other process to notice
@@ -615,7 +617,7 @@ class AgentRunner:
             log.info(
                 "%s %s %s of %s, now that the database answers",
                 pending.done,
-                pending.claim.kind,
+                _noun(pending.claim.kind),
                 pending.claim.alarm_id,
                 pending.claim.agent_id,
                 extra={"agent": pending.claim.agent_id, "alarm": pending.claim.alarm_id},
@@ -637,7 +639,7 @@ class AgentRunner:
             log.warning(
                 "could not write back %s %s of %s%s: %s; the runner tries again at each "
                 "step, and holds the agent's later alarms back meanwhile",
-                claim.kind,
+                _noun(claim.kind),
                 claim.alarm_id,
                 claim.agent_id,
                 f" ({reason})" if reason else "",
@@ -808,11 +810,15 @@ class AgentRunner:
         if settings.paused:
             later = now + max(config.poll_interval, 60.0)
             self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
-            log.debug("agent paused: alarm put back", extra=context)
+            log.debug("agent paused: %s put back", _noun(claim.kind), extra=context)
             return "paused"
         started = time.monotonic()
         log.info(
-            "delivering %s %s to %s", claim.kind, claim.alarm_id, claim.agent_id, extra=context
+            "delivering %s %s to %s",
+            _noun(claim.kind),
+            claim.alarm_id,
+            claim.agent_id,
+            extra=context,
         )
         try:
             agent = self._agent(claim.agent_id)
@@ -864,7 +870,9 @@ class AgentRunner:
         except AgentInUseError:
             later = now + _IN_USE_RETRY
             self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
-            log.info("agent busy in another process; alarm put back", extra=context)
+            log.info(
+                "agent busy in another process; %s put back", _noun(claim.kind), extra=context
+            )
             outcome = "agent_busy"
         except (DatabaseUnavailableError, StorageError) as error:
             # Not the alarm's fault: no attempt counted, and due again when it was
@@ -874,7 +882,7 @@ class AgentRunner:
             log.warning(
                 "the database failed during the delivery of %s %s; it is given back, "
                 "no attempt counted: %s",
-                claim.kind,
+                _noun(claim.kind),
                 claim.alarm_id,
                 error,
                 extra=context,
@@ -888,7 +896,7 @@ class AgentRunner:
             # handoff; give the alarm back so that the next runner delivers it at once.
             with contextlib.suppress(DurableError):
                 self._queue.release(claim, now)
-            log.warning("turn interrupted; alarm put back", extra=context)
+            log.warning("turn interrupted; %s put back", _noun(claim.kind), extra=context)
             self._stopping.set()
             outcome = "interrupted"
         except Exception as error:
@@ -902,7 +910,7 @@ class AgentRunner:
             version = getattr(committed, "version", None)
             log.info(
                 "delivered %s %s to %s as version %s in %.3f s",
-                claim.kind,
+                _noun(claim.kind),
                 claim.alarm_id,
                 claim.agent_id,
                 version,
@@ -926,7 +934,8 @@ class AgentRunner:
         self._written_back(claim, f"recorded failed delivery {attempts} of", record)
         if retry_at is None:
             log.error(
-                "alarm %s is dead after %d failed deliveries: %s",
+                "%s %s is dead after %d failed deliveries: %s",
+                _noun(claim.kind),
                 claim.alarm_id,
                 attempts,
                 text,
@@ -934,8 +943,9 @@ class AgentRunner:
             )
         else:
             log.warning(
-                "delivery %d of alarm %s failed, retrying in %g s: %s",
+                "delivery %d of %s %s failed, retrying in %g s: %s",
                 attempts,
+                _noun(claim.kind),
                 claim.alarm_id,
                 (retry_at or now) - now,
                 text,
@@ -1123,3 +1133,8 @@ def _default_handlers(config: RunnerConfig) -> list[Any]:
         else LiteLLMProvider()  # type: ignore[no-untyped-call]
     )
     return [provider, RetryLLMHandler()]
+
+
+def _noun(kind: str) -> str:
+    """What the log calls a queued delivery of ``kind``: an alarm, an event, a resumption."""
+    return "resumption" if kind == "resume" else kind

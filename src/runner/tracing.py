@@ -21,7 +21,6 @@ from ..handlers.tracing import (
     OUTCOME,
     PREFIX,
     Tracing,
-    failed,
     link_to,
     next_turn_links,
 )
@@ -60,5 +59,5 @@ def delivery(
             with next_turn_links(links):
                 yield lambda outcome: span.set_attribute(OUTCOME, outcome)
         except BaseException as error:
-            failed(span, error)
+            tracing.failed(span, error)
             raise

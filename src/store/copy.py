@@ -89,7 +89,7 @@ def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
                     raise DurableError(msg)
                 continue
             columns = [c for c in target_columns[table] if c in source_columns[table]]
-            copied[table] = _copy_table(read, write, table, columns)
+            copied[table] = _copy_table(read, write, target_db, table, columns)
             _compare(read, write, table, columns, source_db, target_db)
         indexed = _index_compacted(write, target_db)
     return CopyResult(copied, indexed)
@@ -115,11 +115,10 @@ def _select(table: str, columns: Sequence[str]) -> str:
     return f"SELECT {names} FROM checked_{table} ORDER BY {names}"
 
 
-def _copy_table(read: Conn, write: Conn, table: str, columns: Sequence[str]) -> int:
-    insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+def _copy_table(read: Conn, write: Conn, db: Database, table: str, columns: Sequence[str]) -> int:
     rows = read.execute(_select(table, columns)).fetchall()
     for start in range(0, len(rows), _BATCH):
-        write.executemany(insert, [tuple(row) for row in rows[start : start + _BATCH]])
+        db.insert(write, table, columns, [tuple(row) for row in rows[start : start + _BATCH]])
     return len(rows)
 
 

@@ -157,7 +157,7 @@ def _collector_paused() -> Iterator[None]:
 
 
 def decode_positioned(
-    rows: Iterable[tuple[float, str]],
+    rows: Iterable[tuple[float, str | bytes]],
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """The positions and decoded messages of ``(position, body)`` rows, as they come.
 
@@ -166,7 +166,7 @@ def decode_positioned(
     """
     positions: list[float] = []
 
-    def bodies() -> Iterator[str]:
+    def bodies() -> Iterator[str | bytes]:
         for position, body in rows:
             positions.append(position)
             yield body

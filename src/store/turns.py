@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .base import StoreBase
-from .engine.seam import HANDOFF_INSERT, Conn, TurnWrite
+from .engine.seam import Conn, TurnWrite
 from .history import ActiveHistory, HistoryChange, message_json
 from .ids import DEFAULT_CONVERSATION, validate_agent_id
 from .journal import STEP_UPSERT, step_number
@@ -19,7 +19,7 @@ from .parts import approvals as _approvals
 from .parts import conversation_fields
 from .parts import conversations as _conversations
 from .records import CommitStats, Compaction, Handoff, LoadedAgent, TurnStart
-from .rows import current_version, decode_positioned, dumps, legible, state_at, utc
+from .rows import decode_positioned, dumps, legible, state_at, utc
 
 _HOST = socket.gethostname()
 
@@ -39,13 +39,15 @@ class TurnProtocol(StoreBase):
         conversation is.
         """
         with self._reading() as conn:
-            version = current_version(conn, agent_id)
+            version = self._db.agent_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
+            known, state = self._db.latest_state(conn, agent_id)
+            if not known:
+                state = state_at(conn, agent_id, version)
             rows = self._db.active_messages(conn, agent_id, conversation)
             positions, messages = decode_positioned(rows)
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
-            state = state_at(conn, agent_id, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
@@ -137,15 +139,13 @@ class TurnProtocol(StoreBase):
             # transaction of its own, starts the turn. No row back means there is
             # an earlier handoff, or a suspended turn.
             with self._db.autocommit() as conn:
-                # fetchall: the statement (and so its commit) runs to its end here.
-                rows = conn.execute(
-                    HANDOFF_INSERT,
-                    self._handoff_values(agent_id, conversation, template, arguments, trace),
-                ).fetchall()
+                rows = self._db.start(
+                    conn, self._handoff_values(agent_id, conversation, template, arguments, trace)
+                )
             if rows:
                 return TurnStart(int(rows[0][0]), None, None)
         with self._writing() as conn:
-            version = current_version(conn, agent_id) or 0
+            version = self._db.agent_version(conn, agent_id) or 0
             suspension = _approvals.open_suspension(conn, agent_id, conversation)
             if suspension is None and resume_only:
                 return TurnStart(version, None, None, None, started=False)
@@ -276,7 +276,13 @@ class TurnProtocol(StoreBase):
         new = base_version + 1
         # A batch: on PostgreSQL the turn's statements and its commit travel together.
         with self._db.writing(batch=True) as conn:
-            self._db.advance(conn, agent_id, base_version, new if compaction is None else new + 1)
+            self._db.advance(
+                conn,
+                agent_id,
+                base_version,
+                new if compaction is None else new + 1,
+                state_in=new if state is not None else None,
+            )
             added = self._write_version(
                 conn,
                 agent_id,
@@ -380,6 +386,7 @@ class TurnProtocol(StoreBase):
                 conversation,
                 position,
                 version,
+                None,
                 message.get("id"),
                 message.get("role", ""),
                 message_json(agent_id, message),
@@ -396,14 +403,8 @@ class TurnProtocol(StoreBase):
                 """,
                 (agent_id, low, high, version, conversation),
             )
-        conn.executemany(
-            """
-            INSERT INTO messages (agent_id, conversation, position, added_in, message_id,
-                role, body)
-            VALUES (?, ?, ?, ?, ?, ?, ?)
-            """,
-            added,
-        )
+        if added:
+            self._db.insert(conn, "messages", MESSAGE_COLUMNS, added)
         self._insert_version(
             conn,
             agent_id,
@@ -476,25 +477,19 @@ class TurnProtocol(StoreBase):
         detail: Mapping[str, Any] | None,
         conversation: str | None = None,
     ) -> None:
-        conn.execute(
-            """
-            INSERT INTO versions (agent_id, version, kind, conversation, template, state,
-                added, removed, detail, committed_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """,
-            (
-                agent_id,
-                version,
-                kind,
-                conversation,
-                template,
-                state,
-                added,
-                removed,
-                dumps(detail) if detail else None,
-                time.time(),
-            ),
+        row = (
+            agent_id,
+            version,
+            kind,
+            conversation,
+            template,
+            state,
+            added,
+            removed,
+            dumps(detail) if detail else None,
+            time.time(),
         )
+        self._db.insert(conn, "versions", VERSION_COLUMNS, [row])
 
 
 def _count(
@@ -508,7 +503,7 @@ def _count(
     compaction: Compaction | None,
 ) -> None:
     """Fill ``stats`` with what a committed turn wrote (see :class:`CommitStats`)."""
-    texts = [row[6] for row in added]
+    texts = [row[-1] for row in added]
     texts += [text for text in (state, result) if text is not None]
     if detail:
         texts.append(dumps(detail))
@@ -519,6 +514,31 @@ def _count(
     stats.bytes = sum(len(text.encode()) for text in texts)
     stats.parts = len(writes)
 
+
+#: A message row's columns, as ``_write_version`` inserts them.
+MESSAGE_COLUMNS = (
+    "agent_id",
+    "conversation",
+    "position",
+    "added_in",
+    "removed_in",
+    "message_id",
+    "role",
+    "body",
+)
+#: A version row's columns, as ``_insert_version`` inserts them.
+VERSION_COLUMNS = (
+    "agent_id",
+    "version",
+    "kind",
+    "conversation",
+    "template",
+    "state",
+    "added",
+    "removed",
+    "detail",
+    "committed_at",
+)
 
 HANDOFF_SELECT = """
     SELECT agent_id, base_version, template, arguments, status, error, interrupted,

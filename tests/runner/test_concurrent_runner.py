@@ -221,3 +221,19 @@ def test_a_fake_clock_waits_for_the_turns_in_flight(db_path: Path) -> None:
         for n in range(4):
             assert delivered(store.history(f"h{n}")) == [f"h{n}:tick"] * 24
     assert model.overlaps == []
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["one-at-a-time", "four-at-once"])
+def test_run_until_returns_once_nothing_is_due(db_path: Path, concurrency: int) -> None:
+    """``run(until=...)`` past its time still delivers every alarm due: 8 agents' alarms,
+    turns of 0.3 s, ``until`` 0.1 s ahead; it returns with none of them pending."""
+    store_url = str(db_path)  # SQLite: what is tested here is the runner's own
+    model = SlowModel(0.3)
+    with Store(store_url) as store:
+        for n in range(8):
+            schedule(store, f"u{n}", f"u{n}:job")
+        with runner(store_url, model, max_concurrency=concurrency) as worker:
+            worker.run(until=time.time() + 0.1)
+        assert [a.agent_id for a in store.alarms() if a.status == "pending"] == []
+        for n in range(8):
+            assert delivered(store.history(f"u{n}")) == [f"u{n}:job"]

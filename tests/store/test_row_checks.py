@@ -8,6 +8,7 @@ import pytest
 from effectful_durable import DamagedRowError, DatabaseCorruptError, Store
 from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
 from effectful_durable.store.engine.sqlite.row_checks import PAYLOAD, damaged_rows, row_crc
+from effectful_durable.store.history import HistoryChange
 from tests.helpers import commit_message, edit_rows, persisted_rows, writable_connection
 
 SCHEMA3 = Path(__file__).parent.parent / "fixtures" / "schema3.db"
@@ -174,6 +175,14 @@ def test_schema3_file_is_migrated_in_place(tmp_path: Path) -> None:
         assert len(store.history("w1", include_compacted=True)) > len(store.history("w1"))
         assert commit_message(store, "w1", "after the migration") == 16
     assert persisted_rows(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+    # Schema 6: each agent's row names its newest version that holds a state.
+    assert persisted_rows(path, "SELECT agent_id, state_in FROM agents ORDER BY agent_id") == (
+        persisted_rows(
+            path,
+            "SELECT agent_id, max(version) FILTER (WHERE state IS NOT NULL) FROM versions"
+            " GROUP BY agent_id ORDER BY agent_id",
+        )
+    )
 
 
 def test_check_lists_a_row_whose_text_no_longer_decodes(two_agents: Path) -> None:
@@ -218,3 +227,115 @@ def test_a_changed_version_mark_refuses_rather_than_hides(two_agents: Path) -> N
         with pytest.raises(DamagedRowError):
             store.fork("a", 3, "a-copy")
         assert store.rollback("a", 1) == 5  # before the row: the repair still works
+
+
+def commit_state(store: Store, agent_id: str, state: str | None) -> int:
+    """Commit an empty turn of ``agent_id`` that stores ``state`` (None: unchanged)."""
+    start = store.begin_turn(agent_id, template="t", arguments={})
+    return store.commit_turn(
+        agent_id,
+        base_version=start.version,
+        template="t",
+        change=HistoryChange([], [], 0),
+        state=state,
+    )
+
+
+class TestLatestState:
+    """Loading reads the state from the version the agent's row names, both rows checked."""
+
+    @pytest.fixture
+    def stateful(self, db_path: Path) -> Path:
+        """Agent a: state s1 at version 1, s3 at 3, unchanged at 2, 4 and 5."""
+        with Store(db_path) as store:
+            for state in ('{"n":1}', None, '{"n":3}', None, None):
+                commit_state(store, "a", state)
+        return db_path
+
+    def test_the_agent_row_names_the_latest_state(self, stateful: Path) -> None:
+        """state_in is the newest version holding a state; a load reads it, in a Store
+        that wrote it and in a new one, and a rollback moves it."""
+        assert persisted_rows(stateful, "SELECT version, state_in FROM agents") == [(5, 3)]
+        with Store(stateful) as store:
+            assert store.load_agent("a").state == '{"n":3}'
+            assert store.rollback("a", 1) == 6
+            assert store.load_agent("a").state == '{"n":1}'
+            assert commit_state(store, "a", None) == 7
+        assert persisted_rows(stateful, "SELECT version, state_in FROM agents") == [(7, 6)]
+        with Store(stateful) as store:
+            assert store.load_agent("a").state == '{"n":1}'
+            assert store.check()["damaged_rows"] == []
+
+    def test_a_state_emptied_by_another_program_is_refused(self, stateful: Path) -> None:
+        """The latest state row set to NULL by hand: the load refuses it, never reading
+        the older state in its place."""
+        hand_edit(stateful, "UPDATE versions SET state = NULL WHERE version = 3")
+        with Store(stateful) as store, pytest.raises(DamagedRowError) as caught:
+            store.load_agent("a")
+        assert (caught.value.table, caught.value.version) == ("versions", 3)
+
+    def test_a_pointer_changed_by_another_program_is_refused(self, stateful: Path) -> None:
+        """state_in changed by hand (to the older state): the agent's row is refused."""
+        hand_edit(stateful, "UPDATE agents SET state_in = 1")
+        with Store(stateful) as store, pytest.raises(DamagedRowError, match="agents"):
+            store.load_agent("a")
+
+    def test_an_agent_without_a_pointer_is_read_by_its_versions(self, stateful: Path) -> None:
+        """A row naming no version (copied from PostgreSQL, say) loads as before: the
+        walk back through the versions finds the state."""
+        edit_rows(stateful, "UPDATE agents SET state_in = NULL")
+        with Store(stateful) as store:
+            assert store.load_agent("a").state == '{"n":3}'
+
+
+class TestTheStoresHint:
+    """A Store's hint of its agents' rows is checked by the statements that use it."""
+
+    def test_a_version_changed_by_another_program_is_refused(self, two_agents: Path) -> None:
+        """The agent's version changed by hand under a Store that holds a hint: its next
+        turn is refused at its start, and writes nothing."""
+        with Store(two_agents) as store:
+            assert store.load_agent("a").version == 3  # the hint: version 3
+            hand_edit(two_agents, "UPDATE agents SET version = 9 WHERE agent_id = 'a'")
+            with pytest.raises(DamagedRowError, match="agents"):
+                commit_message(store, "a", "refused")
+        assert persisted_rows(two_agents, "SELECT count(*) FROM handoffs") == [(0,)]
+
+    def test_a_row_changed_under_a_hint_is_refused(self, two_agents: Path) -> None:
+        """Another program changed only the row's update time, under a Store holding a
+        hint of the row: the next turn is refused at its start, as a Store without the
+        hint refuses it, and the row stays as that program left it."""
+        with Store(two_agents) as store:
+            assert store.load_agent("a").version == 3
+            hand_edit(two_agents, "UPDATE agents SET updated_at = 1.5 WHERE agent_id = 'a'")
+            with pytest.raises(DamagedRowError, match="agents"):
+                commit_message(store, "a", "refused")
+            assert [r["table"] for r in store.check()["damaged_rows"]] == ["agents"]
+            assert commit_message(store, "b", "b goes on") == 3
+        query = "SELECT version, updated_at FROM agents WHERE agent_id = 'a'"
+        assert persisted_rows(two_agents, query) == [(3, 1.5)]
+
+
+def test_the_load_checks_positions_sqlite_writes_otherwise(db_path: Path) -> None:
+    """Positions whose text SQLite writes otherwise than Python (more digits, another
+    exponent) load, their rows checked the exact way; a changed one is refused."""
+    odd = [0.1 + 0.2, 1 / 3, 1e16]
+    with Store(db_path) as store:
+        start = store.begin_turn("a", template="t", arguments={})
+        added = [
+            (p, {"id": f"m{i}", "role": "user", "content": str(p)}) for i, p in enumerate(odd)
+        ]
+        store.commit_turn(
+            "a",
+            base_version=start.version,
+            template="t",
+            change=HistoryChange(added, [], 0),
+            state=None,
+        )
+        loaded = store.load_agent("a").history
+        assert loaded.positions == odd
+        assert [m["content"] for m in loaded.messages] == [str(p) for p in odd]
+    hand_edit(db_path, "UPDATE messages SET role = 'system' WHERE position = 1e16")
+    with Store(db_path) as store, pytest.raises(DamagedRowError) as caught:
+        store.load_agent("a")
+    assert (caught.value.table, caught.value.version) == ("messages", 1)

@@ -163,9 +163,37 @@ class Database(Protocol):
             AgentInUseError: It stayed held for longer than ``wait`` seconds.
         """
 
-    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """Run :data:`HANDOFF_INSERT` with ``handoff``: the turn's handoff row, unless the
+        conversation has an earlier one or a suspended turn; its rows (the version
+        the turn starts from, or none: then the turn starts in a transaction that
+        reads what is there)."""
+
+    def agent_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version, or None if the database does not know it."""
+
+    def latest_state(self, conn: Conn, agent_id: str) -> tuple[bool, str | None]:
+        """The agent's state now (its fields' JSON), when this database keeps where it
+        is: ``(True, state)``; ``(False, None)`` asks the caller to find it from the
+        versions. Call after :meth:`agent_version`, in the same transaction."""
+
+    def insert(
+        self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows``, each the values of ``columns`` in order, into ``table``."""
+
+    def advance(
+        self,
+        conn: Conn,
+        agent_id: str,
+        base_version: int,
+        version: int,
+        *,
+        state_in: int | None = None,
+    ) -> None:
         """Move the agent from ``base_version`` to ``version`` (a new agent from 0),
         fenced: the write fails unless no other writer moved it since ``base_version``.
+        ``state_in``: the new version that holds a state, if one does.
 
         The agents row stays locked until the transaction ends. In a batch the
         failure may come at a later statement or at the end of the block.
@@ -226,8 +254,9 @@ class Database(Protocol):
 
     def active_messages(
         self, conn: Conn, agent_id: str, conversation: str
-    ) -> Iterable[tuple[float, str]]:
-        """``(position, body)`` of each active message of the conversation, in order.
+    ) -> Iterable[tuple[float, str | bytes]]:
+        """``(position, body)`` of each active message of the conversation, in order
+        (the body's JSON text, or its UTF-8 bytes).
 
         One indexed range read: loading an agent costs this, and what it decodes.
         """

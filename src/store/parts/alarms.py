@@ -520,14 +520,31 @@ def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
         )
         changed = conn.changes()
     if not changed:
-        msg = (
-            f"no pending or dead alarm {alarm_id!r}; Store.alarms() lists them "
-            "(done and cancelled alarms cannot be re-armed: schedule a new one)"
-        )
-        raise NotFoundError(msg)
+        raise NotFoundError(_not_rearmed(conn, alarm_id))
     found = open_alarm(conn, alarm_id, any_kind=True)
     assert found is not None
     return found
+
+
+def _not_rearmed(conn: Conn, alarm_id: str) -> str:
+    """Why ``alarm_id`` cannot be re-armed, in the words of what it names (alarm or event)."""
+    row = None
+    if _could_name_one(alarm_id):
+        row = conn.execute("SELECT kind FROM alarms WHERE alarm_id = ?", (alarm_id,)).fetchone()
+    kind = (
+        str(row[0]) if row is not None else ("event" if alarm_id.startswith("evt_") else "alarm")
+    )
+    if kind == "event":
+        if row is None:
+            return f"no pending or dead event {alarm_id!r}; Store.events() lists them"
+        return (
+            f"event {alarm_id!r} was delivered, and cannot be re-armed: send a new one "
+            "(Store.events() lists them)"
+        )
+    return (
+        f"no pending or dead alarm {alarm_id!r}; Store.alarms() lists them "
+        "(done and cancelled alarms cannot be re-armed: schedule a new one)"
+    )
 
 
 # -- the VersionedPart ----------------------------------------------------------

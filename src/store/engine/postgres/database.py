@@ -65,6 +65,7 @@ from ....errors import (
 from ..seam import (
     APPLICATION_ID,
     DEFAULT_STATEMENT_TIMEOUT,
+    HANDOFF_INSERT,
     Conn,
     Rows,
     TurnWrite,
@@ -628,7 +629,36 @@ class PostgresDatabase:
         finally:
             self._locks.release(agent_id)
 
-    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
+    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """The turn's handoff row, unless (see engine/seam.py)."""
+        rows: list[Any] = conn.execute(HANDOFF_INSERT, handoff).fetchall()
+        return rows
+
+    def agent_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version, or None."""
+        row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def latest_state(self, conn: Conn, agent_id: str) -> tuple[bool, str | None]:
+        """Not kept: the caller finds the state from the versions (one indexed range)."""
+        return False, None
+
+    def insert(
+        self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows`` (the values of ``columns``) into ``table``."""
+        marks = ", ".join("?" * len(columns))
+        conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+
+    def advance(
+        self,
+        conn: Conn,
+        agent_id: str,
+        base_version: int,
+        version: int,
+        *,
+        state_in: int | None = None,
+    ) -> None:
         """Move the agent's version, fenced: a function of the schema raises, so that
         no answer needs reading before the commit (a batch stays one round trip).
 

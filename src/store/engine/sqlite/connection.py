@@ -244,6 +244,18 @@ def _check_new(path: str) -> None:
 
 
 def _migrate(conn: apsw.Connection, path: str) -> None:
+    # Foreign keys off while migrating: a step that rebuilds a table others refer
+    # to drops the old one, which would delete their rows with it; the step copies
+    # every row first. The pragma takes effect outside transactions only:
+    # sqlite.org/lang_altertable.html#otheralter
+    conn.pragma("foreign_keys", False)
+    try:
+        _migrate_steps(conn, path)
+    finally:
+        conn.pragma("foreign_keys", True)
+
+
+def _migrate_steps(conn: apsw.Connection, path: str) -> None:
     # Re-read inside each write transaction: another process may be migrating too.
     while True:
         with write_transaction(conn):

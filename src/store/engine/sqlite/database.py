@@ -14,19 +14,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import apsw
 
 from ....errors import (
     AgentInUseError,
+    DamagedRowError,
     DatabaseBusyError,
     DatabaseCorruptError,
     DurableError,
     NotOurDatabaseError,
     StorageError,
 )
-from ..seam import HANDOFF_INSERT, Conn, Polling, Rows, TurnWrite, moved_by
+from ..seam import Conn, Polling, Rows, TurnWrite, moved_by
 from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
@@ -68,6 +69,13 @@ class SQLiteDatabase:
         # that handler, one writer of ours at a time).
         self._writer = threading.Lock()
         self._closed = False
+        # Each agent's row (version, creation time, state_in) as this Store last
+        # read or wrote it: a hint, never trusted, that the statements using it
+        # check (a turn's start, the commit's advance), so that a turn reads its
+        # agent's row in none of its statements; one that no longer fits takes the
+        # checked way.
+        self._heads: dict[str, _Head] = {}
+        self._shapes: dict[str, row_checks.TableShape] = {}
         self.damage = DamageWatch(self.path, self._connections)
         try:
             self.connection()  # fail here, not at the first turn, if the file is bad
@@ -114,6 +122,8 @@ class SQLiteDatabase:
             )
             with self._connections_lock:
                 self._connections.append(conn)
+                if not self._shapes:
+                    self._shapes = row_checks.shapes(conn)
             self._local.conn = conn
         return conn
 
@@ -169,27 +179,176 @@ class SQLiteDatabase:
         the turn's ``handoff`` row (the statement's rows are the block's value)."""
         return _Held(self, agent_id, wait, handoff)
 
-    def advance(self, conn: Conn, agent_id: str, base_version: int, version: int) -> None:
-        """Move the agent's version, fenced (see engine/seam.py)."""
-        now = time.time()
-        if base_version == 0:
+    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """Write the turn's handoff row, with its checksum, unless (see engine/seam.py).
+
+        The version it starts from is this Store's hint (the agent's row, read
+        and checked at its first use), and the statement writes only while the
+        row is still exactly that one: otherwise nothing, and the turn starts
+        the checked way (``begin_turn``'s transaction), which refuses a row that
+        fails its checksum.
+        """
+        agent_id, conversation, template, arguments, host, pid, started_at, told = handoff
+        head = self._heads.get(agent_id)
+        if head is None:
+            self.agent_version(conn, agent_id)
+            head = self._heads.get(agent_id)
+        base = head.version if head is not None else 0
+        row = self._shapes["handoffs"].checksummed(
+            (agent_id, conversation, base, template, arguments, "running", None, told)
+            + (host, pid, started_at, None)
+        )
+        if head is None:
+            rows: list[Any] = conn.execute(_START_NEW, row).fetchall()
+        else:
+            rows = conn.execute(_START, (*row, *head)).fetchall()
+        return rows
+
+    def agent_version(self, conn: Conn, agent_id: str) -> int | None:
+        """The agent's committed version (None: no such agent), its row checked here."""
+        row = conn.execute(
+            "SELECT agent_id, version, created_at, updated_at, state_in, crc FROM agents"
+            " WHERE agent_id = ?",
+            (agent_id,),
+        ).fetchone()
+        if row is None:
+            self._heads.pop(agent_id, None)
+            return None
+        _, version, created_at, updated_at, state_in = self._checked("agents", row)
+        self._hint(agent_id, _Head(version, created_at, updated_at, state_in, row[-1]))
+        return int(version)
+
+    def _hint(self, agent_id: str, head: _Head) -> None:
+        if len(self._heads) >= _HEADS:
+            self._heads.clear()  # a bound on memory; the hints come back as agents run
+        self._heads[agent_id] = head
+
+    def latest_state(self, conn: Conn, agent_id: str) -> tuple[bool, str | None]:
+        """The agent's state now, from the version its row names (``state_in``).
+
+        Call after :meth:`agent_version` in the same transaction. Both rows are
+        checked; ``(False, None)`` when the row names no version, or one that is
+        gone (pruned: the state is then the retention row's), so that the caller
+        walks back through the versions.
+        """
+        head = self._heads.get(agent_id)
+        if head is None or head.state_in is None:
+            return False, None
+        row = conn.execute(
+            f"SELECT {_VERSION_COLUMNS}, crc FROM versions WHERE agent_id = ? AND version = ?",
+            (agent_id, head.state_in),
+        ).fetchone()
+        if row is None:
+            return False, None
+        state = self._checked("versions", row)[5]
+        return (True, str(state)) if state is not None else (False, None)
+
+    def _checked(self, table: str, row: Sequence[Any]) -> tuple[Any, ...]:
+        """The values of ``row`` (its table's columns, then crc), checked against its crc."""
+        *values, crc = row
+        if crc is None or crc != row_checks.row_crc(table, *values):
+            raise DamagedRowError(self.path, table, *self._shapes[table].where(tuple(values)))
+        return tuple(values)
+
+    def insert(
+        self, conn: Conn, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> None:
+        """Insert ``rows``, each with its checksum computed here (no trigger rewrites it).
+
+        A version that holds a state becomes its agent's ``state_in`` unless a later
+        one is (the commit's advance has set it already for a turn's own version).
+        """
+        shape = self._shapes.get(table)
+        if shape is None or tuple(columns) != shape.columns:  # the trigger computes it
+            marks = ", ".join("?" * len(columns))
+            conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+        elif len(rows) == 1:
+            conn.execute(shape.insert, shape.checksummed(rows[0]))
+        else:
+            conn.executemany(shape.insert, [shape.checksummed(row) for row in rows])
+        if table == "versions":
+            self._state_in(conn, columns, rows)
+
+    def _state_in(self, conn: Conn, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Make each agent's newest inserted version that holds a state its ``state_in``,
+        unless its row names a later one (the commit's advance has named the turn's)."""
+        agent, version, state = (columns.index(c) for c in ("agent_id", "version", "state"))
+        newest: dict[str, int] = {}
+        for row in rows:
+            if row[state] is not None:
+                newest[row[agent]] = max(newest.get(row[agent], 0), row[version])
+        for agent_id, pointed in newest.items():
+            head = self._heads.get(agent_id)
+            if head is not None and head.state_in == pointed:
+                continue
+            self._heads.pop(agent_id, None)
             conn.execute(
                 """
-                INSERT INTO agents (agent_id, version, created_at, updated_at)
-                VALUES (?1, ?2, ?3, ?3) ON CONFLICT (agent_id) DO NOTHING
+                UPDATE agents SET state_in = ?2
+                 WHERE agent_id = ?1 AND (state_in IS NULL OR state_in < ?2)
                 """,
-                (agent_id, version, now),
+                (agent_id, pointed),
             )
-        else:
+
+    def advance(
+        self,
+        conn: Conn,
+        agent_id: str,
+        base_version: int,
+        version: int,
+        *,
+        state_in: int | None = None,
+    ) -> None:
+        """Move the agent's version, fenced (see engine/seam.py).
+
+        The agent's row is written whole, with its checksum, when this Store's
+        hint is still exactly the row: the UPDATE finds it by every value it
+        holds (its checksum too). Otherwise the row is updated the checked way
+        (its trigger carries a damaged row's discrepancy over), and one that
+        moved or fails its checksum raises.
+        """
+        now = time.time()
+        head = self._heads.get(agent_id)
+        if base_version == 0:
+            crc = row_checks.row_crc("agents", agent_id, version, now, now, state_in)
             conn.execute(
-                "UPDATE agents SET version = ?, updated_at = ? WHERE agent_id = ? AND version = ?",
-                (version, now, agent_id, base_version),
+                """
+                INSERT INTO agents (agent_id, version, created_at, updated_at, state_in, crc)
+                VALUES (?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT (agent_id) DO NOTHING
+                """,
+                (agent_id, version, now, state_in, crc),
             )
-        if conn.changes() != 1:
-            current = conn.execute(
-                "SELECT version FROM checked_agents WHERE agent_id = ?", (agent_id,)
-            ).fetchone()
-            raise AgentInUseError(agent_id, moved_by(current[0] if current else 0))
+            if conn.changes() == 1:
+                self._hint(agent_id, _Head(version, now, now, state_in, crc))
+                return
+        elif head is not None and head.version == base_version:
+            created = head.created_at
+            pointed = state_in if state_in is not None else head.state_in
+            crc = row_checks.row_crc("agents", agent_id, version, created, now, pointed)
+            conn.execute(
+                """
+                UPDATE agents SET version = ?2, updated_at = ?3, state_in = ?4, crc = ?5
+                 WHERE agent_id = ?1 AND version = ?6 AND created_at = ?7 AND updated_at = ?8
+                   AND state_in IS ?9 AND crc = ?10
+                """,
+                (agent_id, version, now, pointed, crc, *head),
+            )
+            if conn.changes() == 1:
+                self._hint(agent_id, _Head(version, created, now, pointed, crc))
+                return
+        self._heads.pop(agent_id, None)
+        if base_version != 0:
+            conn.execute(
+                """
+                UPDATE agents SET version = ?2, updated_at = ?3, state_in = coalesce(?4, state_in)
+                 WHERE agent_id = ?1 AND version = ?5
+                """,
+                (agent_id, version, now, state_in, base_version),
+            )
+            if conn.changes() == 1:
+                return
+        current = self.agent_version(conn, agent_id)
+        raise AgentInUseError(agent_id, moved_by(current or 0))
 
     def _describe_holder(self, agent_id: str, busy: AgentBusy) -> str:
         if busy.holder != "another process":
@@ -242,18 +401,39 @@ class SQLiteDatabase:
 
     def active_messages(
         self, conn: Conn, agent_id: str, conversation: str
-    ) -> Iterator[tuple[float, str]]:
+    ) -> Iterator[tuple[float, bytes]]:
         # Checked here rather than through checked_messages: a call from SQLite
-        # per row would double the cost of loading a long history.
+        # per row would double the cost of loading a long history. SQLite writes
+        # the text of each row's other values; the body comes as its UTF-8 bytes,
+        # which the check and the JSON decoder both take as they are.
         rows = conn.execute(
-            """
-            SELECT position, added_in, message_id, role, body, crc FROM messages
+            f"""
+            SELECT position, CAST({row_checks.MESSAGE_HEAD} AS BLOB), CAST(body AS BLOB), crc
+              FROM messages
              WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
              ORDER BY position
             """,
             (agent_id, conversation),
         )
-        return row_checks.active_messages(rows, self.path, agent_id, conversation)
+        return row_checks.active_messages(
+            rows, self.path, agent_id, conversation, self._exact_message
+        )
+
+    def _exact_message(self, agent_id: str, conversation: str, position: float) -> None:
+        """Check an active message's row as the view does (after the quick check failed)."""
+        conn = self.connection()
+        row = conn.execute(
+            """
+            SELECT agent_id, conversation, position, added_in, removed_in, message_id, role,
+                   body, crc
+              FROM messages
+             WHERE agent_id = ? AND conversation = ? AND position = ? AND removed_in IS NULL
+            """,
+            (agent_id, conversation, position),
+        ).fetchone()
+        if row is None:  # not found again in the same snapshot: it cannot be trusted
+            raise DamagedRowError(self.path, "messages", agent_id, conversation, None)
+        self._checked("messages", row)
 
     def index_compacted(
         self,
@@ -348,6 +528,45 @@ class SQLiteDatabase:
         return facts
 
 
+# A turn's handoff row as it starts, with its checksum: HANDOFF_INSERT's twin.
+# Parameters: the row's values in order, its crc, then the Store's hint of the
+# agent's row (its values but the id, and its crc): the row is written only while
+# the agent's row is exactly that one. _START_NEW: for an agent not in the file.
+_HANDOFF = """
+    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+        status, error, interrupted, host, pid, started_at, ended_at, crc)
+    SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
+     WHERE {agent}
+       AND NOT EXISTS (SELECT 1 FROM approvals
+                        WHERE agent_id = ?1 AND conversation = ?2 AND ended_in IS NULL)
+    ON CONFLICT (agent_id, conversation) DO NOTHING
+    RETURNING base_version
+"""
+_START = _HANDOFF.format(
+    agent="EXISTS (SELECT 1 FROM agents WHERE agent_id = ?1 AND version = ?14"
+    " AND created_at = ?15 AND updated_at = ?16 AND state_in IS ?17 AND crc = ?18)"
+)
+_START_NEW = _HANDOFF.format(agent="NOT EXISTS (SELECT 1 FROM agents WHERE agent_id = ?1)")
+
+# How many agents' hints a Store keeps (SQLiteDatabase._heads) before it starts afresh.
+_HEADS = 10_000
+
+_VERSION_COLUMNS = (
+    "agent_id, version, kind, conversation, template, state, added, removed, detail, committed_at"
+)
+
+
+class _Head(NamedTuple):
+    """An agent's row as a Store last read or wrote it (the hint of SQLiteDatabase._heads):
+    its values but the id, and its crc."""
+
+    version: int
+    created_at: float
+    updated_at: float
+    state_in: int | None
+    crc: int
+
+
 def _indexed_text(body: str) -> str:
     """The text of the message ``body`` that recall indexes: its text blocks, plain
     content and tool-call arguments (of bodies SQLite's JSON functions read: not
@@ -398,9 +617,15 @@ class _Write:
         return conn
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        failed = error is not None
         try:
             self._finish(error)
+        except BaseException:
+            failed = True
+            raise
         finally:
+            if failed:  # what the block wrote of the agents' rows was rolled back
+                self._db._heads.clear()
             if not self._nested:
                 self._db._writer.release()
 
@@ -456,7 +681,7 @@ class _Held:
             return None
         try:
             with self._db.autocommit() as conn:
-                return conn.execute(HANDOFF_INSERT, self._handoff).fetchall()
+                return self._db.start(conn, self._handoff)
         except BaseException:
             self._db._locks.release(self._agent_id)
             raise

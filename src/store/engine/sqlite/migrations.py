@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE agents (
@@ -433,12 +433,44 @@ CREATE INDEX workflow_steps_waiting ON workflow_steps (agent_id, template)
     WHERE status = 'running';
 """
 
+# Schema 6 gives each agent's row state_in, the newest version holding a state,
+# so that loading an agent reads its state without a walk back through the
+# versions that left it unchanged (each of which the walk must check). The table
+# is rebuilt (state_in comes before crc; migrations run with foreign keys off,
+# so that dropping the old table deletes none of its children), each
+# row's crc carrying its old discrepancy over. A version row that fails its own
+# checksum counts as holding a state: loading the agent reads it, and refuses it.
+_AGENT_COLUMNS = _V3_COLUMNS["agents"]
+_V6 = f"""
+CREATE TABLE agents_v6 (
+    agent_id   TEXT PRIMARY KEY NOT NULL,
+    version    INTEGER NOT NULL CHECK (version >= 1),
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    state_in   INTEGER,
+    crc        INTEGER
+) STRICT;
+INSERT INTO agents_v6 ({_AGENT_COLUMNS}, state_in, crc)
+SELECT {_AGENT_COLUMNS}, state_in,
+       updated_crc('agents', 4, crc, {_AGENT_COLUMNS}, {_AGENT_COLUMNS}, state_in)
+  FROM (SELECT a.*,
+               (SELECT max(v.version) FROM versions AS v
+                 WHERE v.agent_id = a.agent_id
+                   AND (v.state IS NOT NULL
+                        OR v.crc IS NOT row_crc('versions', {_V3_COLUMNS["versions"]})))
+                 AS state_in
+          FROM agents AS a);
+DROP TABLE agents;
+ALTER TABLE agents_v6 RENAME TO agents;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
     _V3,
     _V4,
     _V5,
+    _V6,
 )
 
 

@@ -7,11 +7,18 @@ values (:func:`row_crc`), the columns that say whose row it is and where it
 belongs (agent, conversation, position, versions) included, so a damaged key
 cannot move a valid row into another agent's history.
 
-Our connections keep it without the shared SQL naming it (:func:`install`):
+The writes every turn makes give ``crc`` themselves, computed in Python as the
+row is bound (:meth:`TableShape.checksummed`, the SQLite engine's ``insert``,
+``start`` and ``advance``): the turn's messages and version, its handoff, and
+the agent's row, which the start and the UPDATE find by every value the Store
+last checked or wrote in it (its crc too), so that a row changed since is never
+written over unchecked. Every other write is covered by our connections without
+the shared SQL naming ``crc`` (:func:`install`):
 
-- a TEMP trigger per table computes ``crc`` after each INSERT, and after each
-  UPDATE of the other columns carries the row's old discrepancy over to the new
-  values (:func:`updated_crc`), so an update never blesses a damaged row;
+- a TEMP trigger per table computes ``crc`` after each INSERT that gives none,
+  and after each UPDATE of the other columns that leaves ``crc`` as it was
+  carries the row's old discrepancy over to the new values
+  (:func:`updated_crc`), so an update never blesses a damaged row;
 - a TEMP view per table, ``checked_<table>``, reads the table with its payload
   column (:data:`PAYLOAD`) computed by :func:`checked`, which raises
   :class:`~effectful_durable.DamagedRowError` for a row whose values no longer
@@ -26,8 +33,11 @@ on could leave a row out rather than refuse it. The latest version's rows are
 found through indexes (``messages_active``, ``memory_active``...), which hold
 their keys apart from the row; reads and copies of an earlier version, which
 choose rows by their version marks, first check every row they choose from
-(``Database.check_rows``). Loading a conversation checks its rows in Python
-(:func:`active_messages`): a call from SQLite per row would double its cost.
+(``Database.check_rows``). Loading an agent checks in Python, without a call
+from SQLite per row: its row, the version its row names as holding its state
+(``agents.state_in``: no walk back through the versions that left the state
+unchanged, each of which would need its check), and each active message of the
+conversation (:func:`active_messages`).
 
 These objects live in each connection's TEMP schema, not in the file: any other
 SQLite program reads and writes the tables as it likes. A row it changes keeps
@@ -39,8 +49,9 @@ b-trees, and :func:`damaged_rows` lists every row that fails its checksum.
 
 from __future__ import annotations
 
+import functools
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +78,16 @@ PAYLOAD: dict[str, str] = {
     "runner_status": "report",
 }
 
+# The Python type SQLite returns for a value of a STRICT column of each declared
+# type, and how a value of another type is made one.
+_PYTHON: dict[str, type] = {"TEXT": str, "INTEGER": int, "REAL": float, "BLOB": bytes}
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "TEXT": str,
+    "INTEGER": int,
+    "REAL": float,
+    "BLOB": bytes,
+}
+
 #: The columns that say where a row belongs, named in a DamagedRowError.
 _AGENT = ("agent_id",)
 _CONVERSATION = ("conversation",)
@@ -88,28 +109,40 @@ _SEEDS: dict[str, int] = {table: zlib.crc32(table.encode()) for table in PAYLOAD
 _FORMATS: list[str] = ["\x1f".join(["%s"] * n) for n in range(33)]
 
 
+#: The text :func:`row_crc` gives an active message's columns between its
+#: conversation and its body, as SQLite writes it (for :func:`active_messages`).
+MESSAGE_HEAD = (
+    "position || x'1f' || added_in || x'1f' || 'None' || x'1f' || message_id || x'1f'"
+    " || role || x'1f'"
+)
+
+
 def active_messages(
-    rows: Iterable[tuple[float, int, str, str, str, int | None]],
+    rows: Iterable[tuple[float, bytes, bytes, int | None]],
     path: str,
     agent_id: str,
     conversation: str,
-) -> Iterator[tuple[float, str]]:
+    exact: Callable[[str, str, float], None],
+) -> Iterator[tuple[float, bytes]]:
     """``(position, body)`` of ``rows``, active messages of one conversation, each checked.
 
-    ``rows`` are ``(position, added_in, message_id, role, body, crc)``. The same
-    check as ``checked_messages`` makes, computed here without a call from SQLite
-    per row, and with the agent and conversation the query asked for: loading a
-    long history costs half as much.
+    ``rows`` are ``(position, head, body, crc)``: ``head`` is the text of the
+    row's columns between its conversation and its body as SQLite writes it
+    (:data:`MESSAGE_HEAD`), ``body`` its UTF-8 bytes. The check ``checked_messages``
+    makes, computed here without a call from SQLite per row, and with the agent
+    and conversation the query asked for: the row's checksum is of its values'
+    text as Python writes them, which is SQLite's text but for some positions
+    (``1e+16``, or a fraction that takes 16 digits); a row whose quick check fails
+    is checked again as the view checks it (``exact``), which raises if it fails.
 
     Raises:
         DamagedRowError: A row fails its checksum.
     """
-    start = zlib.crc32(f"{agent_id}\x1f{conversation}\x1f".encode(), _SEEDS["messages"])
-    for position, added_in, message_id, role, body, crc in rows:
-        # As row_crc: the text of each column, removed_in being None.
-        head = f"{position}\x1f{added_in}\x1fNone\x1f{message_id}\x1f{role}\x1f".encode()
-        if crc != zlib.crc32(body.encode(), zlib.crc32(head, start)):
-            raise DamagedRowError(path, "messages", agent_id, conversation, added_in)
+    crc32 = zlib.crc32
+    start = crc32(f"{agent_id}\x1f{conversation}\x1f".encode(), _SEEDS["messages"])
+    for position, head, body, crc in rows:
+        if crc != crc32(body, crc32(head, start)):
+            exact(agent_id, conversation, position)
         yield position, body
 
 
@@ -128,13 +161,46 @@ def updated_crc(table: str, width: int, old_crc: int | None, *values: Any) -> in
 
 @dataclass(frozen=True)
 class TableShape:
-    """A table of ours: its columns (``crc`` left out), which of them hold text, and
-    the WHERE clause that finds the NEW row in a trigger (its rowid, or its key)."""
+    """A table of ours: its columns (``crc`` left out), which of them hold text, the
+    WHERE clause that finds the NEW row in a trigger (its rowid, or its key), and
+    each column's declared type."""
 
     table: str
     columns: tuple[str, ...]
     text: tuple[bool, ...]
     new_row: str
+    types: tuple[str, ...]
+
+    @functools.cached_property
+    def insert(self) -> str:
+        """The INSERT of a whole row with its checksum: the parameters of :meth:`checksummed`."""
+        names = ", ".join((*self.columns, "crc"))
+        marks = ", ".join("?" * (len(self.columns) + 1))
+        return f"INSERT INTO main.{self.table} ({names}) VALUES ({marks})"
+
+    def checksummed(self, row: Sequence[Any]) -> list[Any]:
+        """``row`` (a value of each column, in order) as SQLite stores it, its crc last.
+
+        Each value becomes the type its column keeps (a STRICT table converts an
+        integer bound to a REAL column, say), so that the checksum is computed on
+        the values as SQLite returns them, as the insert trigger would compute it.
+        """
+        values = list(row)
+        for i, kind, convert in self._conversions:
+            value = values[i]
+            if value is not None and type(value) is not kind:
+                values[i] = convert(value)
+        values.append(row_crc(self.table, *values))
+        return values
+
+    @functools.cached_property
+    def _conversions(self) -> tuple[tuple[int, type, Callable[[Any], Any]], ...]:
+        """For each column: its index, the type SQLite returns, and how to make one."""
+        return tuple(
+            (i, _PYTHON[kind], _CONVERT[kind])
+            for i, kind in enumerate(self.types)
+            if kind in _PYTHON
+        )
 
     def where(self, values: tuple[Any, ...]) -> tuple[str | None, str | None, int | None]:
         """The agent, conversation and version a row holding ``values`` claims to belong to."""
@@ -155,7 +221,8 @@ def shapes(conn: apsw.Connection) -> dict[str, TableShape]:
         if not info or info[-1][0] != "crc":
             continue
         columns = tuple(str(name) for name, _, _ in info[:-1])
-        text = tuple(kind == "TEXT" for _, kind, _ in info[:-1])
+        types = tuple(str(kind) for _, kind, _ in info[:-1])
+        text = tuple(kind == "TEXT" for kind in types)
         without_rowid = conn.execute(
             "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
         ).get
@@ -165,7 +232,7 @@ def shapes(conn: apsw.Connection) -> dict[str, TableShape]:
             if without_rowid
             else "rowid = NEW.rowid"
         )
-        found[table] = TableShape(table, columns, text, new_row)
+        found[table] = TableShape(table, columns, text, new_row, types)
     return found
 
 
@@ -191,11 +258,13 @@ def install(conn: apsw.Connection, path: str) -> None:
         old = ", ".join(f"OLD.{c}" for c in columns)
         statements.append(f"""
             CREATE TEMP TRIGGER {table}_crc_insert AFTER INSERT ON main.{table}
+            WHEN NEW.crc IS NULL
             BEGIN
                 UPDATE main.{table} SET crc = row_crc('{table}', {new}) WHERE {key};
             END;
             CREATE TEMP TRIGGER {table}_crc_update
             AFTER UPDATE OF {", ".join(columns)} ON main.{table}
+            WHEN NEW.crc IS OLD.crc
             BEGIN
                 UPDATE main.{table}
                    SET crc = updated_crc('{table}', {len(columns)}, OLD.crc, {old}, {new})

@@ -1,4 +1,4 @@
--- effectful-durable database schema, version 5.
+-- effectful-durable database schema, version 6.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
@@ -8,12 +8,16 @@
 -- connections and checked when the row is read (store/row_checks.py): a row
 -- another program changed or inserted is refused when read, and only that row.
 
--- One row per durable agent: its id and last committed version.
+-- One row per durable agent: its id and last committed version. state_in is
+-- the newest version whose row holds a state (versions.state not NULL): the
+-- state of the agent now, read without a walk back through the versions that
+-- left it unchanged (NULL: none known; then that walk finds it).
 CREATE TABLE agents (
     agent_id   TEXT PRIMARY KEY NOT NULL,
     version    INTEGER NOT NULL CHECK (version >= 1),
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
+    state_in   INTEGER,
     crc        INTEGER
 ) STRICT;
 
