@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.ui import browser
+from tests.ui.browser import enter, shot, text_of, wait_for
 from tests.ui.content import DESK, HTML
 from tests.ui.server import ROOT, Server, serving
 from tests.ui.test_live import write
@@ -23,22 +24,6 @@ from tests.ui.test_live import write
 pytestmark = pytest.mark.slow
 
 DEMO = ROOT / "examples" / "multi_agent" / "workflow.py"
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator[Any]:
-    """One headless chromium for the module."""
-    reason = browser.unavailable()
-    if reason is not None:
-        if browser.required():
-            pytest.fail(f"{reason} (and CI or {browser.REQUIRE_ENV} is set)")
-        pytest.skip(reason)
-    chromium = browser.start()
-    chromium.implicitly_wait(0)
-    try:
-        yield chromium
-    finally:
-        chromium.quit()
 
 
 @pytest.fixture(scope="module")
@@ -67,31 +52,6 @@ def desk(sqlite_content: str) -> Iterator[Server]:
     shutil.copy(sqlite_content, db)
     with serving(db) as server:
         yield server
-
-
-def enter(driver: Any, server: Server) -> None:
-    """Open the printed address: the browser is let in, the token leaves the URL."""
-    driver.get(server.url)
-    assert "token" not in driver.current_url
-
-
-def wait_for(driver: Any, condition: Any, seconds: float = 15) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, seconds, poll_frequency=0.1).until(condition)
-
-
-def text_of(driver: Any) -> str:
-    return str(driver.find_element("tag name", "body").text)
-
-
-def shot(driver: Any, name: str) -> None:
-    """Save a screenshot of the whole page as ``name``.png."""
-    driver.execute_script("window.scrollTo(0, 0)")
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(max(int(height) + 40, 600), 2400))
-    driver.save_screenshot(str(browser.screenshots() / f"{name}.png"))
-    driver.set_window_size(1280, 1000)
 
 
 class TestToken:
@@ -204,19 +164,21 @@ class TestContent:
         driver.get(desk.base + f"/agent?id={DESK}")
         shown = text_of(driver)
         assert f"Looked it up. {HTML}" in shown
-        assert driver.execute_script("return document.scripts.length") == 2
+        assert driver.execute_script("return document.scripts.length") == 3  # the page's own
         assert driver.execute_script("return window.alerted === undefined")
         driver.get(desk.base + f"/state?id={DESK}&sql=SELECT+note+FROM+refunds")
         assert f"note {HTML}" in text_of(driver)
 
     def test_a_refund_that_waits_is_plain_to_see(self, driver: Any, desk: Server) -> None:
-        """The agent's page opens with the tool call that waits for a person, and how to
-        decide it."""
+        """The agent's page opens with the tool call that waits for a person, and a link
+        to decide it."""
         enter(driver, desk)
         driver.get(desk.base + f"/agent?id={DESK}")
         waiting = driver.find_element("css selector", "section.waiting article.approval")
         assert "Waits for a person" in waiting.text and "refund" in waiting.text
-        assert "effectful-durable approve" in waiting.text
+        assert "/approval?id=apr_" in waiting.find_element("link text", "Decide…").get_attribute(
+            "href"
+        )
         shot(driver, "approval")
 
     def test_a_commit_shows_without_a_reload(self, driver: Any, desk: Server) -> None:
