@@ -147,7 +147,7 @@ class Guard:
             return
         request = Request(scope)
         response = self._check(request)
-        if response is None and request.method not in ("GET", "HEAD"):
+        if response is None and _SESSION in scope and request.method not in ("GET", "HEAD"):
             response, receive = await self._check_form(request, receive)
         public = scope["path"].startswith(PUBLIC)
         send = _with_headers(send, no_store=not public)

@@ -454,6 +454,8 @@ class TestCrossSite:
         assert multipart.status_code == 415
         huge = page.post("/approve", approval=pending(db), note="x" * (600 * 1024))
         assert huge.status_code == 413
+        static = page.post("/-/static/app.css", note="x")  # public files take no form
+        assert static.status_code == 405
         assert dump(db) == before
 
     def test_get_changes_nothing(self, db: str, page: Page) -> None:
