@@ -14,7 +14,6 @@ offered: they destroy versions for good, and stay on the command line.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from ..render import Problem, link
 from . import (
     BadRequest,
     done,
+    json_value,
     number,
     posted,
     refused,
@@ -35,6 +35,7 @@ from . import (
     text,
     writer_of,
 )
+from .waiting import waiting_page
 
 # -- rollback and fork ------------------------------------------------------------
 
@@ -148,9 +149,7 @@ def cancel_alarm(request: Request) -> Response:
 
 
 def _waiting_again(request: Request, problem: Problem, status: int) -> Response:
-    from .waiting import waiting_page  # the page of these buttons
-
-    return waiting_page(request, problem, status)
+    return waiting_page(request, problem, status)  # the page of these buttons
 
 
 def send_event_form(request: Request) -> Response:
@@ -197,11 +196,14 @@ def send_event(request: Request) -> Response:
             f"{event.event_id}: sent before with key {key!r}, at {when} ({event.status}); "
             "nothing was sent again."
         )
+    elif event.taken_by is not None:
+        notice = (
+            f"{event.event_id}: {event.name!r} to {event.agent_id} taken by "
+            f"{event.taken_by}, which goes on when the workflow runs again."
+        )
     else:
         notice = (
-            f"{event.event_id}: {event.name!r} to {event.agent_id} "
-            f"{'taken by ' + event.taken_by if event.taken_by else event.status}; "
-            "a runner delivers it."
+            f"{event.event_id}: {event.name!r} to {event.agent_id} pending; a runner delivers it."
         )
     return done(request, "/waiting#events", notice)
 
@@ -215,21 +217,10 @@ def event_payload(sent: str) -> Any:
     if not sent.strip():
         return None
     try:
-        return json.loads(sent, parse_constant=_not_json)
-    except json.JSONDecodeError as error:
-        msg = (
-            f"the payload is not valid JSON ({error.msg} at line {error.lineno} column "
-            f"{error.colno}); nothing was sent"
-        )
-        raise InvalidEventError(msg) from None
+        return json_value(sent)
     except ValueError as error:
         msg = f"the payload is not valid JSON ({error}); nothing was sent"
         raise InvalidEventError(msg) from None
-
-
-def _not_json(name: str) -> Any:
-    msg = f"{name} is not a JSON value"
-    raise ValueError(msg)
 
 
 # -- workflows and conversations -------------------------------------------------------

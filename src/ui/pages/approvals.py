@@ -12,22 +12,22 @@ then the resumed turn's messages.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ...errors import DurableError, InvalidDecisionError
 from ...store import Store
-from ...store.records import ApprovalInfo
+from ...store.records import ApprovalInfo, ApprovalStatus
 from ..render import Problem, link
 from . import (
     BadRequest,
     choice,
     done,
+    json_value,
     number,
     pages_of,
     posted,
@@ -136,14 +136,14 @@ def card(store: Store, approval: ApprovalInfo, *, messages: bool = True) -> Card
 def inbox(request: Request) -> Response:
     """``/inbox``: the approvals that wait, oldest first, and the decided ones, filtered."""
     store = store_of(request)
-    status = choice(request, "status", DECIDED) or None
+    status = cast(ApprovalStatus | None, choice(request, "status", DECIDED) or None)
     by = text(request, "by").strip()
     agent = text(request, "agent").strip()
     since, until = day(request, "since"), day(request, "until")
     page = number(request, "page", 1) or 1
     waiting = store.approvals()
     decided = store.decisions(
-        status=status,  # type: ignore[arg-type]  # one of DECIDED, checked above
+        status=status,
         by=by or None,
         agent_text=agent or None,
         since=since,
@@ -207,11 +207,11 @@ def approve(request: Request) -> Response:
     """``POST /approve``: approve, with a note and the arguments as the form sent them."""
     approval_id = posted(request, "approval", required=True)
     form = f"approve-{approval_id}"
-    note = posted(request, "note").strip() or None
+    note = posted(request, "note")
     try:
         arguments = edited_arguments(posted(request, "arguments"))
         decided = writer_of(request).approve(
-            approval_id, by=pages_of(request).by, arguments=arguments, note=note
+            approval_id, by=pages_of(request).by, arguments=arguments, note=note or None
         )
     except DurableError as error:
         return refused_decision(request, approval_id, error, form)
@@ -245,22 +245,10 @@ def edited_arguments(sent: str) -> Any:
     if not sent.strip():
         return None
     try:
-        value = json.loads(sent, parse_constant=_not_json)
-    except json.JSONDecodeError as error:
-        msg = (
-            f"the arguments are not valid JSON ({error.msg} at line {error.lineno} column "
-            f"{error.colno}); nothing was changed"
-        )
-        raise InvalidDecisionError(msg) from None
+        return json_value(sent)  # approve() refuses what does not fit the tool
     except ValueError as error:
         msg = f"the arguments are not valid JSON ({error}); nothing was changed"
         raise InvalidDecisionError(msg) from None
-    return value  # approve() refuses what is not an object of the tool's parameters
-
-
-def _not_json(name: str) -> Any:
-    msg = f"{name} is not a JSON value"
-    raise ValueError(msg)
 
 
 def refused_decision(
