@@ -11,8 +11,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 import pytest
 
 from tests.ui import browser
@@ -200,6 +201,77 @@ class TestContent:
             assert write(db, 1).returncode == 0
             wait_for(driver, lambda d, shows=shows: d.execute_script(f"return {shows}"))
             assert driver.execute_script("return window.notReloaded") is True
+
+
+class Address(pydantic.BaseModel):
+    city: str
+    zip: str = pydantic.Field(pattern=r"^[0-9]{5}$")
+
+
+class Params(pydantic.BaseModel):
+    """The parameters of a tool, as effectful makes their schema: a pydantic model."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    order: str = pydantic.Field(min_length=1, max_length=10)
+    amount: float = pydantic.Field(ge=0, multiple_of=0.1)
+    count: int = 1
+    note: str | None = None
+    kind: Literal["full", "partial"] = "full"
+    tags: list[str] = []
+    per_item: dict[str, int] = {}
+    pair: tuple[int, str] | None = None
+    ship_to: Address | None = None
+
+
+#: Arguments for Params: some fit, some do not, each in one way.
+ARGUMENTS: list[Any] = [
+    {"order": "A-1", "amount": 200},
+    {"order": "A-1", "amount": 0.3, "count": 2, "note": None, "kind": "partial"},
+    {"order": "A-1", "amount": 1, "tags": ["a", "b"], "per_item": {"x": 1}, "pair": [1, "a"]},
+    {"order": "A-1", "amount": 1, "ship_to": {"city": "Lyon", "zip": "69001"}},
+    {"order": "A-1", "amount": 1.0, "count": 3.0},
+    {"order": "A-1", "amount": "200"},
+    {"amount": 200},
+    {"order": "A-1", "amount": 200, "currency": "EUR"},
+    {"order": "", "amount": 1},
+    {"order": "A-1-too-long-for-it", "amount": 1},
+    {"order": "A-1", "amount": -1},
+    {"order": "A-1", "amount": 0.25},
+    {"order": "A-1", "amount": 1, "count": 1.5},
+    {"order": "A-1", "amount": 1, "kind": "most"},
+    {"order": "A-1", "amount": 1, "tags": [1]},
+    {"order": "A-1", "amount": 1, "per_item": {"x": "one"}},
+    {"order": "A-1", "amount": 1, "pair": ["a", 1]},
+    {"order": "A-1", "amount": 1, "note": 5},
+    {"order": "A-1", "amount": 1, "ship_to": {"zip": "69001"}},
+    {"order": "A-1", "amount": 1, "ship_to": {"city": "Lyon", "zip": "6900"}},
+    {"order": "A-1", "amount": True},
+    [1, 2],
+    None,
+]
+
+
+class TestFormChecks:
+    def test_the_pages_schema_check_agrees_with_the_library(
+        self, driver: Any, demo: Server
+    ) -> None:
+        """The page's check of edited arguments (static/actions.js) refuses exactly what
+        the library's (jsonschema) refuses, on a schema with every kind of parameter
+        a tool's signature makes."""
+        import jsonschema
+
+        enter(driver, demo)
+        schema = Params.model_json_schema()
+        library = jsonschema.Draft202012Validator(schema)
+        assert len(ARGUMENTS) > 20
+        for arguments in ARGUMENTS:
+            page = driver.execute_script(
+                "return window.effectfulDurableMisfits(arguments[0], arguments[1])",
+                schema,
+                arguments,
+            )
+            refused = list(library.iter_errors(arguments))
+            assert bool(page) == bool(refused), (arguments, page, [e.message for e in refused])
 
 
 def test_screenshots_are_pictures() -> None:
