@@ -1068,6 +1068,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--no-browser", action="store_true", help="do not open a browser")
     sub.add_argument("--read-only", action="store_true", help="offer no action, refuse any")
+    sub.add_argument(
+        "--by", metavar="NAME", help="who decides in the page (default: your user name)"
+    )
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
     sub.add_argument(

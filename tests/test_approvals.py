@@ -333,6 +333,53 @@ class TestDecisions:
             assert len(store.approvals(status=None)) == 1
 
 
+class TestAuditTrail:
+    """What the page's inbox reads: the decisions, filtered, and the tool's schema."""
+
+    def test_decisions_newest_first_filtered(self, store_url: str) -> None:
+        """Decided approvals, newest decision first, by decision, decider (any case),
+        agent id text (any case) and time; pending ones are not listed."""
+        ann = suspend_one(store_url, FakeLLM([BIG]), Shop(agent_id="shop-ann"))
+        ben = suspend_one(store_url, FakeLLM([BIG]), Shop(agent_id="shop-ben"))
+        waiting = suspend_one(store_url, FakeLLM([BIG]), Shop(agent_id="cleo"))
+        with Store(store_url) as store:
+            store.approve(ann, by="Alice", note="fine")
+            denied = store.deny(ben, by="bob", reason="no")
+            assert denied.decided_at is not None
+
+            def listed(**wanted: Any) -> list[str]:
+                return [a.approval_id for a in store.decisions(**wanted).approvals]
+
+            assert listed() == [ben, ann]
+            assert listed(status="approved") == [ann]
+            assert listed(status="cancelled") == []
+            assert listed(by="ALICE") == [ann] and listed(by="al") == []
+            assert listed(agent_text="ANN") == [ann] and listed(agent_text="%") == []
+            assert listed(since=denied.decided_at) == [ben]
+            assert listed(until=denied.decided_at) == [ann]
+            page = store.decisions(per_page=1, page=2)
+            assert ([a.approval_id for a in page.approvals], page.total, page.pages) == (
+                [ann],
+                2,
+                2,
+            )
+            assert waiting not in listed()
+            for bad in ({"status": "pending"}, {"page": 0}, {"per_page": 501}):
+                with pytest.raises(ValueError):
+                    store.decisions(**bad)  # type: ignore[arg-type]
+
+    def test_the_tools_parameters(self, store_url: str) -> None:
+        """The JSON schema an approval's edited arguments must fit, as the model saw it."""
+        approval_id = suspend_one(store_url, FakeLLM([BIG]))
+        with Store(store_url, readonly=True) as store:
+            schema = store.approval_parameters(approval_id)
+            assert schema["type"] == "object"
+            assert set(schema["properties"]) == {"order", "amount"}
+            assert schema["properties"]["amount"]["type"] == "number"
+            with pytest.raises(NotFoundError, match="no approval 'apr_nope'"):
+                store.approval_parameters("apr_nope")
+
+
 class TestVersions:
     """Rollback and fork know what a suspension is."""
 

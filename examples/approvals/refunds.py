@@ -4,12 +4,13 @@ Customers' requests arrive as events in the agents' inboxes, and an AgentRunner
 delivers each one as a turn of its agent (on_event). The refund tool needs a
 person's approval above 100 EUR: a turn that calls it so is suspended, what it
 did so far committed, and no process waits for it. Someone approves or denies
-the call (here, from the command line); the runner then resumes the turn where
-it stopped: the approved refund is paid exactly once, the denied one is answered
-with the reason.
+the call (in the page, or from the command line); the runner then resumes the
+turn where it stopped: the approved refund is paid exactly once, the denied one
+is answered with the reason.
 
     cd examples/approvals
     python refunds.py ask     # two requests: 1 refund paid, 2 wait (out/refunds.db)
+    effectful-durable ui out/refunds.db --by alice    # decide in the page, or:
     effectful-durable approve out/refunds.db apr_... --by alice
     effectful-durable deny out/refunds.db apr_... --reason "..."
     python refunds.py run     # the two turns resume and finish
@@ -222,12 +223,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=["ask", "run"], help="ask: requests arrive; run: resume")
     parser.add_argument(
-        "--db", default=str(OUT / "refunds.db"), help="database (default: out/refunds.db here)"
+        "--db",
+        default=str(OUT / "refunds.db"),
+        help="database file or postgresql:// URL (default: out/refunds.db here)",
+    )
+    parser.add_argument(
+        "--ledger",
+        help="the payment provider's ledger, a JSON file (default: payments.json beside "
+        "the database file; out/payments.json for a postgresql:// URL)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
-    PAYMENTS.path = Path(args.db).with_name("payments.json")
+    on_a_server = args.db.startswith(("postgresql://", "postgres://"))
+    if not on_a_server:
+        Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+    if args.ledger:
+        PAYMENTS.path = Path(args.ledger)
+    else:
+        PAYMENTS.path = (
+            OUT / "payments.json" if on_a_server else Path(args.db).with_name("payments.json")
+        )
+    PAYMENTS.path.parent.mkdir(parents=True, exist_ok=True)
     if args.step == "ask":
         ask(args.db)
     else:

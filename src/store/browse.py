@@ -24,7 +24,7 @@ from .engine.seam import CommitWatch, Conn
 from .history import message_text
 from .ids import DEFAULT_CONVERSATION, validate_conversation_id
 from .records import VersionInfo
-from .rows import decode_messages, utc
+from .rows import decode_messages, like_pattern, utc
 from .workspace.schema import quote
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ class BrowseMethods(StoreBase):
         where, params = ["1 = 1"], []
         if text:
             where.append("lower(agent_id) LIKE ? ESCAPE '\\'")
-            params.append(f"%{_like(text.lower())}%")
+            params.append(f"%{like_pattern(text.lower())}%")
         if attention:
             where.append(_ATTENTION)
         condition = " AND ".join(where)
@@ -492,11 +492,6 @@ def _check_page(page: int, per_page: int) -> None:
         raise ValueError(msg)
 
 
-def _like(text: str) -> str:
-    """``text`` as a LIKE pattern matching itself (``\\`` escapes)."""
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 def _summaries(conn: Conn, ids: list[str]) -> dict[str, AgentSummary]:
     """The summary of each agent of ``ids``, in one read."""
     if not ids:
@@ -656,7 +651,7 @@ def _prefilter(wanted: HistoryFilter) -> tuple[str, list[Any]]:
     text = wanted.text
     if text and text.isascii() and text.isprintable() and json.dumps(text)[1:-1] == text:
         clauses.append("lower(body) LIKE ? ESCAPE '\\'")
-        params.append(f"%{_like(text.lower())}%")
+        params.append(f"%{like_pattern(text.lower())}%")
     if wanted.errors:
         clauses.append("role IN ('tool', 'user') AND body LIKE '%Error%'")
     return "".join(f" AND {clause}" for clause in clauses), params

@@ -279,6 +279,24 @@ class ApprovalInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionPage:
+    """One page of the approvals decided (or cancelled), newest first: the audit trail.
+
+    .. versionadded:: 0.2.0
+    """
+
+    approvals: list[ApprovalInfo]
+    total: int
+    page: int
+    per_page: int
+
+    @property
+    def pages(self) -> int:
+        """How many pages the matching decisions fill (at least 1)."""
+        return max(1, -(-self.total // self.per_page))
+
+
+@dataclass(frozen=True, slots=True)
 class Suspension:
     """A suspended turn of one conversation: what it ran, and the approvals it waits for."""
 

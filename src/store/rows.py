@@ -92,6 +92,11 @@ def storable(text: str) -> bool:
     return True
 
 
+def like_pattern(text: str) -> str:
+    """``text`` as a LIKE pattern matching itself (``\\`` escapes: ``ESCAPE '\\'``)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def legible(text: str) -> str:
     """``text`` as both databases store plain text: a NUL or a lone surrogate as its escape."""
     if text.isascii() and "\0" not in text:

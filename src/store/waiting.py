@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from ..errors import NotFoundError
@@ -14,7 +15,7 @@ from .journal import step_number
 from .parts import approvals as _approvals
 from .parts import events as _events
 from .parts.events import EventInfo
-from .records import ApprovalInfo, ApprovalStatus, Suspension
+from .records import ApprovalInfo, ApprovalStatus, DecisionPage, Suspension
 
 
 class WaitingMethods(StoreBase):
@@ -46,6 +47,69 @@ class WaitingMethods(StoreBase):
             msg = f"no approval {approval_id!r}; Store.approvals() lists them"
             raise NotFoundError(msg)
         return found
+
+    def approval_parameters(self, approval_id: str) -> dict[str, Any]:
+        """The JSON schema of the tool's parameters, as the model was offered it, that
+        edited arguments of the approval must fit (:meth:`approve` checks them).
+
+        Raises:
+            NotFoundError: No approval has that id.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            found = _approvals.parameters(conn, approval_id)
+        if found is None:
+            msg = f"no approval {approval_id!r}; Store.approvals() lists them"
+            raise NotFoundError(msg)
+        return found
+
+    def decisions(
+        self,
+        *,
+        status: ApprovalStatus | None = None,
+        by: str | None = None,
+        agent_text: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        page: int = 1,
+        per_page: int = 50,
+    ) -> DecisionPage:
+        """The approvals no longer pending, newest decision first, filtered: the audit trail.
+
+        Args:
+            status: Keep only ``"approved"``, ``"denied"`` or ``"cancelled"`` ones
+                (cancelled: a rollback undid the turn that asked).
+            by: Keep those decided by this name, in any case.
+            agent_text: Keep those of agents whose id holds this text, in any case.
+            since: Keep those decided at or after this moment (an aware datetime).
+            until: Keep those decided before this moment.
+            page: The page, from 1.
+            per_page: Decisions per page, from 1 to 500.
+
+        Raises:
+            ValueError: ``status`` is ``"pending"`` or unknown, or a page out of range.
+
+        .. versionadded:: 0.2.0
+        """
+        if status is not None and status not in ("approved", "denied", "cancelled"):
+            msg = f"status must be 'approved', 'denied' or 'cancelled'; not {status!r}"
+            raise ValueError(msg)
+        if page < 1 or not 1 <= per_page <= 500:
+            msg = f"page must be >= 1 and per_page from 1 to 500; not {page} and {per_page}"
+            raise ValueError(msg)
+        with self._reading() as conn:
+            found, total = _approvals.decided(
+                conn,
+                status=status,
+                by=by,
+                agent_text=agent_text,
+                since=None if since is None else since.timestamp(),
+                until=None if until is None else until.timestamp(),
+                limit=per_page,
+                offset=(page - 1) * per_page,
+            )
+        return DecisionPage(found, total, page, per_page)
 
     def approve(
         self,

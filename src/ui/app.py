@@ -1,9 +1,13 @@
 """The application: routes, the guard in front of them, error pages, and its lifespan.
 
-Every route is a GET that reads the read-only Store; the store's blocking calls
-run in Starlette's thread pool (each thread with its own connection). Errors are
-pages: an unknown agent or version is a 404, a malformed parameter a 400, a row
-that fails its checksum a page naming that row; no page ever shows a traceback.
+Every GET reads the read-only Store and changes nothing. The actions are POSTs,
+let in by the guard (this page's origin, its session's form token, not
+``--read-only``), that call the read-write Store through the same function as
+the matching command. The store's blocking calls run in Starlette's thread pool
+(each thread with its own connection). Errors are pages: an unknown agent or
+version is a 404, a malformed parameter a 400, a row that fails its checksum a
+page naming that row, an action the library refused its form again with the
+library's error; no page ever shows a traceback.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from ..errors import DamagedRowError, DurableError, NotFoundError
 from ..store import Store
 from .guard import PUBLIC, Guard
 from .live import CommitFeed, stream
-from .pages import BadRequest, agent, agents, state, versions, waiting
+from .pages import BadRequest, actions, agent, agents, approvals, state, versions, waiting
 from .render import Pages
 
 STATIC = Path(__file__).parent / "static"
@@ -38,8 +42,9 @@ def make_app(
     *,
     token: str,
     port: int,
+    writer: Store | None = None,
+    by: str = "",
     hosts: frozenset[str] = frozenset(),
-    read_only: bool = False,
     location: str = "",
 ) -> Starlette:
     """The page's ASGI application over ``store`` (opened read-only by the caller).
@@ -48,11 +53,14 @@ def make_app(
         store: The database to show; the app closes nothing of it.
         token: The secret of the address the command prints.
         port: The port served, which names the session cookie.
+        writer: The same database opened read-write, for the actions; None makes
+            the page read-only: it offers no action and refuses any.
+        by: The name decisions are made under (``Store.approve``'s ``by``).
         hosts: Host names allowed besides the loopback ones.
-        read_only: Refuse every request that could change something.
         location: The database as the pages name it (a URL without its password).
     """
-    pages = Pages(read_only=read_only, location=location or store.path)
+    read_only = writer is None
+    pages = Pages(read_only=read_only, location=location or store.path, by=by)
     feed = CommitFeed()
 
     @asynccontextmanager
@@ -76,6 +84,22 @@ def make_app(
         Route("/table", state.table),
         Route("/waiting", waiting.waiting),
         Route("/workflow", waiting.workflow),
+        Route("/inbox", approvals.inbox),
+        Route("/approval", approvals.approval),
+        Route("/version", actions.version),
+        Route("/send-event", actions.send_event_form),
+        Route("/reset-workflow", actions.reset_workflow_form),
+        Route("/delete-conversation", actions.delete_conversation_form),
+        # The actions: each a POST the guard checked (origin, form token, not read-only).
+        Route("/approve", approvals.approve, methods=["POST"]),
+        Route("/deny", approvals.deny, methods=["POST"]),
+        Route("/rollback", actions.rollback, methods=["POST"]),
+        Route("/fork", actions.fork, methods=["POST"]),
+        Route("/rearm", actions.rearm, methods=["POST"]),
+        Route("/cancel-alarm", actions.cancel_alarm, methods=["POST"]),
+        Route("/send-event", actions.send_event, methods=["POST"]),
+        Route("/reset-workflow", actions.reset_workflow, methods=["POST"]),
+        Route("/delete-conversation", actions.delete_conversation, methods=["POST"]),
         Route("/-/live", stream),
         Mount(PUBLIC.rstrip("/"), StaticFiles(directory=STATIC), name="static"),
     ]
@@ -137,6 +161,7 @@ def make_app(
         lifespan=lifespan,
     )
     app.state.store = store
+    app.state.writer = writer
     app.state.pages = pages
     app.state.feed = feed
     return app

@@ -14,20 +14,30 @@ One ASGI middleware in front of every route, in this order:
    files (the public libraries and the CSS) need neither.
 3. **Writes.** A request that could change something (any method but GET and
    HEAD) must come from the page itself (``Origin``, else ``Referer``, of this
-   server's own origin) and is refused in ``--read-only`` mode: the place where
-   the forms of the next release check their CSRF token.
+   server's own origin), is refused in ``--read-only`` mode, and must be a form
+   (``application/x-www-form-urlencoded``, at most :data:`MAX_FORM` bytes)
+   carrying the form token of its session: an HMAC of the session id, which
+   only the pages shown to that browser hold. A form of another session, or of
+   an earlier run of the server, is refused; so is one without the token. The
+   form's fields, checked, are handed to the route in the request's scope
+   (:func:`form_of`); GET never changes anything.
+
+Each browser that enters gets a session of its own: the cookie holds a random
+session id and its HMAC under a key derived from the token, so a cookie of an
+earlier run (another token) lets nobody in.
 
 Every answer carries headers that keep it in its tab: a Content-Security-Policy
-allowing only this server's own scripts and styles, no framing, no referrer,
-no caching, and no CORS header at all.
+allowing only this server's own scripts and styles, no framing, no referrer sent
+to another site, no caching, and no CORS header at all.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import secrets
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.datastructures import URL
@@ -37,6 +47,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Paths that need no cookie: the vendored browser files.
 PUBLIC = "/-/static/"
+#: The most bytes a form may send: the library's own limits (64 KiB of arguments or
+#: of an event's payload, as JSON) fit, so that it is the library that refuses them.
+MAX_FORM = 512 * 1024
+#: The form field that carries the form token.
+TOKEN_FIELD = "csrf"
+
+# What the guard leaves in a request's scope for the routes.
+_SESSION = "effectful_durable.session"
+_FORM_TOKEN = "effectful_durable.form_token"
+_FORM = "effectful_durable.form"
 
 _HEADERS = [
     (
@@ -46,7 +66,9 @@ _HEADERS = [
     ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not "no-referrer": a browser then sends "Origin: null" with the page's own forms
+    # (fetch.spec.whatwg.org/#origin-header); no address leaves for another site.
+    (b"referrer-policy", b"same-origin"),
 ]
 _NO_STORE = (b"cache-control", b"no-store")
 
@@ -62,6 +84,22 @@ def loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def session_of(request: Request) -> str:
+    """The session id of a request the guard let in ("" for a public file)."""
+    return str(request.scope.get(_SESSION, ""))
+
+
+def form_token_of(request: Request) -> str:
+    """The form token of the request's session, for the forms its page holds."""
+    return str(request.scope.get(_FORM_TOKEN, ""))
+
+
+def form_of(request: Request) -> Mapping[str, str]:
+    """The fields of a form the guard checked (each name's first value), without its token."""
+    form: Mapping[str, str] = request.scope.get(_FORM, {})
+    return form
 
 
 def host_name(header: str) -> str:
@@ -100,10 +138,8 @@ class Guard:
         self.hosts = frozenset(h.strip("[]").lower() for h in hosts)
         self.read_only = read_only
         self.refuse = refuse
-        # What the cookie holds: derived from the token, so that it is never the token.
-        self.session = hmac.new(
-            token.encode(), b"effectful-durable ui session", "sha256"
-        ).hexdigest()
+        # The key of the sessions' signatures: derived from the token, never the token.
+        self._key = hmac.new(token.encode(), b"effectful-durable ui key", "sha256").digest()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -111,12 +147,25 @@ class Guard:
             return
         request = Request(scope)
         response = self._check(request)
+        if response is None and _SESSION in scope and request.method not in ("GET", "HEAD"):
+            response, receive = await self._check_form(request, receive)
         public = scope["path"].startswith(PUBLIC)
         send = _with_headers(send, no_store=not public)
         if response is not None:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _sign(self, purpose: str, session: str) -> str:
+        return hmac.new(self._key, f"{purpose}:{session}".encode(), "sha256").hexdigest()
+
+    def _session(self, cookie: str) -> str | None:
+        """The session id the cookie holds, if this server signed it."""
+        session, _, signature = cookie.partition(".")
+        expected = self._sign("session", session)
+        if not session or not hmac.compare_digest(signature.encode(), expected.encode()):
+            return None
+        return session
 
     def _check(self, request: Request) -> Response | None:
         """The refusal (or the token's redirect) for ``request``, or None to let it in."""
@@ -139,9 +188,11 @@ class Guard:
             if not hmac.compare_digest(offered.encode(), self.token.encode()):
                 return self._no_entry(request, "The token in this address is not this server's.")
             return self._enter(request)
-        held = request.cookies.get(self.cookie, "")
-        if not hmac.compare_digest(held.encode(), self.session.encode()):
+        session = self._session(request.cookies.get(self.cookie, ""))
+        if session is None:
             return self._no_entry(request, "This browser has not been let in yet.")
+        request.scope[_SESSION] = session
+        request.scope[_FORM_TOKEN] = self._sign("form", session)
         if request.method not in ("GET", "HEAD"):
             return self._check_write(request)
         return None
@@ -152,7 +203,9 @@ class Guard:
         path = "/" + request.url.path.lstrip("/")  # never //host: a redirect off the site
         target = URL(path=path, query=urllib.parse.urlencode(query))
         response = RedirectResponse(str(target), status_code=303)
-        response.set_cookie(self.cookie, self.session, httponly=True, samesite="strict", path="/")
+        session = secrets.token_urlsafe(18)
+        cookie = f"{session}.{self._sign('session', session)}"
+        response.set_cookie(self.cookie, cookie, httponly=True, samesite="strict", path="/")
         return response
 
     def _no_entry(self, request: Request, why: str) -> Response:
@@ -189,6 +242,74 @@ class Guard:
                 "Use the command line, or start the page without --read-only.",
             )
         return None
+
+    async def _check_form(
+        self, request: Request, receive: Receive
+    ) -> tuple[Response | None, Receive]:
+        """Read the form a write sends and check its token: a refusal, or None and a
+        ``receive`` that hands the body on to the route."""
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            refused = self.refuse(
+                request,
+                415,
+                "Refused: not a form of this page",
+                f"A request to change something sent {kind or 'no content type'!r}, "
+                "not one of this page's forms. Nothing was changed.",
+                "Changes are made only from the page's own forms.",
+            )
+            return refused, receive
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > MAX_FORM:
+                refused = self.refuse(
+                    request,
+                    413,
+                    "Refused: the form is too large",
+                    f"A form may send at most {MAX_FORM // 1024} KiB. Nothing was changed.",
+                    "",
+                )
+                return refused, receive
+            if not message.get("more_body", False):
+                break
+        try:
+            fields = urllib.parse.parse_qsl(
+                body.decode(), keep_blank_values=True, strict_parsing=False, max_num_fields=200
+            )
+        except ValueError as error:  # not UTF-8, or too many fields
+            refused = self.refuse(
+                request, 400, "Refused: a malformed form", f"{error}. Nothing was changed.", ""
+            )
+            return refused, receive
+        form: dict[str, str] = {}
+        for name, value in fields:
+            form.setdefault(name, value)
+        offered = form.pop(TOKEN_FIELD, "")
+        expected = request.scope[_FORM_TOKEN]
+        if not hmac.compare_digest(offered.encode(), expected.encode()):
+            why = "carries no form token" if not offered else "carries a stale form token"
+            refused = self.refuse(
+                request,
+                403,
+                "Refused: this form is out of date",
+                f"The form {why}: it was not made by this page for this browser, or it "
+                "was made before the server restarted. Nothing was changed.",
+                "Open the page again and do it from there.",
+            )
+            return refused, receive
+        request.scope[_FORM] = form
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        return None, replay
 
 
 def _with_headers(send: Send, *, no_store: bool) -> Send:

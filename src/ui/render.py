@@ -7,7 +7,10 @@ and nothing that came from the database is ever marked safe.
 from __future__ import annotations
 
 import json
+import threading
 import urllib.parse
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from typing import Any
 import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
+
+from .guard import form_token_of, session_of
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -64,13 +69,56 @@ def environment() -> jinja2.Environment:
     return env
 
 
-class Pages:
-    """Renders the page templates for a request, with the app's settings in every page."""
+@dataclass(frozen=True)
+class Problem:
+    """Why an action was refused, shown on its form (``form``, the form's id) with what
+    was sent (``values``), or above the page when that form is no longer shown."""
 
-    def __init__(self, *, read_only: bool, location: str) -> None:
+    message: str
+    form: str | None = None
+    values: dict[str, str] = field(default_factory=dict)
+
+
+class Notices:
+    """What the next page a browser session opens says once: the outcome of its action."""
+
+    #: Sessions remembered at most (the oldest is forgotten first), notices per session.
+    SESSIONS, PER_SESSION = 1000, 5
+
+    def __init__(self) -> None:
+        self._waiting: OrderedDict[str, list[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, session: str, text: str) -> None:
+        """Say ``text`` on the session's next page."""
+        with self._lock:
+            said = self._waiting.setdefault(session, [])
+            said[:] = [*said, text][-self.PER_SESSION :]
+            self._waiting.move_to_end(session)
+            while len(self._waiting) > self.SESSIONS:
+                self._waiting.popitem(last=False)
+
+    def take(self, session: str) -> list[str]:
+        """What the session's page says now (then forgotten)."""
+        with self._lock:
+            return self._waiting.pop(session, [])
+
+
+class Pages:
+    """Renders the page templates for a request, with the app's settings in every page.
+
+    Args:
+        read_only: The page offers no action.
+        location: The database as the pages name it.
+        by: The name decisions are made under.
+    """
+
+    def __init__(self, *, read_only: bool, location: str, by: str = "") -> None:
         self.env = environment()
         self.read_only = read_only
         self.location = location
+        self.by = by
+        self.notices = Notices()
 
     def render(
         self,
@@ -79,13 +127,25 @@ class Pages:
         context: dict[str, Any],
         *,
         status: int = 200,
+        here: str | None = None,
     ) -> HTMLResponse:
-        """The page ``template`` with ``context``, as an HTML response."""
+        """The page ``template`` with ``context``, as an HTML response.
+
+        ``here`` is the address the page fetches again when a commit lands (default:
+        the request's own; a page answering a form gives the page the form is on).
+        """
+        notices: list[str] = []
+        if request is not None and "hx-request" not in request.headers:
+            notices = self.notices.take(session_of(request))
+        context = {"problem": None, **context}
         page = self.env.get_template(template).render(
             request=request,
             read_only=self.read_only,
             database=self.location,
-            here=_here(request),
+            by=self.by,
+            here=here or _here(request),
+            csrf=form_token_of(request) if request is not None else "",
+            notices=notices,
             **context,
         )
         return HTMLResponse(page, status_code=status)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import logging
 import secrets
 import socket
@@ -12,6 +13,7 @@ from types import FrameType
 
 import uvicorn
 
+from ..errors import DurableError
 from ..store import Store
 from ..store.engine.seam import redacted
 from .app import make_app
@@ -20,22 +22,31 @@ from .live import CommitFeed
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Serve the page for ``args`` (``db``, ``host``, ``port``, ``no_browser``, ``read_only``)
-    until Ctrl-C. The database is opened first: what is wrong with it is raised here
-    (a DurableError), before anything is bound or printed.
+    """Serve the page for ``args`` (``db``, ``host``, ``port``, ``no_browser``,
+    ``read_only``, ``by``) until Ctrl-C. The database is opened first, read-only,
+    then (unless ``read_only``) read-write for the actions: what is wrong with it is
+    raised here (a DurableError), before anything is bound or printed.
 
     Returns:
         The exit code: 0 after Ctrl-C.
     """
     location = redacted(args.db)
+    by = args.by if args.by is not None else getpass.getuser()
+    if not by.strip():
+        msg = "--by needs a name: the decisions made in the page are kept under it"
+        raise DurableError(msg)
     store = Store(args.db, readonly=True)
+    writer = None
     try:
+        # Opened after the read-only Store, which refuses a database to migrate: so the
+        # read-write one only opens a database as it is, and changes it only when asked.
+        writer = None if args.read_only else Store(args.db)
         listener = _bind(args.host, args.port)
         port = int(listener.getsockname()[1])
         token = secrets.token_urlsafe(24)
         hosts = frozenset() if loopback(args.host) else frozenset({args.host})
         app = make_app(
-            store, token=token, port=port, hosts=hosts, read_only=args.read_only, location=location
+            store, token=token, port=port, writer=writer, by=by, hosts=hosts, location=location
         )
         shown = f"[{args.host}]" if ":" in args.host else args.host
         if args.host in ("0.0.0.0", "::"):
@@ -48,7 +59,8 @@ def serve(args: argparse.Namespace) -> int:
                 "conversations",
                 file=sys.stderr,
             )
-        print(f"effectful-durable ui: {location}{' (read-only)' if args.read_only else ''}")
+        mode = " (read-only)" if args.read_only else f" (deciding as {by})"
+        print(f"effectful-durable ui: {location}{mode}")
         print(f"open {url}")
         print("Ctrl-C stops it.", flush=True)
         if not args.no_browser:
@@ -62,6 +74,8 @@ def serve(args: argparse.Namespace) -> int:
         )
         _Server(config, app.state.feed).run(sockets=[listener])
     finally:
+        if writer is not None:
+            writer.close()
         store.close()
     return 0
 

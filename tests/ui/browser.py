@@ -9,7 +9,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.ui.server import Server
 
 #: Set to 1 (as .ci/run does) to make a missing browser fail the browser tests.
 REQUIRE_ENV = "EFFECTFUL_DURABLE_REQUIRE_BROWSER"
@@ -87,3 +90,62 @@ def screenshots() -> Path:
     folder = folder if folder.is_absolute() else root / folder
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def enter(driver: Any, server: "Server") -> None:
+    """Open the printed address: the browser is let in, the token leaves the URL."""
+    driver.get(server.url)
+    assert "token" not in driver.current_url
+
+
+def wait_for(driver: Any, condition: Any, seconds: float = 15) -> Any:
+    """Wait until ``condition(driver)`` holds (at most ``seconds``); its value.
+
+    An element that a navigation or a live update replaced while the condition read
+    it only means: not yet.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ignored = [StaleElementReferenceException]
+    return WebDriverWait(driver, seconds, 0.1, ignored_exceptions=ignored).until(condition)
+
+
+def text_of(driver: Any) -> str:
+    """The text the page shows."""
+    return str(driver.find_element("tag name", "body").text)
+
+
+def shot(driver: Any, name: str) -> None:
+    """Save a screenshot of the whole page as ``name``.png."""
+    driver.execute_script("window.scrollTo(0, 0)")
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, min(max(int(height) + 40, 600), 2400))
+    driver.save_screenshot(str(screenshots() / f"{name}.png"))
+    driver.set_window_size(1280, 1000)
+
+
+def shot_of(element: Any, name: str) -> bool:
+    """Save a screenshot of one element of the page as ``name``.png, all of it."""
+    driver = element.parent
+    height = int(element.rect["height"])
+    driver.set_window_size(1280, min(max(height + 200, 600), 2400))
+    driver.execute_script("arguments[0].scrollIntoView()", element)
+    element.screenshot(str(screenshots() / f"{name}.png"))
+    driver.set_window_size(1280, 1000)
+    return True
+
+
+def click(driver: Any, how: str, what: str) -> None:
+    """Click the element found ``how`` (a Selenium locator), finding it again if a live
+    update replaced it meanwhile."""
+    wait_for(driver, lambda d: d.find_element(how, what).click() or True)
+
+
+def texts(driver: Any, selector: str) -> list[str]:
+    """The text of each element ``selector`` finds, read in one script (a live update
+    may replace them between two calls)."""
+    found: list[str] = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)", selector
+    )
+    return found

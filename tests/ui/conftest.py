@@ -1,7 +1,12 @@
-"""The page's tests share one database of test content per backend (tests/ui/content.py)."""
+"""The page's tests share one database of test content per backend (tests/ui/content.py),
+and one headless chromium per module that drives a browser (tests/ui/browser.py)."""
+
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from tests.ui import browser
 from tests.ui.content import build
 
 
@@ -22,3 +27,19 @@ def sqlite_content(tmp_path_factory: pytest.TempPathFactory) -> str:
     db = str(tmp_path_factory.mktemp("content") / "content.db")
     build(db)
     return db
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    """One headless chromium for the module; skipped without one, unless CI requires it."""
+    reason = browser.unavailable()
+    if reason is not None:
+        if browser.required():
+            pytest.fail(f"{reason} (and CI or {browser.REQUIRE_ENV} is set)")
+        pytest.skip(reason)
+    chromium = browser.start()
+    chromium.implicitly_wait(0)
+    try:
+        yield chromium
+    finally:
+        chromium.quit()

@@ -11,11 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 import pytest
 
 from tests.ui import browser
+from tests.ui.browser import enter, shot, text_of, wait_for
 from tests.ui.content import DESK, HTML
 from tests.ui.server import ROOT, Server, serving
 from tests.ui.test_live import write
@@ -23,22 +25,6 @@ from tests.ui.test_live import write
 pytestmark = pytest.mark.slow
 
 DEMO = ROOT / "examples" / "multi_agent" / "workflow.py"
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator[Any]:
-    """One headless chromium for the module."""
-    reason = browser.unavailable()
-    if reason is not None:
-        if browser.required():
-            pytest.fail(f"{reason} (and CI or {browser.REQUIRE_ENV} is set)")
-        pytest.skip(reason)
-    chromium = browser.start()
-    chromium.implicitly_wait(0)
-    try:
-        yield chromium
-    finally:
-        chromium.quit()
 
 
 @pytest.fixture(scope="module")
@@ -67,31 +53,6 @@ def desk(sqlite_content: str) -> Iterator[Server]:
     shutil.copy(sqlite_content, db)
     with serving(db) as server:
         yield server
-
-
-def enter(driver: Any, server: Server) -> None:
-    """Open the printed address: the browser is let in, the token leaves the URL."""
-    driver.get(server.url)
-    assert "token" not in driver.current_url
-
-
-def wait_for(driver: Any, condition: Any, seconds: float = 15) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, seconds, poll_frequency=0.1).until(condition)
-
-
-def text_of(driver: Any) -> str:
-    return str(driver.find_element("tag name", "body").text)
-
-
-def shot(driver: Any, name: str) -> None:
-    """Save a screenshot of the whole page as ``name``.png."""
-    driver.execute_script("window.scrollTo(0, 0)")
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(max(int(height) + 40, 600), 2400))
-    driver.save_screenshot(str(browser.screenshots() / f"{name}.png"))
-    driver.set_window_size(1280, 1000)
 
 
 class TestToken:
@@ -204,19 +165,21 @@ class TestContent:
         driver.get(desk.base + f"/agent?id={DESK}")
         shown = text_of(driver)
         assert f"Looked it up. {HTML}" in shown
-        assert driver.execute_script("return document.scripts.length") == 2
+        assert driver.execute_script("return document.scripts.length") == 3  # the page's own
         assert driver.execute_script("return window.alerted === undefined")
         driver.get(desk.base + f"/state?id={DESK}&sql=SELECT+note+FROM+refunds")
         assert f"note {HTML}" in text_of(driver)
 
     def test_a_refund_that_waits_is_plain_to_see(self, driver: Any, desk: Server) -> None:
-        """The agent's page opens with the tool call that waits for a person, and how to
-        decide it."""
+        """The agent's page opens with the tool call that waits for a person, and a link
+        to decide it."""
         enter(driver, desk)
         driver.get(desk.base + f"/agent?id={DESK}")
         waiting = driver.find_element("css selector", "section.waiting article.approval")
         assert "Waits for a person" in waiting.text and "refund" in waiting.text
-        assert "effectful-durable approve" in waiting.text
+        assert "/approval?id=apr_" in waiting.find_element("link text", "Decide…").get_attribute(
+            "href"
+        )
         shot(driver, "approval")
 
     def test_a_commit_shows_without_a_reload(self, driver: Any, desk: Server) -> None:
@@ -238,6 +201,77 @@ class TestContent:
             assert write(db, 1).returncode == 0
             wait_for(driver, lambda d, shows=shows: d.execute_script(f"return {shows}"))
             assert driver.execute_script("return window.notReloaded") is True
+
+
+class Address(pydantic.BaseModel):
+    city: str
+    zip: str = pydantic.Field(pattern=r"^[0-9]{5}$")
+
+
+class Params(pydantic.BaseModel):
+    """The parameters of a tool, as effectful makes their schema: a pydantic model."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    order: str = pydantic.Field(min_length=1, max_length=10)
+    amount: float = pydantic.Field(ge=0, multiple_of=0.1)
+    count: int = 1
+    note: str | None = None
+    kind: Literal["full", "partial"] = "full"
+    tags: list[str] = []
+    per_item: dict[str, int] = {}
+    pair: tuple[int, str] | None = None
+    ship_to: Address | None = None
+
+
+#: Arguments for Params: some fit, some do not, each in one way.
+ARGUMENTS: list[Any] = [
+    {"order": "A-1", "amount": 200},
+    {"order": "A-1", "amount": 0.3, "count": 2, "note": None, "kind": "partial"},
+    {"order": "A-1", "amount": 1, "tags": ["a", "b"], "per_item": {"x": 1}, "pair": [1, "a"]},
+    {"order": "A-1", "amount": 1, "ship_to": {"city": "Lyon", "zip": "69001"}},
+    {"order": "A-1", "amount": 1.0, "count": 3.0},
+    {"order": "A-1", "amount": "200"},
+    {"amount": 200},
+    {"order": "A-1", "amount": 200, "currency": "EUR"},
+    {"order": "", "amount": 1},
+    {"order": "A-1-too-long-for-it", "amount": 1},
+    {"order": "A-1", "amount": -1},
+    {"order": "A-1", "amount": 0.25},
+    {"order": "A-1", "amount": 1, "count": 1.5},
+    {"order": "A-1", "amount": 1, "kind": "most"},
+    {"order": "A-1", "amount": 1, "tags": [1]},
+    {"order": "A-1", "amount": 1, "per_item": {"x": "one"}},
+    {"order": "A-1", "amount": 1, "pair": ["a", 1]},
+    {"order": "A-1", "amount": 1, "note": 5},
+    {"order": "A-1", "amount": 1, "ship_to": {"zip": "69001"}},
+    {"order": "A-1", "amount": 1, "ship_to": {"city": "Lyon", "zip": "6900"}},
+    {"order": "A-1", "amount": True},
+    [1, 2],
+    None,
+]
+
+
+class TestFormChecks:
+    def test_the_pages_schema_check_agrees_with_the_library(
+        self, driver: Any, demo: Server
+    ) -> None:
+        """The page's check of edited arguments (static/actions.js) refuses exactly what
+        the library's (jsonschema) refuses, on a schema with every kind of parameter
+        a tool's signature makes."""
+        import jsonschema
+
+        enter(driver, demo)
+        schema = Params.model_json_schema()
+        library = jsonschema.Draft202012Validator(schema)
+        assert len(ARGUMENTS) > 20
+        for arguments in ARGUMENTS:
+            page = driver.execute_script(
+                "return window.effectfulDurableMisfits(arguments[0], arguments[1])",
+                schema,
+                arguments,
+            )
+            refused = list(library.iter_errors(arguments))
+            assert bool(page) == bool(refused), (arguments, page, [e.message for e in refused])
 
 
 def test_screenshots_are_pictures() -> None:

@@ -1,6 +1,7 @@
 """``effectful-durable ui`` and ``effectful-durable diff`` as commands: what they print,
 how they fail at start, and what they never import."""
 
+import getpass
 import json
 import subprocess
 import sys
@@ -78,6 +79,17 @@ class TestStart:
         err = capsys.readouterr().err
         assert err.startswith("effectful-durable: error: ") and err.count("\n") == 1, err
 
+    def test_an_empty_decider_is_one_line(
+        self, sqlite_content: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--by with no name: one line, exit 1, nothing served."""
+        assert main(["ui", sqlite_content, "--no-browser", "--by", " "]) == 1
+        err = capsys.readouterr().err
+        assert (
+            err == "effectful-durable: error: --by needs a name: the decisions made in "
+            "the page are kept under it\n"
+        )
+
     def test_without_the_extra_one_line_names_it(self, sqlite_content: str) -> None:
         """Without Starlette installed, `ui` says which extra to install, in one line."""
         script = (
@@ -112,6 +124,16 @@ class TestServing:
                 page = client.get("/")
                 assert page.status_code == 200 and DESK in page.text
             assert server.process.poll() is None
+
+    def test_decisions_are_made_as_the_user_or_by(self, sqlite_content: str) -> None:
+        """The page decides as the user who started it, or as --by NAME, and says so."""
+        with serving(sqlite_content) as server, server.client() as client:
+            assert (
+                f"You decide as <strong>{getpass.getuser()}</strong>" in client.get("/inbox").text
+            )
+        with serving(sqlite_content, "--by", "carol") as server, server.client() as client:
+            assert "You decide as <strong>carol</strong>" in client.get("/inbox").text
+        assert "(deciding as carol)" in server.output[0]
 
     def test_a_non_loopback_host_warns(self, sqlite_content: str) -> None:
         """--host 0.0.0.0 prints a warning that the page is reachable from elsewhere."""

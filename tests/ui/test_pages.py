@@ -21,13 +21,19 @@ COOKIE = f"effectful_durable_ui_{PORT}"
 
 
 def client_for(db: str, *, read_only: bool = False) -> Iterator[TestClient]:
-    """A client let in (through the token) to the page over ``db``."""
+    """A client let in (through the token) to the page over ``db``: read-write as the
+    command serves it, unless ``read_only``."""
     with Store(db, readonly=True) as store:
-        app = make_app(store, token=TOKEN, port=PORT, read_only=read_only)
-        with TestClient(app, base_url=BASE, raise_server_exceptions=False) as client:
-            entered = client.get(f"/?token={TOKEN}", follow_redirects=False)
-            assert entered.status_code == 303
-            yield client
+        writer = None if read_only else Store(db)
+        try:
+            app = make_app(store, token=TOKEN, port=PORT, writer=writer, by="alice")
+            with TestClient(app, base_url=BASE, raise_server_exceptions=False) as client:
+                entered = client.get(f"/?token={TOKEN}", follow_redirects=False)
+                assert entered.status_code == 303
+                yield client
+        finally:
+            if writer is not None:
+                writer.close()
 
 
 @pytest.fixture(scope="module")
@@ -160,16 +166,16 @@ class TestAccess:
         assert "script-src 'self'" in page.headers["content-security-policy"]
         assert page.headers["x-content-type-options"] == "nosniff"
         assert page.headers["cache-control"] == "no-store"
+        assert page.headers["referrer-policy"] == "same-origin"  # forms send their Origin
         preflight = client.options("/", headers={"origin": "http://evil.example"})
         assert not [h for h in preflight.headers if h.lower().startswith("access-control-")]
 
     def test_writes_from_another_origin_are_refused(self, client: TestClient) -> None:
-        """A POST from another site is refused before any route; from the page itself
-        there is nothing to post to yet."""
+        """A POST from another site, or from no page at all, is refused before any route
+        (tests/ui/test_actions.py posts the forms themselves)."""
         foreign = client.post("/", headers={"origin": "http://evil.example"})
         assert foreign.status_code == 403 and "not sent by this page" in foreign.text
         assert client.post("/").status_code == 403  # no Origin, no Referer
-        assert client.post("/", headers={"origin": BASE}).status_code == 405
 
     def test_read_only(self, content: str) -> None:
         """--read-only says so on every page and refuses writes from the page itself."""

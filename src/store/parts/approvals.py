@@ -35,7 +35,7 @@ from typing import Any
 from ...errors import AgentInUseError, DurableError, InvalidDecisionError, NotFoundError
 from ..engine.seam import Conn
 from ..records import ApprovalInfo, ApprovalStatus, Suspension
-from ..rows import dumps, legible, storable, utc
+from ..rows import dumps, legible, like_pattern, storable, utc
 from .alarms import current_version
 
 #: Longest reason or note a decision may carry.
@@ -266,6 +266,64 @@ def one(conn: Conn, approval_id: str) -> ApprovalInfo | None:
         return None
     row = conn.execute(f"{_SELECT} WHERE approval_id = ?", (approval_id,)).fetchone()
     return None if row is None else _info(row)
+
+
+def parameters(conn: Conn, approval_id: str) -> dict[str, Any] | None:
+    """The JSON schema of the tool's parameters an approval was asked with, or None."""
+    if not isinstance(approval_id, str) or "\0" in approval_id or not storable(approval_id):
+        return None
+    row = conn.execute(
+        "SELECT parameters FROM checked_approvals WHERE approval_id = ?", (approval_id,)
+    ).fetchone()
+    return None if row is None else dict(json.loads(row[0]))
+
+
+# When a decided approval was decided; a cancelled one may never have been (its turn
+# was rolled back while it waited): then when it was asked.
+_DECIDED_AT = "coalesce(decided_at, asked_at)"
+
+
+def decided(
+    conn: Conn,
+    *,
+    status: ApprovalStatus | None,
+    by: str | None,
+    agent_text: str | None,
+    since: float | None,
+    until: float | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[ApprovalInfo], int]:
+    """One page of the approvals no longer pending, newest decision first, and their count.
+
+    ``by`` is the decider's name in any case; ``agent_text`` a text the agent id
+    holds, in any case; ``since`` and ``until`` bound the decision's time (until
+    excluded).
+    """
+    where: list[str] = ["status <> 'pending'"]
+    params: list[Any] = []
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
+    if by is not None:
+        where.append("lower(decided_by) = ?")
+        params.append(by.lower())
+    if agent_text:
+        where.append("lower(agent_id) LIKE ? ESCAPE '\\'")
+        params.append(f"%{like_pattern(agent_text.lower())}%")
+    if since is not None:
+        where.append(f"{_DECIDED_AT} >= ?")
+        params.append(since)
+    if until is not None:
+        where.append(f"{_DECIDED_AT} < ?")
+        params.append(until)
+    condition = " AND ".join(where)
+    total = int(conn.execute(f"SELECT count(*) FROM approvals WHERE {condition}", params).get)
+    rows = conn.execute(
+        f"{_SELECT} WHERE {condition} ORDER BY {_DECIDED_AT} DESC, approval_id LIMIT ? OFFSET ?",
+        [*params, limit, offset],
+    ).fetchall()
+    return [_info(row) for row in rows], total
 
 
 def pending_count(conn: Conn) -> int:

@@ -6,27 +6,28 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..render import Problem
 from . import render, required, store_of
-
-#: The most decided approvals listed (newest first).
-DECIDED = 50
 
 
 def waiting(request: Request) -> Response:
     """``/waiting``: everything that waits for a person or a runner, across agents."""
+    return waiting_page(request)
+
+
+def waiting_page(request: Request, problem: Problem | None = None, status: int = 200) -> Response:
+    """The waiting work page; ``problem`` is an action of its buttons the library refused."""
     store = store_of(request)
-    decided = [a for a in store.approvals(status=None) if a.status != "pending"]
     context = {
         "approvals": store.approvals(),
-        "decided": decided[::-1][:DECIDED],
-        "decided_total": len(decided),
         "events": store.events(),
         "alarms": store.alarms(),
         "handoffs": store.handoffs(),
         "workflows": store.workflows(),
         "runners": store.runner_statuses(),
+        "problem": problem,
     }
-    return render(request, "waiting.html", context)
+    return render(request, "waiting.html", context, status=status, here="/waiting")
 
 
 def workflow(request: Request) -> Response:
