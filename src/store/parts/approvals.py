@@ -311,12 +311,14 @@ def decided(
     if agent_text:
         where.append("lower(agent_id) LIKE ? ESCAPE '\\'")
         params.append(f"%{like_pattern(agent_text.lower())}%")
+    # Compared to the microsecond, as times are read back (utc()): a decision read as
+    # 12:00:00.000001 is "since" that moment even if stored a fraction earlier.
     if since is not None:
-        where.append(f"{_DECIDED_AT} >= ?")
-        params.append(since)
+        where.append(f"round({_DECIDED_AT} * 1000000) >= ?")
+        params.append(round(since * 1_000_000))
     if until is not None:
-        where.append(f"{_DECIDED_AT} < ?")
-        params.append(until)
+        where.append(f"round({_DECIDED_AT} * 1000000) < ?")
+        params.append(round(until * 1_000_000))
     condition = " AND ".join(where)
     total = int(conn.execute(f"SELECT count(*) FROM approvals WHERE {condition}", params).get)
     rows = conn.execute(
