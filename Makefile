@@ -1,4 +1,4 @@
-.PHONY: demo test lint format docs bench soak faults pg-faults screenshots
+.PHONY: demo test lint format docs bench soak faults crash pg-faults screenshots
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
@@ -26,6 +26,9 @@ screenshots:  ## the page's browser tests, saving their screenshots as the docs'
 
 faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
 	bash scripts/faults.sh
+
+crash:  ## the SIGKILL tests with every kill they allow, on both backends (~10 min)
+	bash -c 'source scripts/env.sh && EFFECTFUL_DURABLE_CRASH=full "$$PYTHON" -m pytest -q -s -p no:cacheprovider tests/test_*crash.py'
 
 pg-faults:  ## PostgreSQL restarted, frozen and cut at random, loops in full (~5 min)
 	bash scripts/pg_faults.sh

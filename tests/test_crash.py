@@ -14,11 +14,14 @@ counter is v; every commit the child reported is there. Then the agent goes on f
 its next turn is told once about the turn that was cut off, and its version records that.
 
 Importing litellm costs a child seconds, so each child serves many turns over
-stdin/stdout, and the next child starts importing while the current one runs.
+stdin/stdout, and the next child starts importing while the current one runs. The
+random kills stop after 8 kills; ``EFFECTFUL_DURABLE_CRASH=full`` (``make crash``)
+allows 20.
 """
 
 import collections
 import itertools
+import os
 import queue
 import random
 import shutil
@@ -412,7 +415,8 @@ class TestKillInsideTurn:
 
 TURNS = 50
 SEED = 20240601
-MAX_KILLS = 20  # each kill costs a child start (seconds); one more child then finishes
+# Each kill costs a child start (seconds); one more child then finishes.
+MAX_KILLS = 20 if os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full" else 8
 
 
 @dataclass
