@@ -38,6 +38,7 @@ No assertions: targets are in bench/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import importlib.util
@@ -138,8 +139,7 @@ class TwoWrites(ObjectInterpretation):
     def _apply(self, template, *args, **kwargs):
         history = template.__history__
         agent_id = f"writes-{id(history)}"
-        with self.store.agent_lock(agent_id):
-            start = self.store.begin_turn(agent_id, template="ask", arguments=list(args))
+        with self.store.locked_turn(agent_id, template="ask", arguments=list(args)) as start:
             result = fwd()
             written = self.written.get(agent_id, 0)
             # Only the tail: a floor that copied the whole history would grow with it.
@@ -216,6 +216,19 @@ class Profile:
 
         setattr(owner, name, timed)
 
+    def wrap_entry(self, owner: object, name: str, part: str) -> None:
+        """Time entering the context manager that ``owner.name(...)`` returns."""
+        inner = getattr(owner, name)
+
+        @contextlib.contextmanager
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            with inner(*args, **kwargs) as value:
+                self._turn[part] = self._turn.get(part, 0.0) + time.perf_counter() - start
+                yield value
+
+        setattr(owner, name, timed)
+
     def end_turn(self) -> None:
         for part, values in self.parts.items():
             values.append(self._turn.get(part, 0.0))
@@ -231,7 +244,7 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     persistence = PersistenceHandler(db)
     if PROFILE is not None:
         persistence_module = sys.modules[PersistenceHandler.__module__]
-        PROFILE.wrap(persistence.store, "begin_turn", "begin")
+        PROFILE.wrap_entry(persistence.store, "locked_turn", "begin")  # the lock + handoff
         PROFILE.wrap(persistence.store, "commit_turn", "commit")
         PROFILE.wrap(persistence_module, "_plan", "plan")
     # With --profile, two more arms: the same turns under a handler that only
