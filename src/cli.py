@@ -26,6 +26,7 @@ from .store.copy import copy_store
 from .store.engine.seam import is_postgres_url, redacted
 from .store.history import message_text
 from .store.records import ApprovalInfo
+from .store.rows import typed_json
 from .store.workspace.workspace import jsonable
 
 PROG = "effectful-durable"
@@ -762,7 +763,7 @@ def _json_arguments(args: argparse.Namespace) -> str | None:
         args.arguments_value = None
         if args.arguments is not None:
             try:
-                args.arguments_value = _parse_json(args.arguments)
+                args.arguments_value = typed_json(args.arguments)
             except ValueError as error:
                 return (
                     f"--arguments is not valid JSON ({error}): {_quoted(args.arguments)}; "
@@ -772,27 +773,13 @@ def _json_arguments(args: argparse.Namespace) -> str | None:
         args.payload_value = None
         if args.payload is not None:
             try:
-                args.payload_value = _parse_json(args.payload)
+                args.payload_value = typed_json(args.payload)
             except ValueError as error:
                 return (
                     f"PAYLOAD_JSON is not valid JSON ({error}): {_quoted(args.payload)}; "
                     "nothing was sent"
                 )
     return None
-
-
-def _parse_json(text: str) -> Any:
-    """JSON ``text`` as a value; NaN and Infinity, which JSON lacks, are refused."""
-    try:
-        return json.loads(text, parse_constant=_not_json)
-    except json.JSONDecodeError as error:
-        msg = f"{error.msg} at line {error.lineno} column {error.colno}"
-        raise ValueError(msg) from None
-
-
-def _not_json(name: str) -> Any:
-    msg = f"{name} is not a JSON value"
-    raise ValueError(msg)
 
 
 def _quoted(text: str) -> str:

@@ -22,6 +22,24 @@ def current_version(conn: Conn, agent_id: str) -> int | None:
     return None if row is None else int(row[0])
 
 
+def typed_json(text: str) -> Any:
+    """The value of JSON ``text`` a person typed; NaN and Infinity, which JSON lacks, are refused.
+
+    Raises:
+        ValueError: It is not JSON, saying where.
+    """
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except json.JSONDecodeError as error:
+        msg = f"{error.msg} at line {error.lineno} column {error.colno}"
+        raise ValueError(msg) from None
+
+
+def _not_json(name: str) -> Any:
+    msg = f"{name} is not a JSON value"
+    raise ValueError(msg)
+
+
 def utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 

@@ -13,7 +13,6 @@ library's error on the form.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -106,25 +105,6 @@ def refused(
             "problem": Problem(problem.message),
         }
         return render(request, "error.html", context, status=status, here="/")
-
-
-def json_value(sent: str) -> Any:
-    """The JSON value a form's field holds.
-
-    Raises:
-        ValueError: It is not JSON (NaN and Infinity, which JSON lacks, included),
-            saying where, as the command line does.
-    """
-    try:
-        return json.loads(sent, parse_constant=_not_json)
-    except json.JSONDecodeError as error:
-        msg = f"{error.msg} at line {error.lineno} column {error.colno}"
-        raise ValueError(msg) from None
-
-
-def _not_json(name: str) -> Any:
-    msg = f"{name} is not a JSON value"
-    raise ValueError(msg)
 
 
 def busy(error: DurableError) -> bool:

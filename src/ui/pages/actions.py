@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...errors import DurableError, InvalidEventError, NotFoundError
+from ...store.rows import typed_json
 from ..render import Problem, link
 from . import (
     BadRequest,
     done,
-    json_value,
     number,
     posted,
     refused,
@@ -217,7 +217,7 @@ def event_payload(sent: str) -> Any:
     if not sent.strip():
         return None
     try:
-        return json_value(sent)
+        return typed_json(sent)
     except ValueError as error:
         msg = f"the payload is not valid JSON ({error}); nothing was sent"
         raise InvalidEventError(msg) from None

@@ -22,12 +22,12 @@ from starlette.responses import Response
 from ...errors import DurableError, InvalidDecisionError
 from ...store import Store
 from ...store.records import ApprovalInfo, ApprovalStatus
+from ...store.rows import typed_json
 from ..render import Problem, link
 from . import (
     BadRequest,
     choice,
     done,
-    json_value,
     number,
     pages_of,
     posted,
@@ -245,7 +245,7 @@ def edited_arguments(sent: str) -> Any:
     if not sent.strip():
         return None
     try:
-        return json_value(sent)  # approve() refuses what does not fit the tool
+        return typed_json(sent)  # approve() refuses what does not fit the tool
     except ValueError as error:
         msg = f"the arguments are not valid JSON ({error}); nothing was changed"
         raise InvalidDecisionError(msg) from None
