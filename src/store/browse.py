@@ -23,7 +23,7 @@ from .base import StoreBase
 from .engine.seam import CommitWatch, Conn
 from .history import message_text
 from .ids import DEFAULT_CONVERSATION, validate_conversation_id
-from .records import VersionInfo
+from .records import Paged, VersionInfo
 from .rows import decode_messages, like_pattern, utc
 from .workspace.schema import quote
 
@@ -94,7 +94,7 @@ class AgentSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class TablePage:
+class TablePage(Paged):
     """One page of the rows of an agent's SQL table (values as SQLite returns them).
 
     .. versionadded:: 0.2.0
@@ -107,14 +107,9 @@ class TablePage:
     page: int
     per_page: int
 
-    @property
-    def pages(self) -> int:
-        """How many pages the rows fill (at least 1)."""
-        return max(1, -(-self.total // self.per_page))
-
 
 @dataclass(frozen=True, slots=True)
-class AgentPage:
+class AgentPage(Paged):
     """One page of the agents list: its agents, and how many match in all.
 
     .. versionadded:: 0.2.0
@@ -124,11 +119,6 @@ class AgentPage:
     total: int
     page: int
     per_page: int
-
-    @property
-    def pages(self) -> int:
-        """How many pages the matching agents fill (at least 1)."""
-        return max(1, -(-self.total // self.per_page))
 
 
 @dataclass(frozen=True, slots=True)

@@ -278,8 +278,21 @@ class ApprovalInfo:
     tool_call_id: str
 
 
+class Paged:
+    """What a page of a list knows: how many match in all, and how many pages they fill."""
+
+    __slots__ = ()
+    total: int
+    per_page: int
+
+    @property
+    def pages(self) -> int:
+        """How many pages the matching items fill (at least 1)."""
+        return max(1, -(-self.total // self.per_page))
+
+
 @dataclass(frozen=True, slots=True)
-class DecisionPage:
+class DecisionPage(Paged):
     """One page of the approvals decided (or cancelled), newest first: the audit trail.
 
     .. versionadded:: 0.2.0
@@ -289,11 +302,6 @@ class DecisionPage:
     total: int
     page: int
     per_page: int
-
-    @property
-    def pages(self) -> int:
-        """How many pages the matching decisions fill (at least 1)."""
-        return max(1, -(-self.total // self.per_page))
 
 
 @dataclass(frozen=True, slots=True)
