@@ -44,8 +44,7 @@ class WaitingMethods(StoreBase):
         with self._reading() as conn:
             found = _approvals.one(conn, approval_id)
         if found is None:
-            msg = f"no approval {approval_id!r}; Store.approvals() lists them"
-            raise NotFoundError(msg)
+            raise _unknown(approval_id)
         return found
 
     def approval_parameters(self, approval_id: str) -> dict[str, Any]:
@@ -60,8 +59,7 @@ class WaitingMethods(StoreBase):
         with self._reading() as conn:
             found = _approvals.parameters(conn, approval_id)
         if found is None:
-            msg = f"no approval {approval_id!r}; Store.approvals() lists them"
-            raise NotFoundError(msg)
+            raise _unknown(approval_id)
         return found
 
     def decisions(
@@ -250,3 +248,7 @@ class WaitingMethods(StoreBase):
             self._db.serialize(conn, "events", agent_id)
             number = step_number(conn, workflow, step_key)
             return _events.wait(conn, workflow, step_key, number, agent_id, name, timeout, now)
+
+
+def _unknown(approval_id: str) -> NotFoundError:
+    return NotFoundError(f"no approval {approval_id!r}; Store.approvals() lists them")
