@@ -47,21 +47,10 @@ def postgres_server() -> "Iterator[PostgresServer]":
     psycopg are installed; a failure instead when $EFFECTFUL_DURABLE_REQUIRE_POSTGRES
     is set (CI sets it: our CI must run these tests).
     """
-    from postgres_server import REQUIRE_ENV, PostgresServer, find_bindir, unavailable
+    from postgres_server import PostgresServer, running
 
-    reason = unavailable()
-    if reason is not None:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{reason} (and {REQUIRE_ENV} is set)")
-        pytest.skip(reason)
-    bindir = find_bindir()
-    assert bindir is not None
-    server = PostgresServer(bindir)
-    server.start()
-    try:
+    with running(PostgresServer) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

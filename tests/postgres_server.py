@@ -25,6 +25,8 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 #: Set to 1 (as .ci/run does) to make a missing server fail the PostgreSQL tests.
@@ -82,6 +84,30 @@ def unavailable() -> str | None:
         except KeyError:
             return HOW_TO_ENABLE + " (as root, a 'postgres' system user must exist to run it)"
     return None
+
+
+@contextmanager
+def running[S: PostgresServer](kind: type[S]) -> Iterator[S]:
+    """A started cluster of ``kind``, stopped after the block.
+
+    Skips the tests, with one line saying how to enable them, where no server
+    binaries or no psycopg are installed; fails them instead when $REQUIRE_ENV is set.
+    """
+    import pytest
+
+    reason = unavailable()
+    if reason is not None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{reason} (and {REQUIRE_ENV} is set)")
+        pytest.skip(reason)
+    bindir = find_bindir()
+    assert bindir is not None
+    server = kind(bindir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class PostgresServer:

@@ -36,7 +36,7 @@ from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 from pg_faults import CUTS, RESTARTS, CuttingProxy, FaultyServer
 from pg_faults_app import Noter, answer, handlers
-from postgres_server import REQUIRE_ENV, find_bindir, unavailable
+from postgres_server import running
 
 from effectful_durable import (
     CommitUnknownError,
@@ -58,19 +58,8 @@ WORKER = TESTS / "pg_worker_child.py"
 @pytest.fixture(scope="module")
 def server() -> Iterator[FaultyServer]:
     """A cluster of this module's own (it is restarted, frozen and limited)."""
-    reason = unavailable()
-    if reason is not None:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{reason} (and {REQUIRE_ENV} is set)")
-        pytest.skip(reason)
-    bindir = find_bindir()
-    assert bindir is not None
-    faulty = FaultyServer(bindir)
-    faulty.start()
-    try:
+    with running(FaultyServer) as faulty:
         yield faulty
-    finally:
-        faulty.stop()
 
 
 @pytest.fixture
