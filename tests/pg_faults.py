@@ -214,12 +214,7 @@ class _Pair:
         self.closed.set()
         if self.proxy._refuse_after_cut:  # before the client can see the cut
             self.proxy.refusing = True
-        for sock in (self.client, self.upstream):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
+        self._close()
         self.proxy.cuts += 1
         self.proxy._cut_done.set()
 
@@ -295,9 +290,12 @@ class _Pair:
     def cut_quietly(self) -> None:
         if not self.closed.is_set():
             self.closed.set()
-            for sock in (self.client, self.upstream):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
+            self._close()
+
+    def _close(self) -> None:
+        for sock in (self.client, self.upstream):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
