@@ -158,6 +158,7 @@ if sys.argv[2] == "close":
 vfs.clear()
 if sys.argv[2] == "commit-again":
     print(commit(store))
+sys.stdout.flush()  # os._exit flushes nothing, and a pipe's stdout is buffered
 os._exit(0)  # dies: no close, no checkpoint
 """
 
