@@ -83,6 +83,8 @@ class DeadlineConnection(psycopg.Connection[Any]):
             self.pgconn.finish()
             msg = f"the server did not answer within {timeout:g} s"
             raise ServerSilent(msg) from None
+        except psycopg.Error:
+            raise  # the server's answer, or the connection's end: nothing to interrupt
         except BaseException:
             if self.pgconn.transaction_status == TransactionStatus.ACTIVE:
                 self.pgconn.finish()  # waiting for an answer that no longer matters
