@@ -281,6 +281,7 @@ def parameters(conn: Conn, approval_id: str) -> dict[str, Any] | None:
 # When a decided approval was decided; a cancelled one may never have been (its turn
 # was rolled back while it waited): then when it was asked.
 _DECIDED_AT = "coalesce(decided_at, asked_at)"
+_MICROSECOND = 1e-6
 
 
 def decided(
@@ -311,14 +312,16 @@ def decided(
     if agent_text:
         where.append("lower(agent_id) LIKE ? ESCAPE '\\'")
         params.append(f"%{like_pattern(agent_text.lower())}%")
-    # Compared to the microsecond, as times are read back (utc()): a decision read as
-    # 12:00:00.000001 is "since" that moment even if stored a fraction earlier.
+    # Times are stored as float seconds and read back rounded to the microsecond
+    # (utc()), which a double holds to within a quarter of one: a bound given as a
+    # time read back is met by the decision it was read from, so compare a
+    # microsecond short of it.
     if since is not None:
-        where.append(f"round({_DECIDED_AT} * 1000000) >= ?")
-        params.append(round(since * 1_000_000))
+        where.append(f"{_DECIDED_AT} >= ?")
+        params.append(since - _MICROSECOND)
     if until is not None:
-        where.append(f"round({_DECIDED_AT} * 1000000) < ?")
-        params.append(round(until * 1_000_000))
+        where.append(f"{_DECIDED_AT} < ?")
+        params.append(until - _MICROSECOND)
     condition = " AND ".join(where)
     total = int(conn.execute(f"SELECT count(*) FROM approvals WHERE {condition}", params).get)
     rows = conn.execute(
