@@ -72,6 +72,7 @@ from ..seam import (
     moved_by,
     redacted,
 )
+from ..watch import MarkerWatch
 from .connections import (
     KEEPALIVES,
     POOL_PREFIX,
@@ -82,7 +83,6 @@ from .connections import (
     still_open,
     unhurried,
 )
-from .listen import COMMITS, NotifyListener
 from .opening import (
     connect_timeout,
     connect_timeout_given,
@@ -114,6 +114,10 @@ _MAX_POLL_SECONDS = 0.1
 _ANSWER_MARGIN = 1.0
 _CLOSE = 1.0  # seconds closing waits for the pool's threads (daemons: a frozen server)
 _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+_WAL_POSITION = (
+    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+    " ELSE pg_current_wal_insert_lsn() END"
+)
 
 log = logging.getLogger("effectful_durable.store")
 
@@ -692,15 +696,20 @@ class PostgresDatabase:
         # Read committed lets two writers read the same max(number): one waits here.
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
 
-    def listen_alarms(self, wake: Callable[[], None]) -> NotifyListener:
-        """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
-        return NotifyListener(self.connect, wake, location=self.location)
+    def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
+        """Poll the server's WAL position in a thread of its own (engine/watch.py).
 
-    def watch_commits(self, wake: Callable[[], None]) -> NotifyListener:
-        """LISTEN for the ``*_committed`` triggers' notifications (schema 9)."""
-        return NotifyListener(
-            self.connect, wake, location=self.location, channel=COMMITS, what="commits"
-        )
+        Every commit that wrote moves it, in any database of the server: a commit
+        elsewhere wakes the reader for nothing, never a commit here too late. No
+        LISTEN: a notifying commit locks the whole server (schema.py, schema 10),
+        and a pooler in transaction mode would not deliver it.
+        """
+        return MarkerWatch(self._wal_position, wake, location=self.location)
+
+    def _wal_position(self) -> str:
+        """Where the server's WAL ends now (where it was replayed to, on a standby)."""
+        with self.reading() as conn:
+            return str(conn.execute(_WAL_POSITION).get)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
