@@ -23,7 +23,7 @@ from effectful.ops.semantics import handler
 from pg_faults_app import handlers, make_agent, make_handlers
 from postgres_server import PostgresServer, running
 
-from effectful_durable import AgentRunner, PersistenceHandler, Store
+from effectful_durable import AgentRunner, DatabaseBusyError, PersistenceHandler, Store
 from effectful_durable.store.parts.alarms import make_schedule
 from tests.helpers import commit_message
 from tests.ui.server import ROOT, serving
@@ -188,6 +188,37 @@ class TestAnotherDatabaseHoldsTheNotifyLock:
                 delivered = time.monotonic() - sent
                 assert [s["state"] for s in store.runner_statuses()] == ["running"]
         assert delivered < 5.0
+
+
+class TestTheRealWait:
+    """A commit that waited for a lock held outside this database says which."""
+
+    def test_a_notifying_trigger_of_the_users_names_the_notify_lock(
+        self, own_server: PostgresServer, ours: str
+    ) -> None:
+        """With a NOTIFY trigger of the user's own on ``agents``, a turn's commit waits
+        for the other database's holder: DatabaseBusyError names the NOTIFY lock and
+        the database and backend that hold it, not "another writer"."""
+        Store(ours).close()  # our tables
+        with psycopg.connect(ours, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION mine() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$ BEGIN PERFORM pg_notify('mine', ''); RETURN NULL; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER mine AFTER INSERT OR UPDATE ON agents"
+                " FOR EACH STATEMENT EXECUTE FUNCTION mine()"
+            )
+        with NotifyLockHolder(own_server) as holder, Store(ours, busy_timeout=1) as store:
+            with pytest.raises(DatabaseBusyError) as raised:
+                commit_message(store, "mine", "blocked")
+        assert raised.value.waited_for is not None
+        assert "NOTIFY lock" in str(raised.value), raised.value
+        other = urllib.parse.urlsplit(holder.url).path.lstrip("/")
+        assert f"database {other!r}" in str(raised.value), raised.value
+        assert "another writer" not in str(raised.value)
+        with Store(ours) as store:
+            assert "mine" not in versions(store)  # nothing of it was written
 
 
 def versions(store: Store) -> dict[str, int]:

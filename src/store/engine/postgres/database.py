@@ -119,6 +119,13 @@ _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_ses
 # The transaction that keeps the lock connection's server session through a
 # pooler: it is idle between a turn's start and its end, for as long as the turn.
 _PINNED = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0"
+# Who holds the NOTIFY queue's lock (pg_database's object 0, in no database).
+_NOTIFY_LOCK_HOLDER = """
+    SELECT a.pid, a.datname, a.application_name, a.wait_event
+      FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+     WHERE l.locktype = 'object' AND l.database = 0 AND l.objid = 0
+       AND l.classid = 'pg_database'::regclass AND l.granted
+"""
 _WAL_POSITION = (
     "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
     " ELSE pg_current_wal_insert_lsn() END"
@@ -358,6 +365,11 @@ class PostgresDatabase:
                 if committing and lost and isinstance(error, psycopg.Error):
                     self._resolve(conn, error)  # returns if the commit landed
                     return
+                if committing and _waited_at_commit(error):
+                    waited_for = self._commit_lock()
+                    raise DatabaseBusyError(
+                        self.location, self.busy_timeout, waited_for=waited_for
+                    ) from error
                 raise
             finally:
                 conn.pipeline = None
@@ -532,6 +544,32 @@ class PostgresDatabase:
             version = (error.diag.message_detail or "").split()[3:4] or ["0"]
             return AgentInUseError(error.diag.message_primary or "", moved_by(int(version[0])))
         return error
+
+    def _commit_lock(self) -> str:
+        """What a commit that timed out waiting for a lock waited for, in words.
+
+        The one lock a commit of ours can wait for that no statement took is
+        shared with the whole server: the NOTIFY queue's (async.c,
+        ``PreCommit_Notify``), which any database's notifying commit holds until
+        its commit record is flushed (and acknowledged by a synchronous standby).
+        """
+        what = (
+            "the server's NOTIFY lock (one for the whole server, taken by a commit that notified)"
+        )
+        try:
+            with self.connect() as conn:
+                row = conn.execute(_NOTIFY_LOCK_HOLDER).fetchone()
+        except psycopg.Error:
+            row = None
+        if row is None:
+            return f"a lock of the server taken at commit, most likely {what}"
+        pid, database, application, waiting = row
+        holder = f"backend {pid} of database {database!r}"
+        if application:
+            holder += f" ({application})"
+        if waiting:
+            holder += f", itself waiting for {waiting}"
+        return f"{what}, held by {holder}"
 
     def writing(self, *, batch: bool = False) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises.
@@ -933,6 +971,12 @@ def _pipelines() -> bool:
     """Whether psycopg's libpq has pipeline mode (14 or newer); without it a batch is
     sent statement by statement, as any other transaction."""
     return psycopg.Pipeline.is_supported()
+
+
+def _waited_at_commit(error: BaseException) -> bool:
+    """Whether ``error`` is a lock wait that COMMIT itself timed out in: a statement's
+    lock wait names the statement or the row in its context, a commit's names none."""
+    return isinstance(error, pg_errors.LockNotAvailable) and not error.diag.context
 
 
 def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
