@@ -121,11 +121,13 @@ async def send_events(burst: Burst, store: Store, count: int) -> None:
 
 
 class PoolerWatch:
-    """The most client and server connections PgBouncer showed (SHOW POOLS), sampled
-    every 0.2 s from its admin console while the burst runs."""
+    """The most client connections of each process and server connections that
+    PgBouncer showed, read from its admin console every 0.2 s while the burst runs
+    (``SHOW CLIENTS``: each client's process id; ``SHOW POOLS``)."""
 
     def __init__(self, pooler: dict[str, Any] | None) -> None:
-        self.clients = self.servers = 0
+        self.clients = self.servers = 0  # at once, in all
+        self.by_process: dict[int, int] = {}  # pid -> its most client connections
         self.error: str | None = None if pooler else "no pooler known"
         self._pooler = pooler
         self._done = threading.Event()
@@ -156,17 +158,26 @@ class PoolerWatch:
                 cursor_factory=psycopg.ClientCursor,
             ) as console:
                 while not self._done.wait(0.2):
-                    cursor = console.execute("SHOW POOLS")
-                    names = [column.name for column in cursor.description or ()]
-                    for row in cursor.fetchall():
-                        pool = dict(zip(names, row, strict=True))
+                    clients = Counter(
+                        row["remote_pid"]
+                        for row in rows(console, "SHOW CLIENTS")
+                        if row["database"] != "pgbouncer"
+                    )
+                    for pid, count in clients.items():
+                        self.by_process[pid] = max(self.by_process.get(pid, 0), count)
+                    self.clients = max(self.clients, clients.total())
+                    for pool in rows(console, "SHOW POOLS"):
                         if pool["database"] != "pgbouncer":
-                            clients = pool["cl_active"] + pool["cl_waiting"]
-                            servers = sum(pool[k] for k in names if k.startswith("sv_"))
-                            self.clients = max(self.clients, clients)
+                            servers = sum(v for k, v in pool.items() if k.startswith("sv_"))
                             self.servers = max(self.servers, servers)
         except psycopg.Error as error:
             self.error = str(error).strip()
+
+
+def rows(console: Any, command: str) -> list[dict[str, Any]]:
+    cursor = console.execute(command)
+    names = [column.name for column in cursor.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 # -- Waiting for the runners, and the checks --------------------------------------------
@@ -266,12 +277,17 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def summary(
-    burst: Burst, checked: dict[str, Any], waited: float, watch: PoolerWatch
+    burst: Burst,
+    checked: dict[str, Any],
+    waited: float,
+    watch: PoolerWatch,
+    names: dict[int, str],
 ) -> dict[str, Any]:
     answered = len(burst.answers)
     latencies = checked["event_latencies"]
     return {
         "tag": burst.tag,
+        "users": len(burst.users),
         "requests": {
             "sent": len(burst.answers) + len(burst.failures),
             "committed": answered,
@@ -291,7 +307,14 @@ def summary(
         },
         "reminders": {"asked": len(burst.reminders), "delivered": checked["reminded"]},
         "waited_after_burst": round(waited, 3),
-        "pooler": {"clients": watch.clients, "servers": watch.servers, "error": watch.error},
+        "pooler": {
+            "clients": watch.clients,
+            "servers": watch.servers,
+            "clients_by_process": {
+                names.get(pid, f"pid {pid}"): count for pid, count in watch.by_process.items()
+            },
+            "error": watch.error,
+        },
         "reordered": checked["reordered"],
         "problems": checked["problems"],
     }
@@ -312,15 +335,16 @@ def report(result: dict[str, Any]) -> str:
         f"waited     {result['waited_after_burst']:.2f} s after the burst for the runners",
     ]
     if pooler["error"] is None:
+        each = ", ".join(f"{name} {n}" for name, n in sorted(pooler["clients_by_process"].items()))
         lines.append(
-            f"pgbouncer  at most {pooler['clients']} client connections, sharing at most "
-            f"{pooler['servers']} server connections"
+            f"pgbouncer  at most {pooler['clients']} client connections at once ({each}), "
+            f"sharing at most {pooler['servers']} server connections"
         )
     if result["reordered"]:
         agents = ", ".join(f"{a} {v}" for a, v in result["reordered"].items())
         lines.append(
-            f"order      {len(result['reordered'])} agents' events were delivered in another "
-            f"order than sent (delivered in versions): {agents}"
+            f"order      {len(result['reordered'])} of {result['users']} agents had their events "
+            f"delivered in another order than sent (in versions): {agents}"
         )
     if result["problems"]:
         lines.append(f"PROBLEMS   {len(result['problems'])}:")
@@ -368,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         with PoolerWatch(fleet.get("pooler")) as watch:
             asyncio.run(burst_of(args, burst, service, store))
             events, waited = delivered(burst, store, args.wait)
-        result = summary(burst, check(burst, store, events), waited, watch)
+        names = {pid: name for name, pid in fleet.get("pids", {}).items()}
+        names[os.getpid()] = "drive"
+        result = summary(burst, check(burst, store, events), waited, watch, names)
     print(json.dumps(result, indent=2) if args.json else report(result))
     return 1 if result["problems"] else 0
 
