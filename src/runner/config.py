@@ -51,8 +51,7 @@ class RunnerConfig:
         model = "gpt-4o-mini"
 
         [runner]
-        poll_interval = 1.0     # seconds; how soon other processes' alarms are noticed
-                                # (on PostgreSQL, only while NOTIFY cannot wake the runner)
+        poll_interval = 0.5     # seconds; how soon other processes' alarms are noticed
         lease_seconds = 300     # how long a claimed alarm's turn may run
         max_attempts = 5        # failed deliveries before an alarm is dead
         backoff_base = 10       # first retry after 10 s, then 20 s, 40 s, ...
@@ -72,9 +71,9 @@ class RunnerConfig:
 
     Args:
         model: The model name the default handler stack gives ``LiteLLMProvider``.
-        poll_interval: Longest sleep between two looks at the database, in seconds
-            (on PostgreSQL, while the runner's listening connection is lost;
-            otherwise a NOTIFY wakes it, and it looks every 30 s).
+        poll_interval: Longest sleep between two looks at the database, in
+            seconds: an alarm or event another process made due starts within
+            it. Each look is one indexed read of the pending alarms.
         lease_seconds: How long a runner holds a claimed alarm.
         max_attempts: Deliveries tried before an alarm is dead.
         backoff_base: Delay before the first retry; it doubles with each attempt.
@@ -100,7 +99,7 @@ class RunnerConfig:
     """
 
     model: str | None = None
-    poll_interval: float = 1.0
+    poll_interval: float = 0.5
     lease_seconds: float = 300.0
     max_attempts: int = 5
     backoff_base: float = 10.0

@@ -32,7 +32,6 @@ from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
 from ..store.alarm_queue import runner_id
-from ..store.engine.seam import AlarmListener, Polling
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
@@ -45,9 +44,6 @@ log = logging.getLogger("effectful_durable.runner")
 _RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
 _SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a decision
-# Seconds between looks at the database while commits that make an alarm due wake
-# the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
-_LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
 _CUT_OFF = 5.0  # seconds run() still waits, past the grace period, for turns in workers
 _DOWN_REPORT_EVERY = 30.0  # seconds between warnings while the database keeps failing
@@ -168,11 +164,10 @@ class AgentRunner:
     back that fails is kept and retried until it lands (see :doc:`/production`).
 
     Between alarms it sleeps until the earliest one is due, looking at the
-    database at least every ``poll_interval`` (one indexed read). On PostgreSQL
-    a connection of its own LISTENs instead: a commit that makes an alarm due
-    (in any process, on any machine) wakes it at once, and it looks at the
-    database only every 30 seconds otherwise, or every ``poll_interval`` while
-    that connection is lost (it reconnects by itself). In the main
+    database at least every ``poll_interval`` (one indexed read of the pending
+    alarms; a claim, a write, only when one is due), so that an alarm another
+    process made due starts within that, on either backend. Nothing listens:
+    a commit makes no sound for it (see :doc:`/production`). In the main
     thread, :meth:`run` handles signals: SIGUSR1 logs a status report and stores
     it for ``effectful-durable status``; SIGHUP re-reads the config file (a bad
     one is logged and the old config stays) and calls ``on_config_update(config)``
@@ -282,7 +277,6 @@ class AgentRunner:
         self._cut_off: float | None = None  # when run() stops waiting for stuck turns
         self._inline = False  # a turn runs in run()'s own thread right now
         self._wake = threading.Event()
-        self._listener: AlarmListener = Polling()
         self._stopping = threading.Event()
         self._turn_done = threading.Event()
         self._turn_done.set()
@@ -322,8 +316,6 @@ class AgentRunner:
             where,
             extra={"runner": self.id, "db": where, "config": self.config_path},
         )
-        if self._polls:  # a fake clock in a test has no other process to hear
-            self._listener = self._queue.listen(self._wake.set)
         self._running = True
         self._record("running")
         done = threading.Event()
@@ -341,8 +333,6 @@ class AgentRunner:
             done.set()
             last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
             last.start()
-            self._listener.close()
-            self._listener = Polling()
             self._running = False
             self._signals.put(None)
             for thread in (keeper, control, last):
@@ -591,8 +581,6 @@ class AgentRunner:
             return False
         if not self._polls:  # a fake clock in a test has no other process to notice
             wait = 1e9
-        elif self._listener.listening and not self._awaiting_write_back():
-            wait = _LISTENING_POLL
         else:
             wait = self.config.poll_interval
         if due is not None:
