@@ -185,9 +185,9 @@ class TestRunner:
     def test_a_runner_holds_at_most_concurrency_plus_two(
         self, postgres_url: str, tmp_path: Path, concurrency: int
     ) -> None:
-        """A runner at concurrency C delivering slow alarms of 3C agents holds at most
+        """A runner at concurrency C delivering alarms of 6C agents holds at most
         C + 2 server connections (one per turn, its loop's, the agents' locks)."""
-        agents = 3 * concurrency
+        agents = 6 * concurrency
         with Store(postgres_url) as store:
             for n in range(agents):
                 store.schedule_alarm(f"k{n}", f"slow-{n}", make_schedule(time.time(), delay=0))
@@ -205,7 +205,7 @@ class TestRunner:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env={**os.environ, "ALARMS_APP_SLOW": "0.5"},
+                env={**os.environ, "ALARMS_APP_SLOW": "0.1"},
             )  # fmt: skip
             try:
                 deadline = time.monotonic() + 120

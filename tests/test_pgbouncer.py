@@ -478,37 +478,57 @@ class TestPage:
 # -- the session's settings ------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def ignoring(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """A PgBouncer that drops libpq's startup options instead of refusing them
+    (``ignore_startup_parameters = options``, as some deployments set it)."""
+    with pgbouncer_server.running(
+        postgres_server, {"ignore_startup_parameters": "options"}
+    ) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture(params=["refused", "ignored"])
+def settings_url(request: pytest.FixtureRequest, postgres_url: str) -> str:
+    """The test's database through a PgBouncer that refuses startup options (the
+    default), then through one that ignores them: either way none reaches the server."""
+    name = "pgbouncer" if request.param == "refused" else "ignoring"
+    bouncer: PgBouncer = request.getfixturevalue(name)
+    return bouncer.pooled(postgres_url)
+
+
 class TestSettings:
-    """The timeouts and the read-only mode apply through the pooler, per transaction."""
+    """The timeouts and the read-only mode apply through the pooler, per transaction,
+    whether it refuses the startup options or ignores them."""
 
     def test_a_held_row_lock_is_a_busy_error_after_busy_timeout(
-        self, pooled_url: str, postgres_url: str
+        self, settings_url: str, postgres_url: str
     ) -> None:
         """A turn whose commit waits for a row lock another session holds fails with
         DatabaseBusyError after busy_timeout (1 s), not after the statement timeout
         (30 s); once the lock is let go the next turn commits."""
-        with persisted(pooled_url, FakeLLM(["one"])):
+        with persisted(settings_url, FakeLLM(["one"])):
             Assistant(agent_id="bot").ask("one")
         with psycopg.connect(postgres_url) as holder:
             holder.execute("SELECT 1 FROM agents WHERE agent_id = 'bot' FOR UPDATE")
             started = time.monotonic()
             with (
-                persisted(pooled_url, FakeLLM(["two"]), busy_timeout=1, statement_timeout=30),
+                persisted(settings_url, FakeLLM(["two"]), busy_timeout=1, statement_timeout=30),
                 pytest.raises(DatabaseBusyError),
             ):
                 Assistant(agent_id="bot").ask("two")
             assert time.monotonic() - started < 10
-        with persisted(pooled_url, FakeLLM(["three"]), busy_timeout=1):
+        with persisted(settings_url, FakeLLM(["three"]), busy_timeout=1):
             Assistant(agent_id="bot").ask("three")
         with Store(postgres_url, readonly=True) as store:
             assert [v.version for v in store.versions("bot")] == [1, 2]
 
     def test_a_statement_past_statement_timeout_is_ended_by_the_server(
-        self, pooled_url: str, postgres_url: str
+        self, settings_url: str, postgres_url: str
     ) -> None:
         """A read blocked behind a table lock is ended by the server's statement timeout
         (1 s; busy_timeout is 30 s): DatabaseUnavailableError within seconds."""
-        with Store(pooled_url, busy_timeout=30, statement_timeout=1) as store:
+        with Store(settings_url, busy_timeout=30, statement_timeout=1) as store:
             commit_message(store, "bot", "hello")
             with psycopg.connect(postgres_url) as holder:
                 holder.execute("LOCK TABLE agents IN ACCESS EXCLUSIVE MODE")
@@ -519,27 +539,27 @@ class TestSettings:
             assert "statement timeout" in str(ended.value)
             assert [a.agent_id for a in store.agents()] == ["bot"]  # and it carries on
 
-    def test_a_read_only_store_stays_read_only(self, pooled_url: str) -> None:
+    def test_a_read_only_store_stays_read_only(self, settings_url: str) -> None:
         """A read-only Store through the pooler cannot write, even through SQL of its own."""
-        with Store(pooled_url) as store:
+        with Store(settings_url) as store:
             commit_message(store, "bot", "hello")
-        with Store(pooled_url, readonly=True) as store:
+        with Store(settings_url, readonly=True) as store:
             with pytest.raises(DurableError, match="read-only"):
                 store.send_event("bot", "ping")
             assert [a.agent_id for a in store.agents()] == ["bot"]
 
-    def test_no_setting_stays_on_the_server_connections(self, pooled_url: str) -> None:
+    def test_no_setting_stays_on_the_server_connections(self, settings_url: str) -> None:
         """After turns with short timeouts and a read-only Store's reads, every server
         connection the pooler hands a plain client has the server's defaults: the
         library's settings lasted their transactions only."""
-        with persisted(pooled_url, FakeLLM(["a", "b"]), busy_timeout=0.5, statement_timeout=3):
+        with persisted(settings_url, FakeLLM(["a", "b"]), busy_timeout=0.5, statement_timeout=3):
             Assistant(agent_id="bot").ask("one")
             Assistant(agent_id="bot").ask("two")
-        with Store(pooled_url, readonly=True) as store:
+        with Store(settings_url, readonly=True) as store:
             store.agents()
             store.history("bot")
         seen = set()
-        with psycopg.connect(pooled_url, autocommit=True) as plain:
+        with psycopg.connect(settings_url, autocommit=True) as plain:
             for _ in range(20):
                 seen.add(
                     plain.execute(
