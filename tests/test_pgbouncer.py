@@ -478,12 +478,16 @@ class TestPage:
             found = threading.Event()
             reader = threading.Thread(target=next_commit, args=(client, found))
             reader.start()
-            time.sleep(0.5)  # the stream is open by now
             with Store(pooled_url) as store:
-                commit_message(store, "w", "made while the page is open")
+                # A commit made before the stream opened is not announced: commit
+                # again each second until one is.
+                for n in range(30):
+                    commit_message(store, "w", f"made while the page is open ({n})")
+                    if found.wait(1.0):
+                        break
             reader.join(timeout=60)
             assert found.is_set(), "".join(server.output)
-            assert "made while the page is open" in client.get("/agent?id=w").text
+            assert "made while the page is open (0)" in client.get("/agent?id=w").text
 
 
 # -- the session's settings ------------------------------------------------------------------
