@@ -54,7 +54,7 @@ writers (issue 38's target: at least 0.90), and each column's growth from 8 to 3
 writers. Beside it, on the same server, ``pgbench`` commits rows plainly and with a
 NOTIFY (``BEGIN; INSERT ...; END;`` against ``BEGIN; INSERT ...; SELECT
 pg_notify('c', ''); END;``, ``-M prepared -j 2``, 8 and 32 clients, ``--seconds``
-each), with one LISTEN session open on that channel.
+each, ``--rounds`` times), with one LISTEN session open on that channel.
 
 Run: ``.venv/bin/python bench/bench_fleet.py [--seconds 8] [--writers 1,8,32]
 [--listeners 10] [--rounds 3] [--processes N] [--quick]`` (as root, the server
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import multiprocessing
 import os
 import re
@@ -272,7 +273,7 @@ class Listener:
         else:  # a page as the installed library makes it
             from effectful_durable import Store
 
-            self._store = Store(url, readonly=True)
+            self._store = Store(url, readonly=True, pool_size=1)  # as the page opens it
             self._watch = self._store.watch_commits(self._wake)
             deadline = time.monotonic() + 10
             while not getattr(self._watch, "listening", True) and time.monotonic() < deadline:
@@ -539,13 +540,16 @@ PGBENCH_SCRIPTS = {
 }
 
 
-def run_pgbench(server: FsyncServer, clients: list[int], seconds: float) -> dict[str, float]:
-    """pgbench's commits per second, ``(script, clients)`` -> tps, one LISTEN session open."""
+def run_pgbench(
+    server: FsyncServer, clients: list[int], seconds: float, rounds: int
+) -> dict[str, list[float]]:
+    """pgbench's commits per second, ``"script clients"`` -> tps of each round, with one
+    LISTEN session open."""
     import psycopg
 
     server.admin('CREATE DATABASE "pgbench"')
     url = server.url("pgbench")
-    tps: dict[str, float] = {}
+    tps: dict[str, list[float]] = {f"{name} {n}": [] for n in clients for name in PGBENCH_SCRIPTS}
     with (
         tempfile.TemporaryDirectory() as scripts,
         psycopg.connect(url, autocommit=True) as listen,
@@ -564,20 +568,19 @@ def run_pgbench(server: FsyncServer, clients: list[int], seconds: float) -> dict
         try:
             for name, text in PGBENCH_SCRIPTS.items():
                 (Path(scripts) / f"{name}.sql").write_text(text)
-            for n in clients:
-                for name in PGBENCH_SCRIPTS:
-                    server.admin("CHECKPOINT")
-                    print(f"pgbench {name} x {n} ...", file=sys.stderr, flush=True)
-                    command = [
-                        os.path.join(server.bindir, "pgbench"),
-                        "-h", server.directory, "-U", "postgres", "-n",
-                        "-f", str(Path(scripts) / f"{name}.sql"),
-                        "-c", str(n), "-j", "2", "-T", str(max(1, round(seconds))),
-                        "-M", "prepared", "pgbench",
-                    ]  # fmt: skip
-                    out = subprocess.run(command, capture_output=True, text=True, check=True)
-                    found = re.search(r"tps = ([0-9.]+) \(without initial", out.stdout)
-                    tps[f"{name} {n}"] = float(found.group(1)) if found else float("nan")
+            for n, _, name in itertools.product(clients, range(rounds), PGBENCH_SCRIPTS):
+                server.admin("CHECKPOINT")
+                print(f"pgbench {name} x {n} ...", file=sys.stderr, flush=True)
+                command = [
+                    os.path.join(server.bindir, "pgbench"),
+                    "-h", server.directory, "-U", "postgres", "-n",
+                    "-f", str(Path(scripts) / f"{name}.sql"),
+                    "-c", str(n), "-j", "2", "-T", str(max(1, round(seconds))),
+                    "-M", "prepared", "pgbench",
+                ]  # fmt: skip
+                out = subprocess.run(command, capture_output=True, text=True, check=True)
+                found = re.search(r"tps = ([0-9.]+) \(without initial", out.stdout)
+                tps[f"{name} {n}"].append(float(found.group(1)) if found else float("nan"))
         finally:
             stop.set()
             drainer.join()
@@ -658,7 +661,7 @@ def main() -> None:
                             flush=True,
                         )
             children.close()
-            pgbench = run_pgbench(server, [8, 32], seconds)
+            pgbench = run_pgbench(server, [8, 32], seconds, rounds)
     finally:
         children.close()
     table = {
@@ -708,17 +711,22 @@ def main() -> None:
             f"{busy['turns/s'] / quiet['turns/s']:.2f} (target >= 0.90)"
         )
     low, high = (8, 32) if {8, 32} <= set(counts) else (counts[0], top)
-    print(f"growth of turns/s from {low} to {high} writers:")
-    for column in columns:
-        print(f"  {label(column):<14} {growth(table[column], 'turns/s', low, high)}")
-    print("\npgbench (commits/s; one LISTEN session open; -M prepared -j 2)")
-    print(f"{'clients':>7}{'plain':>10}{'notify':>10}{'notify/plain':>14}")
+    if low != high:
+        print(f"growth of turns/s from {low} to {high} writers:")
+        for column in columns:
+            print(f"  {label(column):<14} {growth(table[column], 'turns/s', low, high)}")
+    tps = {key: statistics.median(values) for key, values in pgbench.items()}
+    print(f"\npgbench (commits/s, median of {rounds}; one LISTEN session open; -M prepared -j 2)")
+    print(f"{'clients':>7}{'plain':>10}{'notify':>10}{'notify/plain':>14}  each round")
     for n in (8, 32):
-        plain, notify = pgbench[f"plain {n}"], pgbench[f"notify {n}"]
-        print(f"{n:>7}{plain:>10.0f}{notify:>10.0f}{notify / plain:>14.2f}")
+        plain, notify = tps[f"plain {n}"], tps[f"notify {n}"]
+        each = " | ".join(
+            "/".join(f"{x:.0f}" for x in pgbench[f"{name} {n}"]) for name in PGBENCH_SCRIPTS
+        )
+        print(f"{n:>7}{plain:>10.0f}{notify:>10.0f}{notify / plain:>14.2f}  {each}")
     print(
-        f"{'8 -> 32':>7}{pgbench['plain 32'] / pgbench['plain 8']:>9.2f}x"
-        f"{pgbench['notify 32'] / pgbench['notify 8']:>9.2f}x"
+        f"{'8 -> 32':>7}{tps['plain 32'] / tps['plain 8']:>9.2f}x"
+        f"{tps['notify 32'] / tps['notify 8']:>9.2f}x"
     )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
