@@ -122,7 +122,7 @@ class Child:
         user: str | None = None,
         log: Path | None = None,
     ) -> None:
-        self.name, self.argv, self.log = name, argv, log
+        self.name, self.log = name, log
         self.lines: list[str] = []
         self._seen = threading.Condition()
         output = open(log, "ab") if log else subprocess.PIPE
@@ -218,9 +218,8 @@ class Fleet:
     # The servers: PostgreSQL and PgBouncer, run as `postgres` when up.py runs as root
     # (initdb and pgbouncer refuse root), on Unix sockets in a directory only they
     # and root may enter.
-    def start_servers(self) -> tuple[str, str]:
-        """Start the cluster and the pooler; the URLs of the database through the
-        pooler and directly."""
+    def start_servers(self) -> str:
+        """Start the cluster and the pooler; the URL of the database through the pooler."""
         import psycopg
 
         bindir, pgbouncer = find_pg_bindir(), find_pgbouncer()
@@ -287,7 +286,7 @@ class Fleet:
             direct=url(directory, POSTGRES_PORT, DATABASE),
             pooler={"host": str(directory), "port": POOLER_PORT},
         )
-        return pooled, url(directory, POSTGRES_PORT, DATABASE)
+        return pooled
 
     def start_apps(self, db: str) -> None:
         """Start the service, the runners and the page on ``db``, all at once (each
@@ -410,6 +409,15 @@ def wait_for_http(child: Child, address: str) -> None:
             time.sleep(0.2)
 
 
+def without_password(address: str) -> str:
+    """The URL to print: its password, if any, as ***."""
+    parts = urllib.parse.urlsplit(address)
+    if parts.password is None:
+        return address
+    login = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=login))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -429,7 +437,7 @@ def banner(fleet: Fleet, args: argparse.Namespace) -> Iterator[str]:
     """What runs where, and what to try."""
     info, pids = fleet.info, fleet.info["pids"]
     assert isinstance(pids, dict)
-    db = str(info["database"])
+    db = without_password(str(info["database"]))
     yield f"The fleet is up, after {fleet.info['started_in']} s. Ctrl-C stops it."
     if fleet.directory:
         sockets = f"socket {fleet.directory}/.s.PGSQL."
@@ -454,7 +462,8 @@ def banner(fleet: Fleet, args: argparse.Namespace) -> Iterator[str]:
         """-d '{"text": "remind me in 5 seconds to stretch"}'"""
     )
     yield f"  effectful-durable status {shlex.quote(db)}"
-    yield f"  kill -9 {pids['runner-1']}    # runner-1: runner-2 takes over its work"
+    if args.runners > 1:
+        yield f"  kill -9 {pids['runner-1']}    # runner-1: the others take over its work"
     if fleet.directory:
         yield f"Ctrl-C stops everything and removes {fleet.directory}."
 
@@ -463,7 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="run on this postgresql:// URL: start no server")
     parser.add_argument("--port", type=int, default=8000, help="the service's (0: any free)")
-    parser.add_argument("--runners", type=int, default=2, help="how many (default 2)")
+    parser.add_argument(
+        "--runners", type=int, choices=range(1, 17), default=2, help="how many (default 2)"
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="each runner's (default 4)")
     parser.add_argument(
         "--model-seconds", type=float, default=0.05, help="the fake model's delay per request"
@@ -483,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     state = args.out / "fleet.json"
     started = time.monotonic()
     try:
-        db = args.db or fleet.start_servers()[0]
+        db = args.db or fleet.start_servers()
         fleet.start_apps(db)
         fleet.info["started_in"] = round(time.monotonic() - started, 1)
         args.out.mkdir(parents=True, exist_ok=True)
