@@ -286,6 +286,7 @@ class AgentRunner:
         self._next_reclaim = 0.0
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._write_backs: list[_WriteBack] = []  # under self._lock
+        self._resting: dict[str, float] = {}  # agent id -> clock time; under self._lock
         self._unsure_of_leases = False
         self._down_since: float | None = None  # time.monotonic() of the first failure
         self._down_logged = 0.0
@@ -559,7 +560,7 @@ class AgentRunner:
             self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
         self._database_answers()
         busy = self._busy_agents()
-        held = sorted({*busy, *self._awaiting_write_back()})
+        held = sorted({*busy, *self._awaiting_write_back(), *self._rested(now)})
         due = None
         if len(busy) < self._concurrency():
             # A read: claim (a write) only when one is due.
@@ -583,8 +584,11 @@ class AgentRunner:
             wait = 1e9
         else:
             wait = self.config.poll_interval
-        if due is not None:
-            wait = min(wait, max(due - now, 0.0))
+        with self._lock:
+            rested_until = min(self._resting.values(), default=None)
+        for then in (due, rested_until):
+            if then is not None:
+                wait = min(wait, max(then - now, 0.0))
         return self._sleep(wait, now, until)
 
     def _write_back(self) -> None:
@@ -634,6 +638,25 @@ class AgentRunner:
                 error,
                 extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
             )
+
+    def _put_back(self, claim: Claim, now: float, pause: float) -> None:
+        """Give back a claim its agent cannot take now (busy elsewhere, paused, waiting
+        for a decision), due when it was, and leave that agent alone for ``pause``
+        seconds. Due later instead, the agent's later alarms and events would
+        overtake it (one agent's are delivered in order, whichever runner).
+        """
+        due = claim.due_at if claim.due_at is not None else now
+        with self._lock:
+            self._resting[claim.agent_id] = now + pause
+        self._written_back(claim, "gave back", lambda: self._queue.release(claim, due))
+
+    def _rested(self, now: float) -> list[str]:
+        """The agents this runner leaves alone for now (see :meth:`_put_back`)."""
+        with self._lock:
+            for agent_id, until in list(self._resting.items()):
+                if until <= now:
+                    del self._resting[agent_id]
+            return list(self._resting)
 
     def _awaiting_write_back(self) -> list[str]:
         with self._lock:
@@ -796,8 +819,7 @@ class AgentRunner:
         settings = config.agent(claim.agent_id)
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
-            later = now + max(config.poll_interval, 60.0)
-            self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+            self._put_back(claim, now, max(config.poll_interval, 60.0))
             log.debug("agent paused: %s put back", _noun(claim.kind), extra=context)
             return "paused"
         started = time.monotonic()
@@ -842,8 +864,7 @@ class AgentRunner:
                 outcome = "suspended"
             else:
                 # The agent's conversation waits for a decision: no turn began.
-                later = now + _SUSPENDED_RETRY
-                self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+                self._put_back(claim, now, _SUSPENDED_RETRY)
                 log.info(
                     "agent waits for a decision; %s put back for %g s",
                     claim.alarm_id,
@@ -856,8 +877,7 @@ class AgentRunner:
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
             outcome = "lease_lost"
         except AgentInUseError:
-            later = now + _IN_USE_RETRY
-            self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+            self._put_back(claim, now, _IN_USE_RETRY)
             log.info(
                 "agent busy in another process; %s put back", _noun(claim.kind), extra=context
             )
