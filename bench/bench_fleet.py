@@ -29,9 +29,9 @@ Store-level turns back to back as bench_store_turn.py does: ``agent_lock``,
 ``--processes`` processes (default: one per core), forked once at the start; a
 listener is a process of its own. On a 2-core virtual machine a process per writer
 doubles the CPU of each turn (32 address spaces to switch between, on both sides
-of each round trip) and caps every arm at the same ~300 turns/s: ``--processes
-32`` shows it. The GIL is no ceiling at one process per core (the ``writer
-process busy`` table: its CPU share).
+of each round trip) and caps every arm alike, at 150-300 turns/s where threads
+reach 600-800: ``--processes 32`` shows it. The GIL is no ceiling at one process
+per core (the ``writer process busy`` table: its CPU share).
 
 After 5 turns each to warm up, all writers start together and stop ``--seconds``
 later. Each cell (writers x arm x listeners) starts after a CHECKPOINT; the 4 cells
@@ -61,8 +61,9 @@ each, ``--rounds`` times), with one LISTEN session open on that channel.
 Run: ``.venv/bin/python bench/bench_fleet.py [--seconds 8] [--writers 1,8,32]
 [--listeners 10] [--rounds 3] [--processes N] [--quick]`` (as root, the server
 runs as the ``postgres`` user). ``--quick`` is a smoke run of ~1 min (2 s per
-cell, one round). No assertions; the numbers depend on the machine's cores and
-disk (printed with the tables, and the load average at the end)."""
+cell, one round); a full run takes ~8 min. No assertions; the numbers depend on
+the machine's cores and disk (printed with the tables, and the load average at the
+end). Results: bench/README.md."""
 
 from __future__ import annotations
 
