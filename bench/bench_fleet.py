@@ -29,14 +29,15 @@ Store-level turns back to back as bench_store_turn.py does: ``agent_lock``,
 ``--processes`` processes (default: one per core), forked once at the start; a
 listener is a process of its own. On a 2-core virtual machine a process per writer
 doubles the CPU of each turn (32 address spaces to switch between, on both sides
-of each round trip) and caps every arm at the same ~300 turns/s: ``--processes
-32`` shows it. The GIL is no ceiling at one process per core (the ``writer
-process busy`` table: its CPU share).
+of each round trip) and caps every arm alike, at 150-300 turns/s where threads
+reach 600-800: ``--processes 32`` shows it. The GIL is no ceiling at one process
+per core (the ``writer process busy`` table: its CPU share).
 
 After 5 turns each to warm up, all writers start together and stop ``--seconds``
 later. Each cell (writers x arm x listeners) starts after a CHECKPOINT; the 4 cells
-of a writer count run one after another, ``--rounds`` times, so that the arms meet
-the same machine; the tables give each cell's median over its rounds:
+of a writer count run one after another, ``--rounds`` times, each round starting at
+the next column, so that the arms meet the same machine; the tables give each
+cell's median over its rounds:
 
 * ``turns/s``: all writers' turns over the cell's seconds;
 * ``commit_turn ms``, ``turn ms``: medians over writers of each writer's median;
@@ -47,7 +48,8 @@ the same machine; the tables give each cell's median over its rounds:
   ``Lock: object``, or an LWLock ``Notify*``) in ``pg_stat_activity``, sampled
   every 0.1 s: the mean number per sample;
 * ``heard``: notifications (notify arm) or ``wake`` calls (no-notify arm) per
-  listener per second;
+  listener per second; ``listeners' CPU``: of their processes (the server's work
+  for them is in the server's CPU);
 
 then ``no notify`` with 10 listeners over ``no notify`` with none at the most
 writers (issue 38's target: at least 0.90), and each column's growth from 8 to 32
@@ -59,8 +61,9 @@ each, ``--rounds`` times), with one LISTEN session open on that channel.
 Run: ``.venv/bin/python bench/bench_fleet.py [--seconds 8] [--writers 1,8,32]
 [--listeners 10] [--rounds 3] [--processes N] [--quick]`` (as root, the server
 runs as the ``postgres`` user). ``--quick`` is a smoke run of ~1 min (2 s per
-cell, one round). No assertions; the numbers depend on the machine's cores and
-disk (printed with the tables, and the load average at the end)."""
+cell, one round); a full run takes ~8 min. No assertions; the numbers depend on
+the machine's cores and disk (printed with the tables, and the load average at the
+end). Results: bench/README.md."""
 
 from __future__ import annotations
 
@@ -77,7 +80,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -213,16 +216,7 @@ class FsyncServer(PostgresServer):
     def cpu_seconds(self) -> float:
         """The CPU time of the server's processes so far (those that ended: not counted)."""
         postmaster = int(Path(self.data, "postmaster.pid").read_text().split()[0])
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:  # ended meanwhile
-                continue
-            if stat.parent.name == str(postmaster) or fields[1] == str(postmaster):
-                total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5))
-        return total / tick
+        return cpu_seconds(lambda pid, parent: postmaster in (pid, parent))
 
     def pg_setting(self, name: str) -> str:
         import psycopg
@@ -231,6 +225,19 @@ class FsyncServer(PostgresServer):
             row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
         assert row is not None
         return str(row[0])
+
+
+def cpu_seconds(which: Callable[[int, int], bool]) -> float:
+    """The CPU time so far of the processes ``which(pid, parent pid)`` is true of."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if which(int(stat.parent.name), int(fields[1])):
+            total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -512,9 +519,12 @@ def run_cell(
     pids = [children.pids[k] for k in processes]
     sampler = WaitSampler(server.url(), pids, start, end)
     time.sleep(max(0.0, start - time.time()))
+    listener_pids = {children.pids[k] for k in listeners}
     server_cpu = server.cpu_seconds()
+    listener_cpu = cpu_seconds(lambda pid, _: pid in listener_pids)
     answers = children.ask(processes, do="run", start=start, end=end)
     server_cpu = server.cpu_seconds() - server_cpu  # before the writers' backends end
+    listener_cpu = cpu_seconds(lambda pid, _: pid in listener_pids) - listener_cpu
     children.ask(processes, do="close")
     results = [figures for answer in answers for figures in answer["writers"]]
     waiting = sampler.mean()
@@ -525,6 +535,7 @@ def run_cell(
         "client cpu": sum(r["cpu_s"] for r in results) / max(1, turns) * 1e3,
         "server cpu": server_cpu / max(1, turns) * 1e3,
         "busy": sum(r["cpu_s"] for r in results) / seconds / len(processes),
+        "listener cpu": listener_cpu / seconds,
         "turn ms": statistics.median(r["turn_ms"] for r in results),
         "commit ms": statistics.median(r["commit_ms"] for r in results),
         "waiting": waiting,
@@ -633,8 +644,10 @@ def main() -> None:
             settings = {s: server.pg_setting(s) for s in ("fsync", "synchronous_commit")}
             cell = 0
             for n in counts:
-                for _ in range(rounds):
-                    for arm, listening in columns:
+                for r in range(rounds):  # each round starts at another column
+                    for arm, listening in (
+                        columns[r % len(columns) :] + columns[: r % len(columns)]
+                    ):
                         cell += 1
                         print(
                             f"{arm}, {listening} listeners, {n} writers ...",
@@ -692,6 +705,7 @@ def main() -> None:
         ("busy", "writer process busy (its threads' CPU s per s)", "{:>14.2f}"),
         ("waiting", "writers waiting for the notify lock (mean of samples)", "{:>14.1f}"),
         ("heard/s", "notifications or wakes heard per listener per s", "{:>14.0f}"),
+        ("listener cpu", "listeners' CPU s per s, all of their processes", "{:>14.3f}"),
     ):
         print(f"\n{title}")
         print(f"{'writers':>7}" + "".join(f"{label(c):>14}" for c in columns))
