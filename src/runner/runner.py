@@ -36,13 +36,13 @@ from ..store.engine.seam import AlarmListener, Polling
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
+from .heartbeat import DEAD_AFTER, Heartbeat
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 log = logging.getLogger("effectful_durable.runner")
 
-_RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
 _SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a decision
 # Seconds between looks at the database while commits that make an alarm due wake
@@ -152,13 +152,17 @@ class _InProgress:
 class AgentRunner:
     """Deliver the agents' due alarms, each as a turn of its agent, until stopped.
 
-    Each due alarm is claimed with a lease (this runner's id, an expiry), its
+    Each due alarm is claimed (this runner's id, a fencing token), its
     agent is built by ``agents(agent_id)`` (once per runner), and
     ``agent.on_alarm(action)`` runs under the handler stack ``handlers(config)``
     returns, with a :class:`~effectful_durable.PersistenceHandler` on ``db``
     innermost (the runner adds one if the stack has none). The alarm is marked
-    delivered in the commit of that turn, fenced by the lease: a turn whose lease
-    another runner took commits nothing. A failed delivery is retried with
+    delivered in the commit of that turn, fenced by the claim: a turn whose claim
+    another runner took commits nothing. A thread of the runner writes its
+    heartbeat every 5 seconds (one write, whatever it holds): its claims are its
+    own while it beats, however long its turns; a runner whose heartbeat is 15
+    seconds old (on any host), or whose process is gone (on this one), is dead,
+    and the others take its claims back. A failed delivery is retried with
     exponential backoff, then the alarm is dead until re-armed. A read or write
     of the database that fails (:class:`~effectful_durable.StorageError`: a full
     or failing disk; :class:`~effectful_durable.DatabaseUnavailableError`: a
@@ -289,7 +293,7 @@ class AgentRunner:
         self._interrupting = False
         self._in_main = False
         self._running = False
-        self._next_reclaim = 0.0
+        self._rescued = False  # the first step looks for dead runners' claims at once
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._write_backs: list[_WriteBack] = []  # under self._lock
         self._unsure_of_leases = False
@@ -297,6 +301,13 @@ class AgentRunner:
         self._down_logged = 0.0
         self._started = time.monotonic()
         self._started_at = time.time()
+        self._heartbeat = Heartbeat(
+            self._queue,
+            self.id,
+            now=self.clock.now,
+            record=lambda: self._record("running", if_missing=True, quiet=False),
+            wake=self._wake.set,
+        )
         self._build_stack(self.config)
 
     # -- public control ----------------------------------------------------------
@@ -325,12 +336,11 @@ class AgentRunner:
         if self._polls:  # a fake clock in a test has no other process to hear
             self._listener = self._queue.listen(self._wake.set)
         self._running = True
-        self._record("running")
-        done = threading.Event()
-        keeper = threading.Thread(
-            target=self._keep_leases, args=(done,), name="runner-leases", daemon=True
-        )
-        keeper.start()
+        self._rescued = False
+        sent = time.monotonic()
+        if self._record("running"):
+            self._heartbeat.landed(sent)  # the first heartbeat
+        self._heartbeat.start()
         try:
             self._loop(until)
             self._drain()
@@ -338,7 +348,7 @@ class AgentRunner:
             # Threads that may wait for a frozen database are daemons: a stop waits
             # for them all, the last writes included, _JOIN seconds in all.
             ending = time.monotonic() + _JOIN
-            done.set()
+            keeper = self._heartbeat.stop()
             last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
             last.start()
             self._listener.close()
@@ -346,7 +356,8 @@ class AgentRunner:
             self._running = False
             self._signals.put(None)
             for thread in (keeper, control, last):
-                thread.join(timeout=max(0.0, ending - time.monotonic()))
+                if thread is not None:
+                    thread.join(timeout=max(0.0, ending - time.monotonic()))
             for signum, old in previous.items():
                 signal.signal(signum, old)
             if last.is_alive():
@@ -562,11 +573,9 @@ class AgentRunner:
             self._unsure_of_leases = False
             if freed:
                 log.info("gave back %d claim(s) whose commit could not be confirmed", freed)
-        if time.monotonic() >= self._next_reclaim:
-            freed = self._queue.reclaim_dead_owners(now)
-            if freed:
-                log.info("took back %d alarm(s) from dead runners", freed)
-            self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        if not self._rescued:  # then every few seconds, in the heartbeat's thread
+            self._heartbeat.rescue()
+            self._rescued = True
         self._database_answers()
         busy = self._busy_agents()
         held = sorted({*busy, *self._awaiting_write_back()})
@@ -665,8 +674,9 @@ class AgentRunner:
             left = list(self._write_backs)
         if left:
             log.warning(
-                "%d claim(s) left as they are, until their leases run out (another runner "
-                "on this host takes them back at once): %s",
+                "%d claim(s) left as they are, until another runner takes them back (once "
+                "this runner's heartbeat is %g s old, or at once on this host): %s",
+                DEAD_AFTER,
                 len(left),
                 ", ".join(f"{p.claim.alarm_id} of {p.claim.agent_id}" for p in left),
             )
@@ -687,26 +697,6 @@ class AgentRunner:
         with self._lock:
             self.turns += turns
             self.errors += errors
-
-    def _keep_leases(self, done: threading.Event) -> None:
-        """Extend the leases of the turns in flight every third of ``lease_seconds``.
-
-        A thread of its own (with its own connection), so that a turn longer than
-        the lease keeps it whichever thread runs it.
-        """
-        while not done.wait(max(self.config.lease_seconds / 3, 0.05)):
-            claims = [p.claim for p in self._running_turns()]
-            try:
-                lost = self._queue.renew(claims, self.clock.now() + self.config.lease_seconds)
-            except DurableError as error:
-                log.warning("could not renew the leases of the turns in flight: %s", error)
-                continue
-            for claim in lost:
-                log.warning(
-                    "lease on %s lost: its turn will commit nothing",
-                    claim.alarm_id,
-                    extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
-                )
 
     def _start(self, claim: Claim, now: float) -> None:
         """Run the claimed turn: here when one turn runs at a time, else in a worker thread."""
@@ -1096,16 +1086,32 @@ class AgentRunner:
         assert main is not None
         signal.pthread_kill(main, signal.SIGINT)
 
-    def _record(self, state: Any, report: dict[str, Any] | None = None) -> None:
+    def _record(
+        self,
+        state: Any,
+        report: dict[str, Any] | None = None,
+        *,
+        if_missing: bool = False,
+        quiet: bool = True,
+    ) -> bool:
+        """Store the status report (a heartbeat too); whether it landed.
+
+        Unless ``quiet``, a failure is raised (DurableError), not logged.
+        """
         try:
             self._queue.record_status(
                 self.id,
                 state=state,
                 started_at=self._started_at,
                 report=report if report is not None else self.status(),
+                if_missing=if_missing,
             )
         except DurableError as error:
+            if not quiet:
+                raise
             log.warning("could not store the status report: %s", error)
+            return False
+        return True
 
 
 def _turn_of(agent: PersistentAgent, claim: Claim) -> tuple[Template[..., Any], tuple[Any, ...]]:

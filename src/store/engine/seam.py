@@ -126,6 +126,9 @@ class Database(Protocol):
     kind: str
     #: The file path, or the URL without its password: named in messages.
     location: str
+    #: An SQL expression for the database's own time, in seconds since the epoch:
+    #: runners on many machines write and judge their heartbeats by this one clock.
+    now_sql: str
     #: The longest a call may wait for a database server, in seconds (None: no
     #: limit); assignable. An SQLite file has no server: it is None there, unused.
     statement_timeout: float | None

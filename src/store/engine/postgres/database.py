@@ -131,6 +131,9 @@ class PostgresDatabase:
     """
 
     kind = "postgresql"
+    # The server's clock, not the clients': runners on many machines compare their
+    # heartbeats on it, whatever their own clocks say.
+    now_sql = "(extract(epoch FROM clock_timestamp())::float8)"
 
     def __init__(
         self,

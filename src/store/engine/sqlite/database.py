@@ -45,6 +45,8 @@ class SQLiteDatabase:
     """
 
     kind = "sqlite"
+    # 'now' to the millisecond (one file is on one machine: its clock is the host's).
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
     statement_timeout: float | None = None  # no server to wait for
 
     def __init__(
