@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from effectful_durable import Store
+from effectful_durable import DatabaseUnavailableError, Store
+from effectful_durable.runner import heartbeat
 
 TESTS = Path(__file__).parents[1]
 START_TIMEOUT = 120.0
@@ -209,3 +210,67 @@ class TestHeartbeats:
         assert [v.version for v in versions] == [1]
         assert "lease lost" not in logs and "is dead" not in logs, logs
         assert "Traceback" not in logs, logs
+
+
+class FakeQueue:
+    """The part of an AlarmQueue a Heartbeat uses: beats that land or fail, rescues noted."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.rescues: list[bool] = []
+
+    def beat(self, runner: str) -> bool:
+        if self.down:
+            raise DatabaseUnavailableError("postgresql://fake", "the server did not answer")
+        return True
+
+    def rescue(self, me: str, now: float, *, heartbeats: bool = True) -> dict[str, int]:
+        self.rescues.append(heartbeats)
+        return {}
+
+
+class TestTrust:
+    """A runner judges others by their heartbeats only while its own land in a row."""
+
+    def test_an_outage_of_the_database_moves_no_live_claim(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Before TRUST_AFTER seconds of its own heartbeats in a row (at start, after the
+        database failed, after this process stalled), a rescue frees only the claims of
+        processes gone from this host."""
+        now = [1000.0]
+        monkeypatch.setattr(heartbeat.time, "monotonic", lambda: now[0])
+        fake = FakeQueue()
+        beats = heartbeat.Heartbeat(
+            fake,  # type: ignore[arg-type]
+            "me",
+            now=time.time,
+            record=lambda: None,
+            wake=lambda: None,
+        )
+
+        def run_for(seconds: float) -> None:
+            end = now[0] + seconds
+            while now[0] < end:
+                now[0] += heartbeat.HEARTBEAT_EVERY
+                beats.beat()
+
+        beats.beat()
+        beats.rescue()
+        run_for(heartbeat.TRUST_AFTER - heartbeat.HEARTBEAT_EVERY)
+        beats.rescue()
+        run_for(heartbeat.HEARTBEAT_EVERY)
+        beats.rescue()
+        assert fake.rescues == [False, False, True]
+        fake.down = True  # an outage: every runner's heartbeat gets old
+        run_for(heartbeat.DEAD_AFTER * 2)
+        fake.down = False
+        beats.beat()
+        beats.rescue()
+        run_for(heartbeat.TRUST_AFTER)
+        beats.rescue()
+        now[0] += 3 * heartbeat.HEARTBEAT_EVERY  # this process stalled
+        beats.rescue()
+        beats.beat()
+        beats.rescue()
+        assert fake.rescues[3:] == [False, True, False, False]
