@@ -49,9 +49,13 @@ _SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a d
 # the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
 _LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
-_CUT_OFF = 5.0  # seconds run() still waits, past the grace period, for turns in workers
+_CUT_OFF = 2.0  # seconds run() still waits, past the grace period, for turns in workers
+# Seconds past the grace period that each wait for the database server still gets
+# (a frozen server: its connection is closed then, not at statement_timeout).
+_HURRY = 0.5
 _DOWN_REPORT_EVERY = 30.0  # seconds between warnings while the database keeps failing
 _JOIN = 2.0  # seconds a stop waits for its helper threads (daemons) and last writes
+_JOIN_PAST_GRACE = 1.0  # the same, past the cut-off of a stop that outlasted its grace
 
 
 @dataclasses.dataclass
@@ -346,18 +350,23 @@ class AgentRunner:
             self._drain()
         finally:
             # Threads that may wait for a frozen database are daemons: a stop waits
-            # for them all, the last writes included, _JOIN seconds in all.
+            # for them all, the last writes included, _JOIN seconds in all (less
+            # past the cut-off of a stop that outlasted its grace).
             ending = time.monotonic() + _JOIN
+            if self._cut_off is not None:
+                ending = min(ending, max(self._cut_off, time.monotonic()) + _JOIN_PAST_GRACE)
             keeper = self._heartbeat.stop()
             last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
             last.start()
             self._listener.close()
             self._listener = Polling()
-            self._running = False
             self._signals.put(None)
             for thread in (keeper, control, last):
                 if thread is not None:
                     thread.join(timeout=max(0.0, ending - time.monotonic()))
+            with self._lock:
+                self._running = False
+                self.store._db.hurry(None)  # the Store may serve on: its waits as before
             for signum, old in previous.items():
                 signal.signal(signum, old)
             if last.is_alive():
@@ -378,15 +387,22 @@ class AgentRunner:
         in the main thread is interrupted (KeyboardInterrupt), which leaves its
         handoff; turns running in worker threads (``max_concurrency`` above 1)
         stop at their next model request or template call, as interrupted, and
-        :meth:`run` returns at most ``_CUT_OFF`` seconds later even if one is
-        stuck in a request (ending the process then cuts it off, as a crash would).
-        Thread-safe; :meth:`run` returns once the turns end.
+        :meth:`run` returns at most 3 seconds later even if one is stuck in a
+        request (ending the process then cuts it off, as a crash would). Each wait
+        for a database server ends half a second past the grace at the latest,
+        even a frozen server's (its connection closed), so that the writes of the
+        interrupted turns and the last ones fail then instead of waiting out
+        ``statement_timeout`` (until :meth:`run` returns, for every user of the
+        runner's Store). Thread-safe; :meth:`run` returns once the turns end.
         """
         if self._stopping.is_set():
             return
         self._stopping.set()
         self._wake.set()
         grace = self.config.grace_seconds if grace is None else grace
+        with self._lock:
+            if self._running:
+                self.store._db.hurry(grace + _HURRY)
         in_flight = self._running_turns()
         if not in_flight:
             log.info("stopping", extra={"runner": self.id})
@@ -487,6 +503,7 @@ class AgentRunner:
         # The runner's own PersistenceHandler holds nothing but self.store, and a
         # store the caller passed in stays open for the caller.
         if self._owns_store:
+            self.store._db.hurry(0.0)  # a frozen server's connections: not waited for
             self.store.close()
 
     def __enter__(self) -> AgentRunner:
@@ -1047,6 +1064,7 @@ class AgentRunner:
         if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
             # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
+            self.store._db.hurry(_HURRY)  # a frozen server: not its statement_timeout
             if self._inline:
                 raise KeyboardInterrupt  # the turn runs in this thread
             self._delivery.cancel.set()  # the workers' turns, at their next request

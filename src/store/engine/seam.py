@@ -216,6 +216,12 @@ class Database(Protocol):
         nothing.
         """
 
+    def hurry(self, seconds: float | None) -> None:
+        """End every wait for a server within ``seconds`` from now, those in progress
+        included (a process stopping past its grace period); None lifts it. A
+        database without a server to wait for does nothing.
+        """
+
     def require(self, feature: str) -> None:
         """Raise NotSupportedError unless this database carries ``feature``."""
 

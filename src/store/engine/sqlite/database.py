@@ -95,6 +95,9 @@ class SQLiteDatabase:
         """Nothing to lift: SQLite's only wait is for a lock (``busy_timeout``)."""
         return nullcontext()
 
+    def hurry(self, seconds: float | None) -> None:
+        """Nothing to end: no server to wait for (a lock's wait ends by ``busy_timeout``)."""
+
     def close(self) -> None:
         """Close every connection this database opened, in all threads.
 
