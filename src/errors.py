@@ -127,15 +127,26 @@ class SchemaTooNewError(DurableError):
 
 
 class DatabaseBusyError(DurableError):
-    """The database stayed locked by another writer for longer than busy_timeout."""
+    """The database stayed locked by another writer for longer than busy_timeout.
 
-    def __init__(self, path: str, busy_timeout: float) -> None:
+    ``.waited_for`` names the lock when it was none of this database's writers'
+    (on PostgreSQL, a lock a commit takes that is shared with the whole server).
+    """
+
+    def __init__(self, path: str, busy_timeout: float, *, waited_for: str | None = None) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
-        msg = (
-            f"{path} stayed locked by another writer for {busy_timeout:g} s. "
-            "Retry, or raise busy_timeout if writers hold it this long on purpose."
-        )
+        self.waited_for = waited_for
+        if waited_for is None:
+            msg = (
+                f"{path} stayed locked by another writer for {busy_timeout:g} s. "
+                "Retry, or raise busy_timeout if writers hold it this long on purpose."
+            )
+        else:
+            msg = (
+                f"A commit to {path} waited {busy_timeout:g} s for {waited_for}, and "
+                "gave up: nothing of it was written. Retry once that is released."
+            )
         super().__init__(msg)
 
 

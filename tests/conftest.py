@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from helpers import NewDatabases
+    from pgbouncer_server import PgBouncer
     from postgres_server import PostgresServer
 
 
@@ -60,6 +61,27 @@ def postgres_url(postgres_server: "PostgresServer") -> "Iterator[str]":
     yield url
     gc.collect()  # Stores a test left open let go of their pools first
     postgres_server.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server: "PostgresServer") -> "Iterator[PgBouncer]":
+    """A PgBouncer in transaction mode in front of the session's cluster, for the whole
+    session, on a Unix socket in a temp dir (tests/pgbouncer_server.py).
+
+    Skipped, with one line saying how to enable it, where pgbouncer is not installed;
+    a failure instead when $EFFECTFUL_DURABLE_REQUIRE_POSTGRES is set (CI).
+    """
+    from pgbouncer_server import running
+
+    with running(postgres_server) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pooled_url(pgbouncer: "PgBouncer", postgres_url: str) -> str:
+    """The URL, through the session's PgBouncer, of the test's new database
+    (``postgres_url``, the same database reached directly)."""
+    return pgbouncer.pooled(postgres_url)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -51,8 +51,7 @@ class RunnerConfig:
         model = "gpt-4o-mini"
 
         [runner]
-        poll_interval = 1.0     # seconds; how soon other processes' alarms are noticed
-                                # (on PostgreSQL, only while NOTIFY cannot wake the runner)
+        poll_interval = 0.5     # seconds; how soon other processes' alarms are noticed
         lease_seconds = 300     # only for claimers without heartbeats: see below
         max_attempts = 5        # failed deliveries before an alarm is dead
         backoff_base = 10       # first retry after 10 s, then 20 s, 40 s, ...
@@ -72,9 +71,9 @@ class RunnerConfig:
 
     Args:
         model: The model name the default handler stack gives ``LiteLLMProvider``.
-        poll_interval: Longest sleep between two looks at the database, in seconds
-            (on PostgreSQL, while the runner's listening connection is lost;
-            otherwise a NOTIFY wakes it, and it looks every 30 s).
+        poll_interval: Longest sleep between two looks at the database, in
+            seconds: an alarm or event another process made due starts within
+            it. Each look is one indexed read of the pending alarms.
         lease_seconds: The lease of a claim, which matters only for a claimer
             that keeps no heartbeat. A runner's claims are held by its
             heartbeat instead: it writes one every 5 seconds (one write,
@@ -108,7 +107,7 @@ class RunnerConfig:
     """
 
     model: str | None = None
-    poll_interval: float = 1.0
+    poll_interval: float = 0.5
     lease_seconds: float = 300.0
     max_attempts: int = 5
     backoff_base: float = 10.0

@@ -32,7 +32,6 @@ from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
 from ..store.alarm_queue import runner_id
-from ..store.engine.seam import AlarmListener, Polling
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
@@ -45,9 +44,6 @@ log = logging.getLogger("effectful_durable.runner")
 
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
 _SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a decision
-# Seconds between looks at the database while commits that make an alarm due wake
-# the runner (PostgreSQL's LISTEN/NOTIFY): a safety net, not the way alarms are found.
-_LISTENING_POLL = 30.0
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
 _CUT_OFF = 2.0  # seconds run() still waits, past the grace period, for turns in workers
 # Seconds past the grace period that each wait for the database server still gets
@@ -176,11 +172,10 @@ class AgentRunner:
     back that fails is kept and retried until it lands (see :doc:`/production`).
 
     Between alarms it sleeps until the earliest one is due, looking at the
-    database at least every ``poll_interval`` (one indexed read). On PostgreSQL
-    a connection of its own LISTENs instead: a commit that makes an alarm due
-    (in any process, on any machine) wakes it at once, and it looks at the
-    database only every 30 seconds otherwise, or every ``poll_interval`` while
-    that connection is lost (it reconnects by itself). In the main
+    database at least every ``poll_interval`` (one indexed read of the pending
+    alarms; a claim, a write, only when one is due), so that an alarm another
+    process made due starts within that, on either backend. Nothing listens:
+    a commit makes no sound for it (see :doc:`/production`). In the main
     thread, :meth:`run` handles signals: SIGUSR1 logs a status report and stores
     it for ``effectful-durable status``; SIGHUP re-reads the config file (a bad
     one is logged and the old config stays) and calls ``on_config_update(config)``
@@ -290,7 +285,6 @@ class AgentRunner:
         self._cut_off: float | None = None  # when run() stops waiting for stuck turns
         self._inline = False  # a turn runs in run()'s own thread right now
         self._wake = threading.Event()
-        self._listener: AlarmListener = Polling()
         self._stopping = threading.Event()
         self._turn_done = threading.Event()
         self._turn_done.set()
@@ -300,6 +294,7 @@ class AgentRunner:
         self._rescued = False  # the first step looks for dead runners' claims at once
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._write_backs: list[_WriteBack] = []  # under self._lock
+        self._resting: dict[str, float] = {}  # agent id -> clock time; under self._lock
         self._unsure_of_leases = False
         self._down_since: float | None = None  # time.monotonic() of the first failure
         self._down_logged = 0.0
@@ -337,8 +332,6 @@ class AgentRunner:
             where,
             extra={"runner": self.id, "db": where, "config": self.config_path},
         )
-        if self._polls:  # a fake clock in a test has no other process to hear
-            self._listener = self._queue.listen(self._wake.set)
         self._running = True
         self._rescued = False
         sent = time.monotonic()
@@ -358,8 +351,6 @@ class AgentRunner:
             keeper = self._heartbeat.stop()
             last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
             last.start()
-            self._listener.close()
-            self._listener = Polling()
             self._signals.put(None)
             for thread in (keeper, control, last):
                 if thread is not None:
@@ -595,7 +586,7 @@ class AgentRunner:
             self._rescued = True
         self._database_answers()
         busy = self._busy_agents()
-        held = sorted({*busy, *self._awaiting_write_back()})
+        held = sorted({*busy, *self._awaiting_write_back(), *self._rested(now)})
         due = None
         if len(busy) < self._concurrency():
             # A read: claim (a write) only when one is due.
@@ -617,12 +608,13 @@ class AgentRunner:
             return False
         if not self._polls:  # a fake clock in a test has no other process to notice
             wait = 1e9
-        elif self._listener.listening and not self._awaiting_write_back():
-            wait = _LISTENING_POLL
         else:
             wait = self.config.poll_interval
-        if due is not None:
-            wait = min(wait, max(due - now, 0.0))
+        with self._lock:
+            rested_until = min(self._resting.values(), default=None)
+        for then in (due, rested_until):
+            if then is not None:
+                wait = min(wait, max(then - now, 0.0))
         return self._sleep(wait, now, until)
 
     def _write_back(self) -> None:
@@ -672,6 +664,25 @@ class AgentRunner:
                 error,
                 extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
             )
+
+    def _put_back(self, claim: Claim, now: float, pause: float) -> None:
+        """Give back a claim its agent cannot take now (busy elsewhere, paused, waiting
+        for a decision), due when it was, and leave that agent alone for ``pause``
+        seconds. Due later instead, the agent's later alarms and events would
+        overtake it (one agent's are delivered in order, whichever runner).
+        """
+        due = claim.due_at if claim.due_at is not None else now
+        with self._lock:
+            self._resting[claim.agent_id] = now + pause
+        self._written_back(claim, "gave back", lambda: self._queue.release(claim, due))
+
+    def _rested(self, now: float) -> list[str]:
+        """The agents this runner leaves alone for now (see :meth:`_put_back`)."""
+        with self._lock:
+            for agent_id, until in list(self._resting.items()):
+                if until <= now:
+                    del self._resting[agent_id]
+            return list(self._resting)
 
     def _awaiting_write_back(self) -> list[str]:
         with self._lock:
@@ -815,8 +826,7 @@ class AgentRunner:
         settings = config.agent(claim.agent_id)
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
-            later = now + max(config.poll_interval, 60.0)
-            self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+            self._put_back(claim, now, max(config.poll_interval, 60.0))
             log.debug("agent paused: %s put back", _noun(claim.kind), extra=context)
             return "paused"
         started = time.monotonic()
@@ -861,8 +871,7 @@ class AgentRunner:
                 outcome = "suspended"
             else:
                 # The agent's conversation waits for a decision: no turn began.
-                later = now + _SUSPENDED_RETRY
-                self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+                self._put_back(claim, now, _SUSPENDED_RETRY)
                 log.info(
                     "agent waits for a decision; %s put back for %g s",
                     claim.alarm_id,
@@ -875,8 +884,7 @@ class AgentRunner:
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
             outcome = "lease_lost"
         except AgentInUseError:
-            later = now + _IN_USE_RETRY
-            self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+            self._put_back(claim, now, _IN_USE_RETRY)
             log.info(
                 "agent busy in another process; %s put back", _noun(claim.kind), extra=context
             )

@@ -23,10 +23,10 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Literal
 
-from .engine.seam import AlarmListener, Conn, Database
+from .engine.seam import Conn, Database
 from .engine.sqlite.damage import watched
 from .parts.alarms import AlarmStatus, Claim, Schedule, current_version
 from .rows import legible, trace_in, utc
@@ -389,14 +389,6 @@ class AlarmQueue:
 
     def __init__(self, store: StoreBase) -> None:
         self._store = store
-
-    def listen(self, wake: Callable[[], None]) -> AlarmListener:
-        """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
-
-        On PostgreSQL a connection of its own LISTENs for the NOTIFY such a commit
-        sends; on SQLite nothing tells, and the listener is never ``listening``.
-        """
-        return self._store._db.listen_alarms(wake)
 
     def next_due(self, busy: Collection[str] = ()) -> float | None:
         """When the earliest pending alarm of an agent not in ``busy`` becomes claimable."""

@@ -1,7 +1,7 @@
 """Live pages: the store's commit watch, turned into server-sent events.
 
 One watch per server (``Store.watch_commits``: ``PRAGMA data_version`` on
-SQLite, LISTEN on PostgreSQL) bumps a counter; each open page holds one
+SQLite, the WAL position on PostgreSQL, polled) bumps a counter; each open page holds one
 ``/-/live`` stream that waits on it and sends ``event: commit`` when it moves.
 The page's htmx then fetches its own address again and swaps in what changed.
 An idle page costs nothing but a comment every :data:`KEEPALIVE` seconds, and

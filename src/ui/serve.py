@@ -35,12 +35,14 @@ def serve(args: argparse.Namespace) -> int:
     if not by.strip():
         msg = "--by needs a name: the decisions made in the page are kept under it"
         raise DurableError(msg)
-    store = Store(args.db, readonly=True)
+    # On PostgreSQL, one connection each: the page's requests and its watch take turns
+    # on the reader's, so that it holds 2 however many tabs are open (see production.rst).
+    store = Store(args.db, readonly=True, pool_size=1)
     writer = None
     try:
         # Opened after the read-only Store, which refuses a database to migrate: so the
         # read-write one only opens a database as it is, and changes it only when asked.
-        writer = None if args.read_only else Store(args.db)
+        writer = None if args.read_only else Store(args.db, pool_size=1)
         listener = _bind(args.host, args.port)
         port = int(listener.getsockname()[1])
         token = secrets.token_urlsafe(24)

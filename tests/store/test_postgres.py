@@ -54,9 +54,9 @@ def added(position: int) -> HistoryChange:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 9)."""
+        """Opening an empty database creates the schema and marks it ours (version 10)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 9
+            assert store.check()["schema"] == SCHEMA_VERSION == 10
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
@@ -300,15 +300,7 @@ class TestMigrations:
                 assert store.check()["schema"] == SCHEMA_VERSION
                 assert [a.agent_id for a in store.agents()] == ["bot"]  # rows kept
             assert catalog(old) == catalog(fresh)
-            assert sorted(name for name, _ in catalog(fresh)["triggers"]) == [
-                "agents_committed",
-                "alarms_committed",
-                "alarms_due",
-                "approvals_committed",
-                "handoffs_committed",
-                "runner_status_committed",
-                "workflow_steps_committed",
-            ]
+            assert catalog(fresh)["triggers"] == []  # schema 10: nothing notifies
         finally:
             postgres_server.drop_database(fresh)
             postgres_server.drop_database(old)

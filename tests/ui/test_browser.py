@@ -155,6 +155,31 @@ class TestDemoPages:
         driver.get(demo.base + path)
         assert says in text_of(driver)
 
+    @pytest.mark.parametrize(
+        "path",
+        [
+            "/",
+            "/agent?id=coder-1",
+            "/send-event",
+            "/reset-workflow?name=build-textkit&from=1",
+        ],
+    )
+    def test_a_checkbox_is_a_box(self, driver: Any, demo: Server, path: str) -> None:
+        """Each page's checkbox shows as a square box at least 12 pixels wide, with a tick
+        once clicked."""
+        enter(driver, demo)
+        driver.get(demo.base + path)
+        box = driver.find_element("css selector", "input[type=checkbox]")
+        box.click()
+        width, height, radius, tick = driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect(), s = getComputedStyle(arguments[0]);"
+            "return [r.width, r.height, parseFloat(s.borderRadius), s.backgroundImage]",
+            box,
+        )
+        assert box.is_selected() and width >= 12 and height >= 12
+        assert radius < width / 4  # not rounded into a circle
+        assert tick.startswith("url(")
+
 
 class TestContent:
     def test_html_is_shown_as_text(self, driver: Any, desk: Server) -> None:

@@ -15,7 +15,7 @@ differs too: beside the SQLite file, or in a cache directory per PostgreSQL
 database (``PostgresDatabase.workspace_directory``); the Store makes that cache.
 
 Besides the protocols, this module holds what both engines and the layers above
-them share: :class:`TurnWrite`, :class:`Polling`, :data:`HANDOFF_INSERT`,
+them share: :class:`TurnWrite`, :data:`HANDOFF_INSERT`,
 :data:`DEFAULT_STATEMENT_TIMEOUT` and :data:`APPLICATION_ID`. It imports nothing
 of ours.
 
@@ -92,31 +92,11 @@ class TurnWrite(Protocol):
         """Apply the write as part of ``version`` of ``agent_id``; raise to abort the turn."""
 
 
-class AlarmListener(Protocol):
-    """What wakes an alarm runner when a commit makes an alarm due (see ``listen_alarms``)."""
-
-    @property
-    def listening(self) -> bool:
-        """Whether such commits wake the runner now; while False it must poll."""
-
-    def close(self) -> None:
-        """Stop listening."""
-
-
 class CommitWatch(Protocol):
     """What tells a reader of the database that another process committed (``watch_commits``)."""
 
     def close(self) -> None:
         """Stop watching."""
-
-
-class Polling:
-    """An AlarmListener that never listens: the runner polls (SQLite, a fake clock)."""
-
-    listening = False
-
-    def close(self) -> None:
-        """Nothing to stop."""
 
 
 class Database(Protocol):
@@ -238,19 +218,14 @@ class Database(Protocol):
         the rows returned stay held against other claimers until this one ends.
         """
 
-    def listen_alarms(self, wake: Callable[[], None]) -> AlarmListener:
-        """Call ``wake`` (from another thread) whenever a commit makes an alarm due.
-
-        A backend that cannot tell returns a listener that is never ``listening``.
-        """
-
     def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
         """Call ``wake`` (from another thread) soon after each commit to the database.
 
-        A commit is noticed without reading any table: SQLite's ``PRAGMA
-        data_version``, PostgreSQL's LISTEN. ``wake`` may also be called when
-        nothing changed (after a lost connection, say), never much later than a
-        commit.
+        A commit is noticed without reading any table, by polling a marker that
+        every commit moves (engine/watch.py): SQLite's ``PRAGMA data_version``,
+        PostgreSQL's WAL position. Nothing is sent or locked by a commit for it.
+        ``wake`` may also be called when nothing changed (after a lost connection,
+        say), never much later than a commit.
         """
 
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:

@@ -3,8 +3,8 @@
 ``database.py`` is the Database a Store holds; ``connections.py`` the
 connections' options, deadline and check; ``opening.py`` connecting, which tells a
 server's lasting refusal from one that may pass;
-``schema.py`` and ``schema.sql`` are the schema and its migrations; ``listen.py``
-wakes alarm runners on NOTIFY.
-It imports ``engine/seam.py`` and ``errors`` only, and psycopg only when a Store
-opens a ``postgresql://`` URL.
+``schema.py`` and ``schema.sql`` are the schema and its migrations. Nothing here
+LISTENs or NOTIFYs: readers poll (``engine/watch.py``).
+It imports ``engine/seam.py``, ``engine/watch.py`` and ``errors`` only, and
+psycopg only when a Store opens a ``postgresql://`` URL.
 """

@@ -164,21 +164,27 @@ def session_options(*, busy_timeout: float, statement_timeout: float | None) -> 
     ``idle_in_transaction_session_timeout`` end, on the server, what a client
     that stopped answering left running or open (its locks go with it).
     """
-    options = f"-c lock_timeout={_ms(busy_timeout)}"
+    options = f"-c lock_timeout={milliseconds(busy_timeout)}"
     if statement_timeout is not None:
         options += (
-            f" -c statement_timeout={_ms(statement_timeout)}"
-            f" -c idle_in_transaction_session_timeout={_ms(statement_timeout)}"
+            f" -c statement_timeout={milliseconds(statement_timeout)}"
+            f" -c idle_in_transaction_session_timeout={milliseconds(statement_timeout)}"
         )
     return options
 
 
-def _ms(seconds: float) -> int:
+def milliseconds(seconds: float) -> int:
+    """A timeout of ``seconds`` as a server setting in milliseconds (0 would mean none)."""
     return max(1, int(seconds * 1000))
 
 
-def still_open(conn: psycopg.Connection[Any]) -> None:
+def still_open(conn: psycopg.Connection[Any], *, pinned: bool = False) -> None:
     """Check a connection before its use, without a round trip.
+
+    Args:
+        conn: The connection.
+        pinned: Whether it may be in a transaction kept open (the agents' locks
+            through a pooler).
 
     Raises:
         psycopg.OperationalError: The connection is closed, broken, in a
@@ -194,7 +200,12 @@ def still_open(conn: psycopg.Connection[Any]) -> None:
         if not poll.poll(0):
             break
         pgconn.consume_input()  # raises OperationalError once it reads the close
-    if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
+    usable = (
+        (TransactionStatus.IDLE, TransactionStatus.INTRANS)
+        if pinned
+        else (TransactionStatus.IDLE,)
+    )
+    if pgconn.status != ConnStatus.OK or pgconn.transaction_status not in usable:
         msg = "the connection is not idle"
         raise psycopg.OperationalError(msg)
 

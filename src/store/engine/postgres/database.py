@@ -72,21 +72,23 @@ from ..seam import (
     moved_by,
     redacted,
 )
+from ..watch import MarkerWatch
 from .connections import (
     KEEPALIVES,
     POOL_PREFIX,
     DeadlineConnection,
     ServerSilent,
     is_unhurried,
+    milliseconds,
     session_options,
     still_open,
     unhurried,
 )
-from .listen import COMMITS, NotifyListener
 from .opening import (
     connect_timeout,
     connect_timeout_given,
     first_connection,
+    opening_connection,
     pool_connections,
     unavailable,
     unavailable_reason,
@@ -118,6 +120,20 @@ _CLOSE = 1.0  # seconds closing waits for the pool's threads (daemons: a frozen 
 _GETCONN_SLICE = 0.2
 _TICK = 0.1  # seconds: how soon past a hurried end a wait still ends (an answer's chance)
 _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
+# The transaction that keeps the lock connection's server session through a
+# pooler: it is idle between a turn's start and its end, for as long as the turn.
+_PINNED = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0"
+# Who holds the NOTIFY queue's lock (pg_database's object 0, in no database).
+_NOTIFY_LOCK_HOLDER = """
+    SELECT a.pid, a.datname, a.application_name, a.wait_event
+      FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+     WHERE l.locktype = 'object' AND l.database = 0 AND l.objid = 0
+       AND l.classid = 'pg_database'::regclass AND l.granted
+"""
+_WAL_POSITION = (
+    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+    " ELSE pg_current_wal_insert_lsn() END"
+)
 
 log = logging.getLogger("effectful_durable.store")
 
@@ -193,13 +209,22 @@ class PostgresDatabase:
         started = time.monotonic()
         # In this thread, so that a refusal is raised at once, in the server's words;
         # the pool's own attempts only log why they fail (opening.py).
-        first = first_connection(
+        first, pooled = opening_connection(
             url,
             self.location,
             self._connect_kwargs,
             timeout=wait,
             connection_class=self._connection_class,
+            lock_timeout=milliseconds(busy_timeout),
         )
+        #: Whether the URL reaches a pooler in transaction mode (PgBouncer): each
+        #: transaction then sets the sessions' settings itself, nothing is prepared
+        #: on the server, and the agents' locks keep a transaction open (_AdvisoryLocks).
+        self.pooled = pooled
+        if pooled:
+            # A statement prepared on one server session is unknown to the next.
+            self._connect_kwargs["prepare_threshold"] = None
+            first.prepare_threshold = None
         self._pool_class = pool_connections(first, self._connection_class, lambda: self._closed)
         self._pool = psycopg_pool.ConnectionPool(
             url,
@@ -279,6 +304,20 @@ class PostgresDatabase:
         answer = None if seconds is None else seconds + _ANSWER_MARGIN
         self._connection_class.answer_timeout = answer
 
+    @property
+    def session_settings(self) -> str:
+        """The statement that gives a transaction our sessions' settings, through a
+        pooler (elsewhere, the connections' startup options carry them)."""
+        settings = {"lock_timeout": milliseconds(self.busy_timeout)}
+        if self._statement_timeout is not None and not is_unhurried():
+            timeout = milliseconds(self._statement_timeout)
+            settings["statement_timeout"] = timeout
+            settings["idle_in_transaction_session_timeout"] = timeout
+        calls = [f"set_config('{name}', '{value}', true)" for name, value in settings.items()]
+        if self.readonly:
+            calls.append("set_config('transaction_read_only', 'on', true)")
+        return f"SELECT {', '.join(calls)}"
+
     def unhurried(self) -> AbstractContextManager[None]:
         """Lift the statement timeout, client's and server's, in this thread's block."""
         return unhurried()
@@ -293,9 +332,9 @@ class PostgresDatabase:
     # -- connections and transactions ------------------------------------------
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (the locks' own, a runner's listening
-        one), within the time a call waits for a connection (none once hurried past
-        its end)."""
+        """A new connection outside the pool (the locks' own, a commit's check),
+        within the time a call waits for a connection (none once hurried past its
+        end)."""
         wait = self._connection_wait
         left = self._hurry_left()
         if left is not None:
@@ -344,6 +383,8 @@ class PostgresDatabase:
                     # (raising the first error; the server skips what follows).
                     with raw.pipeline() as conn.pipeline:
                         raw.execute(begin)
+                        if self.pooled:
+                            raw.execute(self.session_settings)
                         yield conn
                         committing = True
                         raw.execute("COMMIT")
@@ -364,6 +405,11 @@ class PostgresDatabase:
                 if committing and lost and isinstance(error, psycopg.Error):
                     self._resolve(conn, error)  # returns if the commit landed
                     return
+                if committing and _waited_at_commit(error):
+                    waited_for = self._commit_lock()
+                    raise DatabaseBusyError(
+                        self.location, self.busy_timeout, waited_for=waited_for
+                    ) from error
                 raise
             finally:
                 conn.pipeline = None
@@ -416,7 +462,7 @@ class PostgresDatabase:
             if begin is None:
                 return raw
             try:
-                raw.execute(begin)
+                raw.execute(f"{begin}; {self.session_settings}" if self.pooled else begin)
                 if is_unhurried():
                     raw.execute(_UNHURRIED)
             except psycopg.OperationalError as error:
@@ -510,21 +556,33 @@ class PostgresDatabase:
 
     def _landed(self, agent_id: str, version: int, commit_id: str, backend: int) -> bool:
         """Whether ``version`` of ``agent_id`` committed with ``commit_id``, asked on a
-        new connection once the session ``backend`` (the one that sent it) is over."""
+        new connection once the session ``backend`` (the one that sent it) is over.
+
+        Through a pooler ``backend`` is the pooler's, not the server's, and the
+        server session may serve another client by now: instead of ending it, the
+        check waits until no session of this process is committing.
+        """
+        name = self._connect_kwargs["application_name"]
         with self.connect() as check:
-            check.execute(
-                """
-                SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-                 WHERE pid = %s AND pid <> pg_backend_pid() AND application_name = %s
-                """,
-                (backend, self._connect_kwargs["application_name"]),
-            )
+            if self.pooled:
+                in_flight = (
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+                    " AND pid <> pg_backend_pid() AND state = 'active' AND query = 'COMMIT'",
+                    (name,),
+                )
+            else:
+                check.execute(
+                    """
+                    SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                     WHERE pid = %s AND pid <> pg_backend_pid() AND application_name = %s
+                    """,
+                    (backend, name),
+                )
+                in_flight = ("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,))
             left = self._hurry_left()
             wait = self._connection_wait if left is None else min(self._connection_wait, left)
             deadline = time.monotonic() + wait
-            while check.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)
-            ).fetchone():
+            while check.execute(*in_flight).fetchone():
                 if time.monotonic() > deadline:
                     msg = f"the session that sent the commit (backend {backend}) did not end"
                     raise DurableError(msg)
@@ -551,6 +609,32 @@ class PostgresDatabase:
             version = (error.diag.message_detail or "").split()[3:4] or ["0"]
             return AgentInUseError(error.diag.message_primary or "", moved_by(int(version[0])))
         return error
+
+    def _commit_lock(self) -> str:
+        """What a commit that timed out waiting for a lock waited for, in words.
+
+        The one lock a commit of ours can wait for that no statement took is
+        shared with the whole server: the NOTIFY queue's (async.c,
+        ``PreCommit_Notify``), which any database's notifying commit holds until
+        its commit record is flushed (and acknowledged by a synchronous standby).
+        """
+        what = (
+            "the server's NOTIFY lock (one for the whole server, taken by a commit that notified)"
+        )
+        try:
+            with self.connect() as conn:
+                row = conn.execute(_NOTIFY_LOCK_HOLDER).fetchone()
+        except psycopg.Error:
+            row = None
+        if row is None:
+            return f"a lock of the server taken at commit, most likely {what}"
+        pid, database, application, waiting = row
+        holder = f"backend {pid} of database {database!r}"
+        if application:
+            holder += f" ({application})"
+        if waiting:
+            holder += f", itself waiting for {waiting}"
+        return f"{what}, held by {holder}"
 
     def writing(self, *, batch: bool = False) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises.
@@ -757,15 +841,20 @@ class PostgresDatabase:
         # Read committed lets two writers read the same max(number): one waits here.
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
 
-    def listen_alarms(self, wake: Callable[[], None]) -> NotifyListener:
-        """LISTEN for the ``alarms_due`` trigger's notifications on a connection of its own."""
-        return NotifyListener(self.connect, wake, location=self.location)
+    def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
+        """Poll the server's WAL position in a thread of its own (engine/watch.py).
 
-    def watch_commits(self, wake: Callable[[], None]) -> NotifyListener:
-        """LISTEN for the ``*_committed`` triggers' notifications (schema 9)."""
-        return NotifyListener(
-            self.connect, wake, location=self.location, channel=COMMITS, what="commits"
-        )
+        Every commit that wrote moves it, in any database of the server: a commit
+        elsewhere wakes the reader for nothing, never a commit here too late. No
+        LISTEN: a notifying commit locks the whole server (schema.py, schema 10),
+        and a pooler in transaction mode would not deliver it.
+        """
+        return MarkerWatch(self._wal_position, wake, location=self.location)
+
+    def _wal_position(self) -> str:
+        """Where the server's WAL ends now (where it was replayed to, on a standby)."""
+        with self.reading() as conn:
+            return str(conn.execute(_WAL_POSITION).get)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
@@ -949,6 +1038,18 @@ def _pipelines() -> bool:
     return psycopg.Pipeline.is_supported()
 
 
+def _waited_at_commit(error: BaseException) -> bool:
+    """Whether ``error`` is a lock wait that COMMIT itself timed out in: a statement's
+    lock wait names the statement or the row in its context, a commit's names none."""
+    return isinstance(error, pg_errors.LockNotAvailable) and not error.diag.context
+
+
+def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
+    """Try the session advisory lock ``key`` once: whether it was taken."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+    return bool(row and row[0])
+
+
 def _unlock_quietly(conn: psycopg.Connection[Any], key: int) -> None:
     """Let an advisory lock go after a failure; a lost connection let it go already."""
     if not conn.broken:
@@ -1020,6 +1121,14 @@ class _AdvisoryLocks:
 
     Within the process a table of held ids decides between threads (a session's
     advisory locks are reentrant, so PostgreSQL alone would let two threads in).
+
+    Through a pooler in transaction mode, the server session under the connection
+    changes at each transaction's end, and a session's locks would stay behind
+    with it. So while it holds a lock, the connection keeps a transaction open
+    (the pooler keeps the session linked to it), and ends it once it holds none:
+    a process holds a server connection for its locks only while it runs a turn.
+    A process that dies closes its client connection, and the pooler then closes
+    the server session, which lets its locks go.
     """
 
     def __init__(self, db: PostgresDatabase) -> None:
@@ -1063,7 +1172,8 @@ class _AdvisoryLocks:
                 return
             try:
                 self._conn.execute("SELECT pg_advisory_unlock(%s)", (_key("agent", agent_id),))
-            except psycopg.OperationalError:
+                self._unpin()
+            except psycopg.Error:
                 self._drop()  # the server dropped every lock of that session already
 
     def _try(self, agent_id: str, handoff: Sequence[Any] | None) -> tuple[bool, list[Any] | None]:
@@ -1078,15 +1188,22 @@ class _AdvisoryLocks:
         for attempt in (1, 2):
             conn = self._connection()
             try:
+                if handoff is not None and not self._db.pooled:
+                    return self._start(conn, key, handoff)
+                taken = _try_lock(conn, key)
+                if not taken:
+                    self._unpin()
+                    return False, None
                 if handoff is None:
-                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-                    return bool(row and row[0]), None
-                return self._start(conn, key, handoff)
+                    return True, None
+                return True, self._start_pooled(conn, key, handoff)
             except psycopg.OperationalError as e:
                 self._drop()
                 if attempt == 2 or isinstance(e, ServerSilent):
                     raise unavailable(e, self._db.url, self._db.location) from e
             except psycopg.Error as e:
+                if self._db.pooled:
+                    self._drop()  # its transaction failed: the locks went with the session
                 ours = self._db._translated(e)
                 if ours is e:
                     raise
@@ -1110,10 +1227,32 @@ class _AdvisoryLocks:
             return False, None
         return True, [] if base is None else [(base,)]
 
+    def _start_pooled(
+        self, conn: psycopg.Connection[Any], key: int, handoff: Sequence[Any]
+    ) -> list[Any]:
+        """The handoff row, in a transaction of the pool's, once the lock is taken on the
+        pinned session: the lock is let go if the row's insert fails."""
+        try:
+            with self._db.autocommit() as pooled:
+                return self._db.start(pooled, handoff)
+        except BaseException:
+            _unlock_quietly(conn, key)
+            self._unpin()
+            raise
+
+    def _unpin(self) -> None:
+        """Through a pooler, end the lock connection's transaction once it holds no lock."""
+        conn = self._conn
+        if conn is None or self._held or not self._db.pooled or conn.broken:
+            return
+        if conn.info.transaction_status == TransactionStatus.INTRANS:
+            conn.execute("COMMIT")
+
     def _connection(self) -> psycopg.Connection[Any]:
+        """The lock connection, checked; through a pooler, in its open transaction."""
         if self._conn is not None:
             try:
-                still_open(self._conn)  # a restart ended the session: reconnect now
+                still_open(self._conn, pinned=self._db.pooled)  # a restart ended the session
             except psycopg.OperationalError:
                 self._drop()
         if self._conn is None:
@@ -1121,8 +1260,14 @@ class _AdvisoryLocks:
             # The server dropped the locks of the lost session: take back the ones
             # this process still holds (a turn in flight keeps its agent).
             for held in self._held:
-                self._conn.execute("SELECT pg_try_advisory_lock(%s)", (_key("agent", held),))
-        return self._conn
+                _try_lock(self._pinned(self._conn), _key("agent", held))
+        return self._pinned(self._conn)
+
+    def _pinned(self, conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        """``conn``, in a transaction with no idle timeout if it reaches a pooler."""
+        if self._db.pooled and conn.info.transaction_status == TransactionStatus.IDLE:
+            conn.execute(_PINNED)
+        return conn
 
     def _drop(self) -> None:
         if self._conn is not None:

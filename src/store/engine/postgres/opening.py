@@ -54,7 +54,7 @@ def first_connection(
     opening: bool = True,
 ) -> DeadlineConnection:
     """Connect to ``url`` once, within ``timeout`` seconds (the pool's first
-    connection, or one of the Store's own: the agents' locks, a runner's LISTEN).
+    connection, or one of the Store's own: the agents' locks).
 
     Args:
         url: The ``postgresql://`` URL, as given.
@@ -81,10 +81,77 @@ def first_connection(
             connection_class, url, options, lambda: deadline - time.monotonic()
         )
     except psycopg.Error as error:
+        if refused_options(error) and "options" in options:
+            raise  # a pooler: the caller connects without them (opening_connection)
         refusal = access_error(error, url, location)
         if refusal is not None:
             raise refusal from error
         raise unavailable(error, url, location, opening=opening) from error
+
+
+def opening_connection(
+    url: str,
+    location: str,
+    options: dict[str, Any],
+    *,
+    timeout: float,
+    connection_class: type[DeadlineConnection],
+    lock_timeout: int,
+) -> tuple[DeadlineConnection, bool]:
+    """The Store's first connection, and whether ``url`` reaches a pooler in
+    transaction mode (PgBouncer's ``pool_mode = transaction``) rather than the server.
+
+    A pooler refuses libpq's ``options`` ("unsupported startup parameter"), or
+    is set to ignore them: then they are dropped from ``options`` (in place), and
+    the caller sets its sessions' settings in each transaction instead, since the
+    server session under a client changes from one transaction to the next.
+    ``lock_timeout`` (milliseconds) is the setting ``options`` asked for, which
+    tells whether they were applied.
+
+    Raises:
+        DatabaseAccessError, DatabaseUnavailableError: As :func:`first_connection`.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        conn = first_connection(
+            url, location, options, timeout=timeout, connection_class=connection_class
+        )
+    except psycopg.Error:  # the options refused: only a pooler does
+        del options["options"]
+        remaining = max(deadline - time.monotonic(), 1.0)
+        conn = first_connection(
+            url, location, options, timeout=remaining, connection_class=connection_class
+        )
+        return conn, True
+    if "options" not in options:
+        return conn, False
+    try:
+        applied = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+    except psycopg.Error as error:
+        conn.close()
+        raise unavailable(error, url, location, opening=True) from error
+    if applied is not None and _milliseconds(str(applied[0])) == lock_timeout:
+        return conn, False
+    del options["options"]  # ignored (ignore_startup_parameters): harmless, but not ours
+    return conn, True
+
+
+#: PgBouncer's words for a startup parameter it does not pass on to the server.
+_UNSUPPORTED = re.compile(r"unsupported startup parameter")
+
+
+def refused_options(error: psycopg.Error) -> bool:
+    """Whether connecting failed because a pooler refused a startup parameter."""
+    return _UNSUPPORTED.search(str(error)) is not None
+
+
+def _milliseconds(setting: str) -> int | None:
+    """A time setting as PostgreSQL shows it ("5s", "250ms", "0"), in milliseconds."""
+    match = re.fullmatch(r"(\d+)\s*(ms|s|min|h|d)?", setting.strip())
+    if match is None:
+        return None
+    scale = {"ms": 1, None: 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+    return int(match[1]) * scale[match[2]]
 
 
 def patient_connection(
@@ -110,7 +177,8 @@ def patient_connection(
             return connection_class.connect(url, **attempt)
         except psycopg.Error as error:
             failed(error)
-            if remaining() <= 0 or access_error(error, url, "") is not None:
+            lasting = access_error(error, url, "") is not None or refused_options(error)
+            if remaining() <= 0 or lasting:
                 raise
         time.sleep(max(0.0, min(pause, remaining())))  # the last attempt at the deadline
         pause = min(pause * 2, _RETRY_MAX)
@@ -180,8 +248,8 @@ def unavailable(
 #: What a refusal for lack of connection slots advises (SQLSTATE 53300).
 CONNECTIONS_NEEDED = (
     "Each process using a Store needs at least 2 connections (one pooled, one for "
-    "the agents' locks), an AgentRunner 3 (one more to listen for due alarms) and "
-    "one more per concurrent turn, up to pool_size + 2. Raise the limit (ALTER ROLE "
+    "the agents' locks) and one more per concurrent turn, up to pool_size + 1. "
+    "Raise the limit (ALTER ROLE "
     "... CONNECTION LIMIT, ALTER DATABASE ... CONNECTION LIMIT, or the server's "
     "max_connections), lower pool_size, or run fewer processes"
 )

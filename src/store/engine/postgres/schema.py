@@ -253,8 +253,24 @@ CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runne
     FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
 """
 
+# Schema 10 notifies nobody: a transaction that sent a NOTIFY takes, at its commit,
+# a lock of the whole server (async.c, PreCommit_Notify), so that every notifying
+# commit of every database on it waited for the one before. Readers poll instead
+# (engine/postgres/watch.py, the runner's poll_interval).
+_V10 = """
+DROP TRIGGER alarms_due ON alarms;
+DROP FUNCTION effectful_durable_alarm_due();
+DROP TRIGGER agents_committed ON agents;
+DROP TRIGGER approvals_committed ON approvals;
+DROP TRIGGER alarms_committed ON alarms;
+DROP TRIGGER handoffs_committed ON handoffs;
+DROP TRIGGER workflow_steps_committed ON workflow_steps;
+DROP TRIGGER runner_status_committed ON runner_status;
+DROP FUNCTION effectful_durable_committed();
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
-MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9}
+MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10}
 
 #: The schema version this library writes on PostgreSQL.
 SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)

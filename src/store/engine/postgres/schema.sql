@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 9.
+-- effectful-durable database schema on PostgreSQL, version 10.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -213,23 +213,6 @@ CREATE UNIQUE INDEX alarms_open ON alarms (alarm_id) WHERE ended_in IS NULL;
 CREATE INDEX alarms_agent ON alarms (agent_id, ended_in);
 CREATE INDEX alarms_leased ON alarms (lease_owner) WHERE lease_owner IS NOT NULL;
 
--- Runners LISTEN on effectful_durable_alarms (store/postgres_listen.py). A write
--- that leaves a pending alarm unleased makes it claimable at a new time: it was
--- scheduled, delivered with a next occurrence, released, retried, re-armed,
--- restored by a rollback or copied in. Each transaction that makes one notifies
--- the runners once (PostgreSQL folds equal notifications), naming the schema,
--- and only if it commits.
-CREATE FUNCTION effectful_durable_alarm_due() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('effectful_durable_alarms', TG_TABLE_SCHEMA);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER alarms_due AFTER INSERT OR UPDATE ON alarms
-    FOR EACH ROW WHEN (NEW.status = 'pending' AND NEW.lease_token IS NULL)
-    EXECUTE FUNCTION effectful_durable_alarm_due();
-
 CREATE TABLE runner_status (
     runner_id   text COLLATE "C" PRIMARY KEY,
     host        text NOT NULL,
@@ -326,31 +309,3 @@ BEGIN
 END
 $$;
 
--- == Commits heard by readers (schema 9) ==
-
--- Readers LISTEN on effectful_durable_commits (the page, engine/postgres/listen.py)
--- to hear of each commit without reading a table. A statement that changes an
--- agent (every turn, rollback, fork or deletion moves its agents row), an
--- approval, an alarm or event, a handoff marked failed or cleared, a journal
--- step or a runner's status notifies them; PostgreSQL folds the equal
--- notifications of one transaction into one, sent only if it commits. A turn's
--- start (a handoff row written) notifies nobody: it is on every turn's path.
-CREATE FUNCTION effectful_durable_committed() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('effectful_durable_commits', TG_TABLE_SCHEMA);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER agents_committed AFTER INSERT OR UPDATE OR DELETE ON agents
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-CREATE TRIGGER approvals_committed AFTER INSERT OR UPDATE OR DELETE ON approvals
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-CREATE TRIGGER alarms_committed AFTER INSERT OR UPDATE OR DELETE ON alarms
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-CREATE TRIGGER handoffs_committed AFTER UPDATE OR DELETE ON handoffs
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-CREATE TRIGGER workflow_steps_committed AFTER INSERT OR UPDATE OR DELETE ON workflow_steps
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runner_status
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();

@@ -27,13 +27,13 @@ from ....errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from ..seam import Conn, Polling, Rows, TurnWrite, moved_by
+from ..seam import Conn, Rows, TurnWrite, moved_by
+from ..watch import MarkerWatch
 from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
 from .translate import translate, translated
-from .watch import DataVersionWatch
 
 
 class SQLiteDatabase:
@@ -392,13 +392,14 @@ class SQLiteDatabase:
         # BEGIN IMMEDIATE already holds every other claimer off until commit.
         return conn.execute(query, params)
 
-    def listen_alarms(self, wake: Callable[[], None]) -> Polling:
-        """Nothing tells: runners on SQLite poll."""
-        return Polling()
+    def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
+        """Poll ``PRAGMA data_version`` in a thread of its own (engine/watch.py)."""
+        return MarkerWatch(self._data_version, wake, location=self.path)
 
-    def watch_commits(self, wake: Callable[[], None]) -> DataVersionWatch:
-        """Poll ``PRAGMA data_version`` in a thread of its own (watch.py)."""
-        return DataVersionWatch(self.connection, wake, location=self.path)
+    def _data_version(self) -> int:
+        """This thread's connection's ``PRAGMA data_version``: it moves when another
+        connection commits to the file."""
+        return int(self.connection().pragma("data_version"))
 
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
         payload = row_checks.PAYLOAD[table]

@@ -1,11 +1,12 @@
-"""Noticing other processes' commits to an SQLite file: ``PRAGMA data_version``, polled.
+"""Noticing other processes' commits: a cheap change marker, polled by one thread.
 
-``PRAGMA data_version`` changes on a connection whenever another connection has
-committed to the file since it was last asked (sqlite.org/pragma.html#pragma_data_version).
-Asking takes a read lock for as long as SQLite needs to look at the WAL's index,
-no table is read, and nothing is written or checkpointed: a writer cannot tell
-that someone watches. One thread asks a few times a second, however many pages
-are open.
+Each engine names a marker that moves with every commit to the database and
+costs no table read: SQLite's ``PRAGMA data_version``, which changes whenever
+another connection committed to the file (sqlite.org/pragma.html#pragma_data_version);
+PostgreSQL's WAL position (``pg_current_wal_insert_lsn()``), which every commit
+moves. A writer cannot tell that someone watches: nothing is written, locked or
+sent by a commit for it. One thread looks a few times a second, however many
+pages are open.
 """
 
 from __future__ import annotations
@@ -14,35 +15,33 @@ import logging
 import threading
 from collections.abc import Callable
 
-import apsw
-
-from ....errors import DurableError
-
 #: Seconds between two looks: a commit is noticed within this.
 INTERVAL = 0.2
 
 logger = logging.getLogger("effectful_durable.store")
 
 
-class DataVersionWatch:
-    """Call ``wake`` soon after each commit of another connection to the file.
+class MarkerWatch:
+    """Call ``wake`` soon after the marker ``read`` returns has moved.
 
     Args:
-        connection: This thread's connection to the file (the Database's): called
-            from the watching thread, which gets a connection of its own.
+        read: Returns the marker; called from the watching thread. It may raise:
+            the watch logs it once, keeps looking, and calls ``wake`` when the
+            marker can be read again (what committed meanwhile is unknown).
         wake: Called from the watching thread; must be quick and thread-safe.
         interval: Seconds between two looks.
+        location: The database, as named in log messages.
     """
 
     def __init__(
         self,
-        connection: Callable[[], apsw.Connection],
+        read: Callable[[], object],
         wake: Callable[[], None],
         *,
         interval: float = INTERVAL,
         location: str = "",
     ) -> None:
-        self._connection = connection
+        self._read = read
         self._wake = wake
         self._interval = interval
         self._location = location
@@ -56,12 +55,12 @@ class DataVersionWatch:
         self._thread.join(timeout=10.0)
 
     def _run(self) -> None:
-        seen: int | None = None
+        seen: object = None
         failing = False
         while not self._stop.wait(self._interval if not failing else 1.0):
             try:
-                version = int(self._connection().pragma("data_version"))
-            except (apsw.Error, DurableError) as error:
+                marker = self._read()
+            except Exception as error:  # whatever it was, the watch must go on
                 if not failing:
                     logger.warning("cannot watch %s for commits: %s", self._location, error)
                 failing, seen = True, None
@@ -69,7 +68,7 @@ class DataVersionWatch:
             if failing:
                 logger.info("watching %s for commits again", self._location)
                 failing = False
-                self._wake()  # what was committed while the file could not be read
-            elif seen is not None and version != seen:
+                self._wake()  # what was committed while the marker could not be read
+            elif seen is not None and marker != seen:
                 self._wake()
-            seen = version
+            seen = marker
