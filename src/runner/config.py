@@ -52,7 +52,7 @@ class RunnerConfig:
 
         [runner]
         poll_interval = 0.5     # seconds; how soon other processes' alarms are noticed
-        lease_seconds = 300     # how long a claimed alarm's turn may run
+        lease_seconds = 300     # only for claimers without heartbeats: see below
         max_attempts = 5        # failed deliveries before an alarm is dead
         backoff_base = 10       # first retry after 10 s, then 20 s, 40 s, ...
         backoff_max = 3600      # ... at most an hour apart
@@ -74,7 +74,15 @@ class RunnerConfig:
         poll_interval: Longest sleep between two looks at the database, in
             seconds: an alarm or event another process made due starts within
             it. Each look is one indexed read of the pending alarms.
-        lease_seconds: How long a runner holds a claimed alarm.
+        lease_seconds: The lease of a claim, which matters only for a claimer
+            that keeps no heartbeat. A runner's claims are held by its
+            heartbeat instead: it writes one every 5 seconds (one write,
+            however many turns are in flight), its claims are its own while its
+            heartbeat is at most 15 seconds old, however long its turns, and a
+            runner silent for longer (or whose process is gone from this host)
+            is dead: within 2 seconds more, another runner takes its claims
+            back (see :doc:`/production`, "Heartbeats"). So ``lease_seconds``
+            bounds neither a turn nor the wait for a dead runner's claims.
         max_attempts: Deliveries tried before an alarm is dead.
         backoff_base: Delay before the first retry; it doubles with each attempt.
         backoff_max: Longest delay between retries.

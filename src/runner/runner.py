@@ -35,19 +35,23 @@ from ..store.alarm_queue import runner_id
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
+from .heartbeat import DEAD_AFTER, Heartbeat
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 log = logging.getLogger("effectful_durable.runner")
 
-_RECLAIM_EVERY = 5.0  # seconds between looks for leases of dead runners on this host
 _IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
 _SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a decision
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
-_CUT_OFF = 5.0  # seconds run() still waits, past the grace period, for turns in workers
+_CUT_OFF = 2.0  # seconds run() still waits, past the grace period, for turns in workers
+# Seconds past the grace period that each wait for the database server still gets
+# (a frozen server: its connection is closed then, not at statement_timeout).
+_HURRY = 0.5
 _DOWN_REPORT_EVERY = 30.0  # seconds between warnings while the database keeps failing
 _JOIN = 2.0  # seconds a stop waits for its helper threads (daemons) and last writes
+_JOIN_PAST_GRACE = 1.0  # the same, past the cut-off of a stop that outlasted its grace
 
 
 @dataclasses.dataclass
@@ -148,13 +152,17 @@ class _InProgress:
 class AgentRunner:
     """Deliver the agents' due alarms, each as a turn of its agent, until stopped.
 
-    Each due alarm is claimed with a lease (this runner's id, an expiry), its
+    Each due alarm is claimed (this runner's id, a fencing token), its
     agent is built by ``agents(agent_id)`` (once per runner), and
     ``agent.on_alarm(action)`` runs under the handler stack ``handlers(config)``
     returns, with a :class:`~effectful_durable.PersistenceHandler` on ``db``
     innermost (the runner adds one if the stack has none). The alarm is marked
-    delivered in the commit of that turn, fenced by the lease: a turn whose lease
-    another runner took commits nothing. A failed delivery is retried with
+    delivered in the commit of that turn, fenced by the claim: a turn whose claim
+    another runner took commits nothing. A thread of the runner writes its
+    heartbeat every 5 seconds (one write, whatever it holds): its claims are its
+    own while it beats, however long its turns; a runner whose heartbeat is 15
+    seconds old (on any host), or whose process is gone (on this one), is dead,
+    and the others take its claims back. A failed delivery is retried with
     exponential backoff, then the alarm is dead until re-armed. A read or write
     of the database that fails (:class:`~effectful_durable.StorageError`: a full
     or failing disk; :class:`~effectful_durable.DatabaseUnavailableError`: a
@@ -283,7 +291,7 @@ class AgentRunner:
         self._interrupting = False
         self._in_main = False
         self._running = False
-        self._next_reclaim = 0.0
+        self._rescued = False  # the first step looks for dead runners' claims at once
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._write_backs: list[_WriteBack] = []  # under self._lock
         self._resting: dict[str, float] = {}  # agent id -> clock time; under self._lock
@@ -292,6 +300,13 @@ class AgentRunner:
         self._down_logged = 0.0
         self._started = time.monotonic()
         self._started_at = time.time()
+        self._heartbeat = Heartbeat(
+            self._queue,
+            self.id,
+            now=self.clock.now,
+            record=lambda: self._record("running", if_missing=True, quiet=False),
+            wake=self._wake.set,
+        )
         self._build_stack(self.config)
 
     # -- public control ----------------------------------------------------------
@@ -318,26 +333,31 @@ class AgentRunner:
             extra={"runner": self.id, "db": where, "config": self.config_path},
         )
         self._running = True
-        self._record("running")
-        done = threading.Event()
-        keeper = threading.Thread(
-            target=self._keep_leases, args=(done,), name="runner-leases", daemon=True
-        )
-        keeper.start()
+        self._rescued = False
+        sent = time.monotonic()
+        if self._record("running"):
+            self._heartbeat.landed(sent)  # the first heartbeat
+        self._heartbeat.start()
         try:
             self._loop(until)
             self._drain()
         finally:
             # Threads that may wait for a frozen database are daemons: a stop waits
-            # for them all, the last writes included, _JOIN seconds in all.
+            # for them all, the last writes included, _JOIN seconds in all (less
+            # past the cut-off of a stop that outlasted its grace).
             ending = time.monotonic() + _JOIN
-            done.set()
+            if self._cut_off is not None:
+                ending = min(ending, max(self._cut_off, time.monotonic()) + _JOIN_PAST_GRACE)
+            keeper = self._heartbeat.stop()
             last = threading.Thread(target=self._last_writes, name="runner-last", daemon=True)
             last.start()
-            self._running = False
             self._signals.put(None)
             for thread in (keeper, control, last):
-                thread.join(timeout=max(0.0, ending - time.monotonic()))
+                if thread is not None:
+                    thread.join(timeout=max(0.0, ending - time.monotonic()))
+            with self._lock:
+                self._running = False
+                self.store._db.hurry(None)  # the Store may serve on: its waits as before
             for signum, old in previous.items():
                 signal.signal(signum, old)
             if last.is_alive():
@@ -358,15 +378,22 @@ class AgentRunner:
         in the main thread is interrupted (KeyboardInterrupt), which leaves its
         handoff; turns running in worker threads (``max_concurrency`` above 1)
         stop at their next model request or template call, as interrupted, and
-        :meth:`run` returns at most ``_CUT_OFF`` seconds later even if one is
-        stuck in a request (ending the process then cuts it off, as a crash would).
-        Thread-safe; :meth:`run` returns once the turns end.
+        :meth:`run` returns at most 3 seconds later even if one is stuck in a
+        request (ending the process then cuts it off, as a crash would). Each wait
+        for a database server ends half a second past the grace at the latest,
+        even a frozen server's (its connection closed), so that the writes of the
+        interrupted turns and the last ones fail then instead of waiting out
+        ``statement_timeout`` (until :meth:`run` returns, for every user of the
+        runner's Store). Thread-safe; :meth:`run` returns once the turns end.
         """
         if self._stopping.is_set():
             return
         self._stopping.set()
         self._wake.set()
         grace = self.config.grace_seconds if grace is None else grace
+        with self._lock:
+            if self._running:
+                self.store._db.hurry(grace + _HURRY)
         in_flight = self._running_turns()
         if not in_flight:
             log.info("stopping", extra={"runner": self.id})
@@ -467,6 +494,7 @@ class AgentRunner:
         # The runner's own PersistenceHandler holds nothing but self.store, and a
         # store the caller passed in stays open for the caller.
         if self._owns_store:
+            self.store._db.hurry(0.0)  # a frozen server's connections: not waited for
             self.store.close()
 
     def __enter__(self) -> AgentRunner:
@@ -553,11 +581,9 @@ class AgentRunner:
             self._unsure_of_leases = False
             if freed:
                 log.info("gave back %d claim(s) whose commit could not be confirmed", freed)
-        if time.monotonic() >= self._next_reclaim:
-            freed = self._queue.reclaim_dead_owners(now)
-            if freed:
-                log.info("took back %d alarm(s) from dead runners", freed)
-            self._next_reclaim = time.monotonic() + _RECLAIM_EVERY
+        if not self._rescued:  # then every few seconds, in the heartbeat's thread
+            self._heartbeat.rescue()
+            self._rescued = True
         self._database_answers()
         busy = self._busy_agents()
         held = sorted({*busy, *self._awaiting_write_back(), *self._rested(now)})
@@ -675,8 +701,9 @@ class AgentRunner:
             left = list(self._write_backs)
         if left:
             log.warning(
-                "%d claim(s) left as they are, until their leases run out (another runner "
-                "on this host takes them back at once): %s",
+                "%d claim(s) left as they are, until another runner takes them back (once "
+                "this runner's heartbeat is %g s old, or at once on this host): %s",
+                DEAD_AFTER,
                 len(left),
                 ", ".join(f"{p.claim.alarm_id} of {p.claim.agent_id}" for p in left),
             )
@@ -697,26 +724,6 @@ class AgentRunner:
         with self._lock:
             self.turns += turns
             self.errors += errors
-
-    def _keep_leases(self, done: threading.Event) -> None:
-        """Extend the leases of the turns in flight every third of ``lease_seconds``.
-
-        A thread of its own (with its own connection), so that a turn longer than
-        the lease keeps it whichever thread runs it.
-        """
-        while not done.wait(max(self.config.lease_seconds / 3, 0.05)):
-            claims = [p.claim for p in self._running_turns()]
-            try:
-                lost = self._queue.renew(claims, self.clock.now() + self.config.lease_seconds)
-            except DurableError as error:
-                log.warning("could not renew the leases of the turns in flight: %s", error)
-                continue
-            for claim in lost:
-                log.warning(
-                    "lease on %s lost: its turn will commit nothing",
-                    claim.alarm_id,
-                    extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
-                )
 
     def _start(self, claim: Claim, now: float) -> None:
         """Run the claimed turn: here when one turn runs at a time, else in a worker thread."""
@@ -1067,6 +1074,7 @@ class AgentRunner:
         if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
             # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
+            self.store._db.hurry(_HURRY)  # a frozen server: not its statement_timeout
             if self._inline:
                 raise KeyboardInterrupt  # the turn runs in this thread
             self._delivery.cancel.set()  # the workers' turns, at their next request
@@ -1106,16 +1114,32 @@ class AgentRunner:
         assert main is not None
         signal.pthread_kill(main, signal.SIGINT)
 
-    def _record(self, state: Any, report: dict[str, Any] | None = None) -> None:
+    def _record(
+        self,
+        state: Any,
+        report: dict[str, Any] | None = None,
+        *,
+        if_missing: bool = False,
+        quiet: bool = True,
+    ) -> bool:
+        """Store the status report (a heartbeat too); whether it landed.
+
+        Unless ``quiet``, a failure is raised (DurableError), not logged.
+        """
         try:
             self._queue.record_status(
                 self.id,
                 state=state,
                 started_at=self._started_at,
                 report=report if report is not None else self.status(),
+                if_missing=if_missing,
             )
         except DurableError as error:
+            if not quiet:
+                raise
             log.warning("could not store the status report: %s", error)
+            return False
+        return True
 
 
 def _turn_of(agent: PersistentAgent, claim: Claim) -> tuple[Template[..., Any], tuple[Any, ...]]:

@@ -1,12 +1,19 @@
-"""The runners' side of alarms: claims with leases, failures, dead runners, status reports.
+"""The runners' side of alarms: claims, heartbeats, failures, rescue, status reports.
 
-A runner claims the earliest due alarm with a lease (its id, a random fencing
-token and an expiry); the turn that delivers the alarm commits only while the
-token is still the alarm's (``parts/alarms.py``'s ``AlarmWrite``). A failed delivery is retried
-later, or the alarm is dead; leases of runner processes that died on this host
-are taken back at once. None of this is versioned: it belongs to the runners,
-not to the agents (see ``parts/alarms.py``). The Store facade and the runner
-use it; the Claim it makes is the alarms part's.
+A runner claims the earliest due alarm (its id, a random fencing token, and a
+lease: an expiry); the turn that delivers the alarm commits only while the
+token is still the alarm's (``parts/alarms.py``'s ``AlarmWrite``). A failed
+delivery is retried later, or the alarm is dead. A claim is its runner's while
+the runner lives: each runner beats (:func:`beat`, every
+:data:`HEARTBEAT_EVERY` seconds, one write whatever it holds) in its status
+row, and a claim whose runner beat within :data:`DEAD_AFTER` seconds is never
+claimed again, however old its lease. A runner whose heartbeat is older is
+dead, on any machine: :func:`rescue` gives its claims back (and those of a
+runner process on this host that is gone, at once). A claimer that keeps no
+status row (a program of its own on the queue) holds its claim for its lease.
+None of this is versioned: it belongs to the runners, not to the agents (see
+``parts/alarms.py``). The Store facade and the runner use it; the Claim it
+makes is the alarms part's.
 """
 
 from __future__ import annotations
@@ -57,22 +64,46 @@ def counts(conn: Conn, now: float) -> dict[str, int]:
     return dict(zip(names, row, strict=True))
 
 
+#: Seconds between two heartbeats of a runner: one write, whatever it holds.
+HEARTBEAT_EVERY = 5.0
+#: A runner whose last heartbeat is older than this, in seconds, is dead: three
+#: heartbeats missed. Its claims move to another runner within about
+#: ``DEAD_AFTER`` + 2 s of its death (the rescuers look every 2 s), leaving a
+#: turn half a minute's promise (DESIGN.md, 11) most of the rest.
+DEAD_AFTER = 15.0
+
+
 def runner_id() -> str:
     """A new runner's id: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def next_due(conn: Conn, busy: Collection[str] = ()) -> float | None:
+def _alive_owner(db: Database) -> str:
+    """SQL: the claim of alarm ``a`` is held by a runner whose heartbeat is fresh."""
+    return f"""EXISTS (SELECT 1 FROM runner_status AS r
+                        WHERE r.runner_id = a.lease_owner AND r.state = 'running'
+                          AND r.reported_at >= {db.now_sql} - {DEAD_AFTER!r})"""
+
+
+def _claimable(db: Database) -> str:
+    """SQL: alarm ``a`` is not held: unleased, or its lease ran out and its runner is dead
+    (a fresh heartbeat holds a claim however old its lease)."""
+    return f"(a.lease_owner IS NULL OR NOT {_alive_owner(db)})"
+
+
+def next_due(db: Database, conn: Conn, busy: Collection[str] = ()) -> float | None:
     """When the earliest pending alarm of an agent not in ``busy`` becomes claimable.
 
     An alarm waits while another alarm of its agent is leased (see :func:`claim`);
-    that one's lease, when it runs out, is the time it may be claimed again.
+    that one's lease, when it runs out, is the time it may be claimed again,
+    unless its runner's heartbeat still holds it (then it counts not at all).
     One indexed read (the agents a runner is running turns of are few).
     """
     due = conn.execute(
         f"""
         SELECT min(due_at) FROM alarms AS a
-         WHERE status = 'pending'{_not_busy(busy)} AND NOT EXISTS ({_OTHER} AND {_LEASED})
+         WHERE status = 'pending'{_not_busy(busy)} AND {_claimable(db)}
+           AND NOT EXISTS ({_OTHER} AND {_LEASED})
         """,
         tuple(busy),
     ).get
@@ -98,6 +129,9 @@ def claim(
 ) -> Claim | None:
     """Lease the earliest claimable alarm to ``owner`` until ``now + lease``, or None.
 
+    A leased alarm is claimable again once its lease ran out and its runner's
+    heartbeat is stale or missing: a runner that beats keeps its claims however
+    long its turns (a runner that died is rescued sooner: :func:`rescue`).
     One agent's alarms go one at a time, in the order they are due, whichever
     runners deliver them: an alarm is claimable only while no other alarm of its
     agent is leased (a lease that ran out holds the rest back too: its alarm goes
@@ -117,7 +151,7 @@ def claim(
         SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts,
                kind, topic, due_at
           FROM checked_alarms AS a
-         WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)}
+         WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)} AND {_claimable(db)}
            AND NOT EXISTS ({_OTHER} AND ({_LEASED} OR {_EARLIER}))
          ORDER BY due_at LIMIT 1
         """,
@@ -151,27 +185,6 @@ def finish(conn: Conn, claim: Claim) -> bool:
         (claim.alarm_id, claim.token, current_version(conn, claim.agent_id), time.time()),
     )
     return bool(conn.changes())
-
-
-def renew(conn: Conn, claims: Collection[Claim], until: float) -> list[Claim]:
-    """Extend the leases of ``claims`` (turns still running) to ``until``.
-
-    Returns:
-        The claims whose lease was lost meanwhile (another runner took the alarm
-        after it ran out, or it was cancelled); their turns will commit nothing.
-    """
-    lost = []
-    for held in claims:
-        conn.execute(
-            """
-            UPDATE alarms SET due_at = ?3, updated_at = ?4
-             WHERE alarm_id = ?1 AND lease_token = ?2 AND status = 'pending'
-            """,
-            (held.alarm_id, held.token, until, time.time()),
-        )
-        if not conn.changes():
-            lost.append(held)
-    return lost
 
 
 def release(conn: Conn, claim: Claim, due_at: float) -> bool:
@@ -225,36 +238,56 @@ def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmS
     return status if conn.changes() else None
 
 
-def reclaim_dead_owners(conn: Conn, now: float) -> int:
-    """End the leases of runners on this host whose process is gone; return how many.
+def dead_owners(db: Database, conn: Conn, me: str, *, heartbeats: bool) -> list[tuple[str, bool]]:
+    """The runners holding claims that are dead, each with whether its process is
+    gone from this host (else it stopped, or was silent ``DEAD_AFTER`` seconds, on
+    any host; only if ``heartbeats``).
 
-    A runner killed with SIGKILL leaves its lease until it runs out; on the same
-    host we can tell at once that its process is dead, and deliver again now.
+    One read of the claims (``alarms_leased``: as many as turns in flight) and
+    their runners' status rows. A claimer without a status row is left to its
+    lease; ``me`` is never dead.
     """
-    host = socket.gethostname()
     rows: list[tuple[Any, ...]] = conn.execute(
+        f"""
+        SELECT DISTINCT a.lease_owner, r.state,
+               CASE WHEN r.reported_at < {db.now_sql} - {DEAD_AFTER!r} THEN 1 ELSE 0 END
+          FROM alarms AS a LEFT JOIN runner_status AS r ON r.runner_id = a.lease_owner
+         WHERE a.lease_owner IS NOT NULL AND a.status = 'pending'
         """
-        SELECT DISTINCT lease_owner FROM alarms
-         WHERE lease_owner IS NOT NULL AND status = 'pending' AND due_at > ?
-        """,
-        (now,),
     ).fetchall()
-    freed = 0
-    for (owner,) in rows:
-        owner_host, _, rest = str(owner).partition(":")
+    host = socket.gethostname()
+    dead: list[tuple[str, bool]] = []
+    for owner, state, silent in rows:
+        owner = str(owner)
+        owner_host, _, rest = owner.partition(":")
         pid_text = rest.partition(":")[0]
-        if owner_host != host or not pid_text.isdigit() or _alive(int(pid_text)):
+        if owner == me:
             continue
-        conn.execute(
-            """
-            UPDATE alarms SET lease_owner = NULL, lease_token = NULL,
-                   due_at = CASE WHEN due_at < ?2 THEN due_at ELSE ?2 END, updated_at = ?3
-             WHERE lease_owner = ?1 AND status = 'pending'
-            """,
-            (owner, now, time.time()),
-        )
-        freed += conn.changes()
-    return freed
+        if owner_host == host and pid_text.isdigit() and not _alive(int(pid_text)):
+            dead.append((owner, True))
+        elif heartbeats and state is not None and (state == "stopped" or silent):
+            dead.append((owner, False))
+    return dead
+
+
+def rescue(db: Database, conn: Conn, owner: str, now: float, *, gone: bool) -> int:
+    """Give back the claims of the dead runner ``owner``; how many.
+
+    Each is due again at once, or at its own time if that was earlier, so that
+    its agent's alarms keep their order; no attempt is counted. Unless the
+    process is known ``gone`` (a dead pid on this host), the runner's heartbeat
+    is checked again here, so that one that beat meanwhile keeps its claims.
+    """
+    alive = "" if gone else f" AND NOT {_alive_owner(db)}"
+    conn.execute(
+        f"""
+        UPDATE alarms AS a SET lease_owner = NULL, lease_token = NULL,
+               due_at = CASE WHEN fire_at < ?2 THEN fire_at ELSE ?2 END, updated_at = ?3
+         WHERE lease_owner = ?1 AND status = 'pending'{alive}
+        """,
+        (owner, now, time.time()),
+    )
+    return conn.changes()
 
 
 def _alive(pid: int) -> bool:
@@ -270,23 +303,33 @@ def _alive(pid: int) -> bool:
 
 
 def record_status(
+    db: Database,
     conn: Conn,
     runner: str,
     *,
     state: Literal["running", "stopped"],
     started_at: float,
     report: dict[str, Any],
+    if_missing: bool = False,
 ) -> None:
-    """Store a runner's latest status report."""
-    conn.execute(
-        """
-        INSERT INTO runner_status
-               (runner_id, host, pid, state, started_at, reported_at, report)
-        VALUES (?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (runner_id) DO UPDATE SET
+    """Store a runner's latest status report (only if it has none, if ``if_missing``).
+
+    Its time (``reported_at``) is the database's: it is a heartbeat too (:func:`beat`).
+    """
+    update = (
+        "NOTHING"
+        if if_missing
+        else """UPDATE SET
                host = excluded.host, pid = excluded.pid, state = excluded.state,
                started_at = excluded.started_at, reported_at = excluded.reported_at,
-               report = excluded.report
+               report = excluded.report"""
+    )
+    conn.execute(
+        f"""
+        INSERT INTO runner_status
+               (runner_id, host, pid, state, started_at, reported_at, report)
+        VALUES (?, ?, ?, ?, ?, {db.now_sql}, ?)
+        ON CONFLICT (runner_id) DO {update}
         """,
         (
             runner,
@@ -294,10 +337,25 @@ def record_status(
             os.getpid(),
             state,
             started_at,
-            time.time(),
             json.dumps(report, ensure_ascii=False, default=str),
         ),
     )
+
+
+def beat(db: Database, conn: Conn, runner: str) -> bool:
+    """A running runner's heartbeat: its status row's time is now; False if it has no row.
+
+    One write of one row, whatever the runner holds: its claims are its own
+    while it beats (see :func:`claim`, :func:`rescue`).
+    """
+    conn.execute(
+        f"""
+        UPDATE runner_status SET reported_at = {db.now_sql}
+         WHERE runner_id = ? AND state = 'running'
+        """,
+        (runner,),
+    )
+    return bool(conn.changes())
 
 
 def statuses(conn: Conn) -> list[dict[str, Any]]:
@@ -335,7 +393,7 @@ class AlarmQueue:
     def next_due(self, busy: Collection[str] = ()) -> float | None:
         """When the earliest pending alarm of an agent not in ``busy`` becomes claimable."""
         with self._store._reading() as conn:
-            return next_due(conn, busy)
+            return next_due(self._store._db, conn, busy)
 
     def claim(
         self, owner: str, now: float, lease: float, busy: Collection[str] = ()
@@ -343,13 +401,6 @@ class AlarmQueue:
         """Lease the earliest claimable alarm (of an agent not in ``busy``), or None."""
         with self._store._writing() as conn:
             return claim(self._store._db, conn, owner, now, lease, busy)
-
-    def renew(self, claims: Collection[Claim], until: float) -> list[Claim]:
-        """Extend the leases of running turns' claims; return those that were lost."""
-        if not claims:
-            return []
-        with self._store._writing() as conn:
-            return renew(conn, claims, until)
 
     def release(self, claim: Claim, due_at: float) -> bool:
         """Give a claim back, due again at ``due_at``, without counting an attempt."""
@@ -390,10 +441,27 @@ class AlarmQueue:
             ).fetchone()
         return trace_in(row[0]) if row else None
 
-    def reclaim_dead_owners(self, now: float) -> int:
-        """Free the leases of dead runner processes on this host."""
+    def rescue(self, me: str, now: float, *, heartbeats: bool = True) -> dict[str, int]:
+        """Give back the claims of dead runners (see :func:`dead_owners`); how many, by runner.
+
+        A read, then a write only for each dead runner found. ``heartbeats``
+        False: only the runners whose process is gone from this host.
+        """
+        db = self._store._db
+        with self._store._reading() as conn:
+            dead = dead_owners(db, conn, me, heartbeats=heartbeats)
+        freed = {}
+        for owner, gone in dead:
+            with self._store._writing() as conn:
+                count = rescue(db, conn, owner, now, gone=gone)
+            if count:
+                freed[owner] = count
+        return freed
+
+    def beat(self, runner: str) -> bool:
+        """Write ``runner``'s heartbeat; False if it has no status row (record one)."""
         with self._store._writing() as conn:
-            return reclaim_dead_owners(conn, now)
+            return beat(self._store._db, conn, runner)
 
     def counts(self, now: float) -> dict[str, int]:
         """Pending, due and dead alarms of the database."""
@@ -407,7 +475,17 @@ class AlarmQueue:
         state: Literal["running", "stopped"],
         started_at: float,
         report: dict[str, Any],
+        if_missing: bool = False,
     ) -> None:
-        """Store a runner's status report, for ``effectful-durable status``."""
+        """Store a runner's status report, for ``effectful-durable status`` (only if
+        it has none, if ``if_missing``); it is a heartbeat too."""
         with self._store._writing() as conn:
-            record_status(conn, runner, state=state, started_at=started_at, report=report)
+            record_status(
+                self._store._db,
+                conn,
+                runner,
+                state=state,
+                started_at=started_at,
+                report=report,
+                if_missing=if_missing,
+            )

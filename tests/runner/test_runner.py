@@ -225,14 +225,16 @@ class TestFailures:
     def test_lost_lease_commits_nothing(
         self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
-        """A turn whose lease another runner took meanwhile commits nothing."""
+        """A turn whose claim another runner took meanwhile commits nothing."""
         schedule(store, clock, "k", "contested", delay=0)
         stolen: list[Any] = []
 
         def respond(call: FakeCall) -> str:
-            if not stolen:  # mid-turn: the lease runs out and another runner claims it
-                clock.advance(301)
+            if not stolen:  # mid-turn: the lease runs out, the runner's heartbeat stops
+                clock.advance(301)  # (it stalled), and another runner claims the alarm
                 with Store(store_url) as other:
+                    with other._writing() as conn:
+                        conn.execute("UPDATE runner_status SET reported_at = 0")
                     stolen.append(other.alarm_queue.claim("thief", clock.now(), 300))
             return "did contested"
 
@@ -263,12 +265,13 @@ class TestFailures:
 
 
 class TestLeases:
-    """A claim held by a live runner elsewhere is respected until its lease runs out."""
+    """A claim of a claimer that keeps no heartbeat is respected until its lease runs out."""
 
     def test_expired_lease_of_another_host_is_taken_over(
         self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
-        """Another host's claim blocks delivery until lease_seconds have passed."""
+        """A claim of a claimer without a status row blocks delivery until its lease
+        has passed."""
         schedule(store, clock, "k", "handed over", delay=0)
         assert store.alarm_queue.claim("elsewhere:1:abc", clock.now(), 300) is not None
         with runner(store_url, clock) as heir:

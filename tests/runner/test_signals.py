@@ -7,10 +7,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import persisted_rows
+from pg_faults import FaultyServer
+from postgres_server import running
 
 from effectful_durable import Store
 from effectful_durable.cli import main
@@ -189,3 +192,56 @@ class TestSignals:
             runner.stop()
         rows = persisted_rows(store_url, "SELECT status FROM alarms")
         assert rows == [("done",)] * 4
+
+
+@pytest.fixture(scope="module")
+def faulty_server() -> Iterator[FaultyServer]:
+    """A cluster of this module's own: it is frozen."""
+    with running(FaultyServer) as server:
+        yield server
+
+
+@pytest.mark.slow
+class TestFrozenServer:
+    """SIGTERM while the PostgreSQL server is frozen: ``run`` exits within grace + 5 s."""
+
+    @pytest.mark.parametrize("concurrency", [1, 4])
+    def test_sigterm_with_turns_in_flight_and_the_server_frozen(
+        self, faulty_server: FaultyServer, tmp_path: Path, concurrency: int
+    ) -> None:
+        """Turns in model requests when the server freezes (SIGSTOP of all its
+        processes), then SIGTERM: past the grace, the turns' connections are closed
+        instead of waiting out statement_timeout (10 s), and ``run`` exits 0 within
+        grace + 5 s; after the thaw every alarm is still there, pending."""
+        grace = 3.0
+        url = faulty_server.new_database()
+        hooks, config = tmp_path / "hooks.jsonl", tmp_path / "agents.toml"
+        write_config(config, hooks, "calm", grace=grace)  # statement_timeout: 10 s
+        runner = Runner(url, config, slow=60, extra=("--concurrency", str(concurrency)))
+        try:
+            runner.expect("started", timeout=START_TIMEOUT)
+            with Store(url) as store:
+                due = make_schedule(time.time(), delay=0.5)
+                for n in range(concurrency):
+                    store.schedule_alarm(f"f{n}", "slow job", due)
+            for _ in range(concurrency):
+                runner.expect("delivering alarm")
+            time.sleep(0.5)  # into the model requests
+            faulty_server.freeze()
+            time.sleep(1.0)
+            stopped = time.monotonic()
+            runner.signal(signal.SIGTERM)
+            runner.proc.wait(timeout=grace + 60)
+            took = time.monotonic() - stopped
+        finally:
+            faulty_server.thaw()
+            runner.stop()
+        log = "\n".join(runner.log)
+        (tmp_path / "runner.log").write_text(log)  # kept by pytest, for a failure's story
+        print(f"--concurrency {concurrency}: exited {took:.1f} s after SIGTERM, grace {grace:g} s")
+        assert runner.proc.returncode == 0, log
+        assert took <= grace + 5, (took, log)
+        assert "Traceback" not in log, log
+        rows = persisted_rows(url, "SELECT status, attempts FROM alarms")
+        assert rows == [("pending", 0)] * concurrency, (rows, log)
+        faulty_server.drop_database(url)

@@ -9,6 +9,7 @@ from cronsim import CronSim
 from helpers import commit_writes, integrity, persisted_rows
 
 from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
+from effectful_durable.store.alarm_queue import DEAD_AFTER, AlarmQueue
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.store.parts.alarms import (
     AlarmWrite,
@@ -19,6 +20,20 @@ from effectful_durable.store.parts.alarms import (
 )
 
 NOW = 1_800_000_000.0
+
+
+def beating(queue: AlarmQueue, runner: str, state: str = "running") -> None:
+    """Give ``runner`` a status row: a heartbeat now (the database's time)."""
+    queue.record_status(runner, state=state, started_at=NOW, report={})  # type: ignore[arg-type]
+
+
+def silence(store: Store, runner: str, seconds: float) -> None:
+    """Make ``runner``'s last heartbeat ``seconds`` older, through the store's own connection."""
+    with store._writing() as conn:
+        conn.execute(
+            "UPDATE runner_status SET reported_at = reported_at - ? WHERE runner_id = ?",
+            (seconds, runner),
+        )
 
 
 def scheduled(action: str, delay: float = 60.0) -> AlarmWrite:
@@ -342,8 +357,8 @@ class TestQueue:
         assert ended == {"early": 0, "in a turn": v2}
 
     def test_leases_of_dead_runners_on_this_host_are_freed(self, store_url: str) -> None:
-        """reclaim_dead_owners frees the leases of gone processes here, due at once;
-        a live runner's lease and another host's stay."""
+        """rescue frees the claims of gone processes here, due at their own time; a live
+        runner's claim and another host's stay (without heartbeats to judge them by)."""
         import os
         import socket
 
@@ -355,14 +370,73 @@ class TestQueue:
             owners = [f"{host}:999999999:x", f"{host}:{os.getpid()}:y", "other-host:1:z"]
             claims = [queue.claim(owner, now, 3600) for owner in owners]
             assert all(claims)
-            assert queue.reclaim_dead_owners(now + 10) == 1
+            assert queue.rescue("me", now + 10, heartbeats=False) == {owners[0]: 1}
             leased = {
                 a.action: (a.leased_by, a.next_attempt)
                 for agent in "abc"
                 for a in store.alarms(agent)
             }
-        assert leased["dead"] == (None, datetime.fromtimestamp(now + 10, UTC))
+        assert leased["dead"] == (None, datetime.fromtimestamp(now, UTC))
         assert leased["alive"][0] == owners[1] and leased["elsewhere"][0] == owners[2]
+
+    def test_a_heartbeat_holds_claims_past_their_lease(self, store_url: str) -> None:
+        """A claim whose runner beats is never claimed again, however old its lease (nor
+        counted by next_due); once its heartbeat is DEAD_AFTER old, it is claimable."""
+        with Store(store_url) as store:
+            store.schedule_alarm("a", "long turn", make_schedule(NOW, delay=0), now=NOW)
+            store.schedule_alarm("a", "after it", make_schedule(NOW, delay=1), now=NOW)
+            queue = store.alarm_queue
+            beating(queue, "r1")
+            held = queue.claim("r1", NOW, 30)
+            assert held is not None and held.action == "long turn"
+            assert queue.beat("r1")
+            assert queue.claim("r2", NOW + 3600, 30) is None  # the lease ran out long ago
+            assert queue.next_due() is None
+            (leased, _) = store.alarms("a")
+            assert leased.leased_by == "r1"
+            silence(store, "r1", DEAD_AFTER + 1)
+            again = queue.claim("r2", NOW + 3600, 30)
+            assert again is not None and again.action == "long turn"
+            assert not queue.release(held, NOW)  # r1's token is stale
+
+    def test_rescue_frees_the_claims_of_silent_and_stopped_runners(self, store_url: str) -> None:
+        """rescue gives back, due at their own time, the claims of runners whose heartbeat
+        is DEAD_AFTER old or that stopped, on any host; a beating runner's, a claimer's
+        without a status row, and its own stay; without heartbeats, none of them moves."""
+        with Store(store_url) as store:
+            queue = store.alarm_queue
+            owners = ["h1:1:silent", "h2:2:stopped", "h3:3:beating", "h4:4:rowless", "h5:5:me"]
+            for n, owner in enumerate(owners):
+                store.schedule_alarm(f"a{n}", owner, make_schedule(NOW, delay=0), now=NOW)
+                if owner != "h4:4:rowless":
+                    beating(queue, owner, state="stopped" if "stopped" in owner else "running")
+                assert queue.claim(owner, NOW + n, 3600) is not None
+            silence(store, "h1:1:silent", DEAD_AFTER + 1)
+            silence(store, "h5:5:me", DEAD_AFTER + 1)
+            assert queue.rescue("h5:5:me", NOW + 10, heartbeats=False) == {}
+            freed = queue.rescue("h5:5:me", NOW + 10)
+            assert freed == {"h1:1:silent": 1, "h2:2:stopped": 1}
+            leased = {a.action: (a.leased_by, a.next_attempt) for a in store.alarms()}
+        assert leased["h1:1:silent"] == (None, datetime.fromtimestamp(NOW, UTC))
+        assert leased["h2:2:stopped"] == (None, datetime.fromtimestamp(NOW, UTC))
+        for kept in owners[2:]:
+            assert leased[kept][0] == kept
+
+    def test_a_heartbeat_without_a_row_says_so(self, store_url: str) -> None:
+        """beat writes only a running runner's row: none, or a stopped one, is False;
+        a report recorded only if missing never replaces one."""
+        with Store(store_url) as store:
+            queue = store.alarm_queue
+            assert not queue.beat("r1")
+            beating(queue, "r1")
+            assert queue.beat("r1")
+            queue.record_status("r1", state="stopped", started_at=NOW, report={"turns": 3})
+            assert not queue.beat("r1")
+            queue.record_status(
+                "r1", state="running", started_at=NOW, report={"turns": 0}, if_missing=True
+            )
+            (report,) = store.runner_statuses()
+        assert (report["state"], report["turns"]) == ("stopped", 3)
 
     def test_a_runners_status_report_replaces_its_last(self, store_url: str) -> None:
         """Each runner keeps one status row: its latest report."""

@@ -106,6 +106,9 @@ class Database(Protocol):
     kind: str
     #: The file path, or the URL without its password: named in messages.
     location: str
+    #: An SQL expression for the database's own time, in seconds since the epoch:
+    #: runners on many machines write and judge their heartbeats by this one clock.
+    now_sql: str
     #: The longest a call may wait for a database server, in seconds (None: no
     #: limit); assignable. An SQLite file has no server: it is None there, unused.
     statement_timeout: float | None
@@ -191,6 +194,12 @@ class Database(Protocol):
         For maintenance that may take long on a large database (a prune, a fork,
         a copy); a database without such a timeout returns a block that does
         nothing.
+        """
+
+    def hurry(self, seconds: float | None) -> None:
+        """End every wait for a server within ``seconds`` from now, those in progress
+        included (a process stopping past its grace period); None lifts it. A
+        database without a server to wait for does nothing.
         """
 
     def require(self, feature: str) -> None:

@@ -186,7 +186,8 @@ class AlarmInfo:
     a lease runs; None unless pending); ``status`` is ``"pending"``,
     ``"dead"`` (delivery failed ``attempts`` times; re-arm it), ``"done"`` (a
     one-shot alarm, delivered) or ``"cancelled"``. ``leased_by`` names the runner
-    delivering it right now, if any.
+    that claimed it to deliver it now, if any (a dead one's claim is taken back
+    within seconds by a running runner).
 
     .. versionadded:: 0.2.0
     """
@@ -381,7 +382,7 @@ _SELECT = """
 """
 
 
-def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
+def _info(row: tuple[Any, ...]) -> AlarmInfo:
     (
         alarm_id,
         agent_id,
@@ -412,7 +413,7 @@ def _info(row: tuple[Any, ...], now: float) -> AlarmInfo:
         attempts,
         deliveries,
         last_error,
-        owner if owner is not None and due_at > now else None,
+        owner,
         created_in,
         ended_in,
         utc(created_at),
@@ -441,8 +442,7 @@ def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[Ala
     rows: list[tuple[Any, ...]] = conn.execute(
         sql + " ORDER BY fire_at, alarm_id", params
     ).fetchall()
-    now = time.time()
-    return [_info(row, now) for row in rows]
+    return [_info(row) for row in rows]
 
 
 def _could_name_one(alarm_id: str) -> bool:
@@ -458,7 +458,7 @@ def open_alarm(conn: Conn, alarm_id: str, *, any_kind: bool = False) -> AlarmInf
     row: tuple[Any, ...] | None = conn.execute(
         f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL{kind}", (alarm_id,)
     ).fetchone()
-    return None if row is None else _info(row, time.time())
+    return None if row is None else _info(row)
 
 
 def pending_count(conn: Conn, agent_id: str) -> int:

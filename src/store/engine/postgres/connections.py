@@ -18,6 +18,12 @@ server misbehaves"):
 - It refuses connections for a while (starting up, too many connections): the
   callers retry until their deadline (``opening.first_connection``).
 
+A process that must end soon (a runner stopping past its grace period) does
+not wait out those deadlines: once its database is *hurried*
+(:attr:`DeadlineConnection.hurry_until`), each wait for an answer ends by then,
+waits in progress included, closing its connection, unless the server answers
+within a tick (:data:`_POLL_INTERVAL`) of it.
+
 psycopg and its pool log these failures as warnings, which a program with no
 logging configured prints to stderr, even for a restart it survives. Their
 records about our connections and pools go to our logger
@@ -30,6 +36,7 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -57,8 +64,12 @@ _MAX_READS = 8  # still_open reads at most this many times (each drains the sock
 
 
 class ServerSilent(psycopg.OperationalError):
-    """The server did not answer within the connection's ``answer_timeout``; the
-    connection was closed."""
+    """The server did not answer within the connection's ``answer_timeout``, or by
+    the time its process was hurried; the connection was closed."""
+
+
+class _Hurried(Exception):
+    """Raised inside a wait whose process was hurried past its end."""
 
 
 class DeadlineConnection(psycopg.Connection[Any]):
@@ -71,6 +82,10 @@ class DeadlineConnection(psycopg.Connection[Any]):
     """
 
     answer_timeout: float | None = None
+    #: When (``time.monotonic()``) every wait for the server of this class's
+    #: connections ends, those in progress too, unless answered within a tick of
+    #: it: set on a process stopping past its grace (``PostgresDatabase.hurry``).
+    hurry_until: float | None = None
 
     def wait(
         self, gen: Any, interval: float = _POLL_INTERVAL, timeout: float | None = None
@@ -78,10 +93,16 @@ class DeadlineConnection(psycopg.Connection[Any]):
         if timeout is None:
             timeout = _unhurried.timeout if _unhurried.on else self.answer_timeout
         try:
-            return waiting.wait(gen, self.pgconn.socket, interval=interval, timeout=timeout)
+            return waiting.wait(
+                self._until_hurried(gen), self.pgconn.socket, interval=interval, timeout=timeout
+            )
         except pg_errors._WaitTimeout:
             self.pgconn.finish()
             msg = f"the server did not answer within {timeout:g} s"
+            raise ServerSilent(msg) from None
+        except _Hurried:
+            self.pgconn.finish()
+            msg = "the server did not answer before the process had to stop"
             raise ServerSilent(msg) from None
         except psycopg.Error:
             raise  # the server's answer, or the connection's end: nothing to interrupt
@@ -89,6 +110,24 @@ class DeadlineConnection(psycopg.Connection[Any]):
             if self.pgconn.transaction_status == TransactionStatus.ACTIVE:
                 self.pgconn.finish()  # waiting for an answer that no longer matters
             raise
+
+    def _until_hurried(self, gen: Any) -> Any:
+        """``gen`` (psycopg's protocol for one round trip), ended by :class:`_Hurried`
+        at the first tick with nothing to read or write past :attr:`hurry_until`."""
+        try:
+            state = next(gen)
+        except StopIteration as done:
+            return done.value
+        while True:
+            ready = yield state
+            if not ready:  # a tick of the wait's interval passed in silence
+                until = type(self).hurry_until
+                if until is not None and time.monotonic() >= until:
+                    raise _Hurried
+            try:
+                state = gen.send(ready)
+            except StopIteration as done:
+                return done.value
 
 
 class _Unhurried(threading.local):

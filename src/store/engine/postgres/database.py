@@ -115,6 +115,10 @@ _MAX_POLL_SECONDS = 0.1
 # that a live server ends a statement (and says so) before the client gives up.
 _ANSWER_MARGIN = 1.0
 _CLOSE = 1.0  # seconds closing waits for the pool's threads (daemons: a frozen server)
+# Seconds a wait for a pooled connection lasts before it looks again whether the
+# database was hurried meanwhile (psycopg_pool cannot be woken).
+_GETCONN_SLICE = 0.2
+_TICK = 0.1  # seconds: how soon past a hurried end a wait still ends (an answer's chance)
 _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
 # The transaction that keeps the lock connection's server session through a
 # pooler: it is idle between a turn's start and its end, for as long as the turn.
@@ -147,6 +151,9 @@ class PostgresDatabase:
     """
 
     kind = "postgresql"
+    # The server's clock, not the clients': runners on many machines compare their
+    # heartbeats on it, whatever their own clocks say.
+    now_sql = "(extract(epoch FROM clock_timestamp())::float8)"
 
     def __init__(
         self,
@@ -251,7 +258,32 @@ class PostgresDatabase:
         """Close the pool and the lock connection."""
         self._closed = True
         self._locks.close()
-        self._pool.close(timeout=_CLOSE)
+        # Hurried, the pool's threads that are connecting to a frozen server are left
+        # to end on their own (daemons).
+        self._pool.close(timeout=0.0 if self._hurry_left() is not None else _CLOSE)
+
+    def hurry(self, seconds: float | None) -> None:
+        """End every wait for the server within ``seconds`` from now (or by an earlier
+        end already set), the waits in progress included; None: no such end.
+
+        For a process that must stop soon whatever the server does (a runner
+        stopping past its grace period): a wait the server does not answer by
+        then, within a tick, closes its connection and raises
+        DatabaseUnavailableError instead of waiting out ``statement_timeout``; a
+        wait for a pooled connection ends too, and no new connection is made past
+        it. A server that answers still takes the writes.
+        """
+        cls = self._connection_class
+        if seconds is None:
+            cls.hurry_until = None
+            return
+        until = time.monotonic() + max(seconds, 0.0)
+        cls.hurry_until = until if cls.hurry_until is None else min(cls.hurry_until, until)
+
+    def _hurry_left(self) -> float | None:
+        """Seconds left until the end :meth:`hurry` set (<= 0: past it); None if none."""
+        until = self._connection_class.hurry_until
+        return None if until is None else until - time.monotonic()
 
     @property
     def statement_timeout(self) -> float | None:
@@ -300,13 +332,21 @@ class PostgresDatabase:
     # -- connections and transactions ------------------------------------------
 
     def connect(self, **options: Any) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (the locks' own, a runner's listening
-        one), within the time a call waits for a connection."""
+        """A new connection outside the pool (the locks' own, a commit's check),
+        within the time a call waits for a connection (none once hurried past its
+        end)."""
+        wait = self._connection_wait
+        left = self._hurry_left()
+        if left is not None:
+            if left <= 0:
+                reason = "no new connection: the process is stopping"
+                raise DatabaseUnavailableError(self.location, reason)
+            wait = min(wait, left)
         return first_connection(
             self.url,
             self.location,
             self._connect_kwargs | options,
-            timeout=self._connection_wait,
+            timeout=wait,
             connection_class=self._connection_class,
             opening=False,
         )
@@ -412,7 +452,7 @@ class PostgresDatabase:
         deadline = time.monotonic() + self._connection_wait
         retried = False
         while True:
-            raw = self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+            raw = self._getconn(deadline)
             try:
                 still_open(raw)
             except psycopg.OperationalError:
@@ -433,6 +473,29 @@ class PostgresDatabase:
                 retried = True
                 continue
             return raw
+
+    def _getconn(self, deadline: float) -> DeadlineConnection:
+        """A connection from the pool, waiting until ``deadline`` (``time.monotonic()``)
+        at most, or a tick past the end :meth:`hurry` set (even if set meanwhile).
+
+        Raises:
+            psycopg_pool.PoolTimeout: None came in time.
+        """
+        while True:
+            end = deadline
+            left = self._hurry_left()
+            if left is not None:
+                end = min(end, time.monotonic() + max(left, _TICK))
+            wait = end - time.monotonic()
+            try:
+                conn: DeadlineConnection = self._pool.getconn(
+                    timeout=max(min(wait, _GETCONN_SLICE), 0.001)
+                )
+            except psycopg_pool.PoolTimeout:
+                if time.monotonic() >= end:
+                    raise
+                continue
+            return conn
 
     def _resolve(self, conn: PostgresConn, error: psycopg.Error) -> None:
         """Tell whether the COMMIT ``conn`` sent, then lost, landed: return if it did.
@@ -516,7 +579,9 @@ class PostgresDatabase:
                     (backend, name),
                 )
                 in_flight = ("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,))
-            deadline = time.monotonic() + self._connection_wait
+            left = self._hurry_left()
+            wait = self._connection_wait if left is None else min(self._connection_wait, left)
+            deadline = time.monotonic() + wait
             while check.execute(*in_flight).fetchone():
                 if time.monotonic() > deadline:
                     msg = f"the session that sent the commit (backend {backend}) did not end"

@@ -45,6 +45,8 @@ class SQLiteDatabase:
     """
 
     kind = "sqlite"
+    # 'now' to the millisecond (one file is on one machine: its clock is the host's).
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
     statement_timeout: float | None = None  # no server to wait for
 
     def __init__(
@@ -92,6 +94,9 @@ class SQLiteDatabase:
     def unhurried(self) -> AbstractContextManager[None]:
         """Nothing to lift: SQLite's only wait is for a lock (``busy_timeout``)."""
         return nullcontext()
+
+    def hurry(self, seconds: float | None) -> None:
+        """Nothing to end: no server to wait for (a lock's wait ends by ``busy_timeout``)."""
 
     def close(self) -> None:
         """Close every connection this database opened, in all threads.

@@ -1,0 +1,167 @@
+"""Heartbeats and rescue: a live runner's claims stay its own however long its turns,
+and a dead runner's move to the living within ``DEAD_AFTER`` + ``RESCUE_EVERY`` seconds,
+on any host.
+
+A thread of the runner's own (with its own connection) writes the runner's
+heartbeat every ``HEARTBEAT_EVERY`` seconds: one write of its status row,
+however many claims it holds (the claim query reads it: ``store/alarm_queue.py``).
+Every ``RESCUE_EVERY`` seconds it looks for the claims of dead runners and gives
+them back (River's ``job_rescuer``): those of a runner process gone from this
+host at once, those of a runner anywhere whose heartbeat is ``DEAD_AFTER``
+seconds old, or that stopped. It judges other runners by their heartbeats only
+while its own have landed for ``TRUST_AFTER`` seconds in a row: after an outage
+of the database, every live runner's heartbeat is old, and each one has one
+interval to beat again before anyone takes its claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import DurableError
+from ..store.alarm_queue import DEAD_AFTER, HEARTBEAT_EVERY, AlarmQueue
+
+log = logging.getLogger("effectful_durable.runner")
+
+#: Seconds between two looks for the claims of dead runners (one read each).
+RESCUE_EVERY = 2.0
+#: Seconds a runner's own heartbeats must have landed, in a row, before it judges
+#: others by theirs: two intervals, so that a live runner has beaten since the
+#: database came back.
+TRUST_AFTER = 2 * HEARTBEAT_EVERY
+_RETRY = 1.0  # seconds before trying again a heartbeat that failed
+
+__all__ = ["DEAD_AFTER", "HEARTBEAT_EVERY", "RESCUE_EVERY", "TRUST_AFTER", "Heartbeat"]
+
+
+class Heartbeat:
+    """The runner's heartbeats and its rescue of dead runners' claims.
+
+    Args:
+        queue: The Store's alarm queue.
+        runner: The runner's id.
+        now: The runner's clock (the time a rescued claim is due again at most).
+        record: Stores the runner's full status report as "running", if it has
+            none (the heartbeat found no row to beat in).
+        wake: Wakes the runner's loop (a rescue freed claims it may take).
+    """
+
+    def __init__(
+        self,
+        queue: AlarmQueue,
+        runner: str,
+        *,
+        now: Callable[[], float],
+        record: Callable[[], object],
+        wake: Callable[[], None],
+    ) -> None:
+        self._queue = queue
+        self._runner = runner
+        self._now = now
+        self._record = record
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._since: float | None = None  # time.monotonic() of the first in a row
+        self._last = 0.0  # time.monotonic() of the last one that landed
+        self._failing = False
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def landed(self, started: float) -> None:
+        """Note a heartbeat (or a full status report) that landed; it was sent at ``started``.
+
+        One that took longer than an interval, or came more than two intervals
+        after the last one (this process stalled), starts a new run of them.
+        """
+        ended = time.monotonic()
+        with self._lock:
+            if (
+                self._since is None
+                or ended - started > HEARTBEAT_EVERY
+                or ended - self._last > 2 * HEARTBEAT_EVERY
+            ):
+                self._since = ended
+            self._last = ended
+
+    def failed(self) -> None:
+        """Note a heartbeat that did not land: the run of them starts again."""
+        with self._lock:
+            self._since = None
+
+    @property
+    def trusted(self) -> bool:
+        """Whether this runner's heartbeats have landed ``TRUST_AFTER`` seconds in a row."""
+        now = time.monotonic()
+        with self._lock:
+            return (
+                self._since is not None
+                and now - self._since >= TRUST_AFTER
+                and now - self._last <= 2 * HEARTBEAT_EVERY
+            )
+
+    def start(self) -> None:
+        """Beat and rescue in a thread of their own (a daemon: the database may be frozen)."""
+        self._done.clear()
+        self._thread = threading.Thread(target=self._keep, name="runner-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> threading.Thread | None:
+        """Stop beating; return the thread, for the caller to join within its deadline."""
+        self._done.set()
+        thread, self._thread = self._thread, None
+        return thread
+
+    def beat(self) -> bool:
+        """Write one heartbeat (the full report if the runner has no row); whether it landed."""
+        started = time.monotonic()
+        try:
+            if not self._queue.beat(self._runner):
+                self._record()
+        except DurableError as error:
+            self.failed()
+            if not self._failing:
+                log.warning("could not write the runner's heartbeat: %s", error)
+            self._failing = True
+            return False
+        self.landed(started)
+        if self._failing:
+            log.info("the runner's heartbeat is written again")
+            self._failing = False
+        return True
+
+    def rescue(self) -> int:
+        """Give back the claims of dead runners (judged by heartbeats if :attr:`trusted`).
+
+        Raises:
+            StorageError, DatabaseUnavailableError: The database failed.
+        """
+        freed = self._queue.rescue(self._runner, self._now(), heartbeats=self.trusted)
+        for owner, count in freed.items():
+            log.warning(
+                "runner %s is dead (its process is gone, or it stopped, or its heartbeat is "
+                "more than %g s old): took back %d claim(s) of it",
+                owner,
+                DEAD_AFTER,
+                count,
+                extra={"dead_runner": owner, "claims": count},
+            )
+        if freed:
+            self._wake()
+        return sum(freed.values())
+
+    def _keep(self) -> None:
+        next_beat = time.monotonic() + HEARTBEAT_EVERY
+        next_rescue = time.monotonic() + RESCUE_EVERY
+        while not self._done.wait(max(min(next_beat, next_rescue) - time.monotonic(), 0.0)):
+            if time.monotonic() >= next_beat:
+                landed = self.beat()
+                next_beat = time.monotonic() + (HEARTBEAT_EVERY if landed else _RETRY)
+            if time.monotonic() >= next_rescue and not self._done.is_set():
+                try:
+                    self.rescue()
+                except DurableError as error:
+                    log.debug("could not look for dead runners' claims: %s", error)
+                next_rescue = time.monotonic() + RESCUE_EVERY

@@ -1,0 +1,276 @@
+"""A runner's claims are its own while it lives, however long its turn, and move to
+another runner within 30 s of its death, on any host (DESIGN.md, promise 11).
+
+Real ``effectful-durable run`` processes. A runner "on another machine" runs in a
+UTS namespace of its own (``unshare -u``) under another host name: the runners
+here cannot tell whether its process lives, and only its heartbeat speaks for it.
+Each event turn notes where it began (``heartbeat_app``), so that a turn begun
+twice is seen even if only one commits.
+"""
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from effectful_durable import DatabaseUnavailableError, Store
+from effectful_durable.runner import heartbeat
+
+TESTS = Path(__file__).parents[1]
+START_TIMEOUT = 120.0
+ELSEWHERE = "fleet-elsewhere"
+PROMISE = 30.0  # seconds: a dead runner's claims move within this (DESIGN.md, 11)
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(["unshare", "-u", "true"], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+needs_unshare = pytest.mark.skipif(
+    not _unshare_works(), reason="unshare -u is not permitted here (root needed)"
+)
+
+
+class Runner:
+    """One ``effectful-durable run`` of heartbeat_app, here or under another host name."""
+
+    def __init__(
+        self, store_url: str, config: Path, starts: Path, *, seconds: float, host: str | None
+    ) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            "HEARTBEAT_APP_SECONDS": str(seconds),
+            "HEARTBEAT_APP_STARTS": str(starts),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "effectful_durable",
+            "run",
+            str(store_url),
+            "--agents",
+            "heartbeat_app:make_agent",
+            "--handlers",
+            "heartbeat_app:make_handlers",
+            "--config",
+            str(config),
+        ]
+        if host is not None:  # exec keeps the pid: the one killed is the runner's
+            command = ["unshare", "-u", "sh", "-c", f'hostname {host} && exec "$@"', "sh"] + (
+                command
+            )
+        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+        self.log: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            self._lines.put(line.rstrip())
+        self._lines.put(None)
+
+    def expect(self, text: str, timeout: float = 60.0) -> str:
+        """Wait for a log line containing ``text``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                line = ""
+            if line is None or time.monotonic() > deadline:
+                log = "\n".join(self.log[-30:])
+                raise AssertionError(f"no log line with {text!r}; last lines:\n{log}")
+            if text in line:
+                return line
+
+    def text(self) -> str:
+        return "\n".join(self.log)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it is still there 30 s later."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def write_config(path: Path, **runner: float) -> Path:
+    lines = ["[runner]", "poll_interval = 0.1", *(f"{k} = {v}" for k, v in runner.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def starts_of(starts: Path) -> list[tuple[str, int]]:
+    """Where each event turn began: (host, pid), in order."""
+    if not starts.exists():
+        return []
+    found = []
+    for line in starts.read_text().splitlines():
+        host, pid, _ = line.split(" ", 2)
+        found.append((host, int(pid)))
+    return found
+
+
+def wait_for_start(starts: Path, timeout: float = 60.0) -> tuple[str, int]:
+    deadline = time.monotonic() + timeout
+    while not (found := starts_of(starts)):
+        assert time.monotonic() < deadline, "no turn began"
+        time.sleep(0.05)
+    return found[0]
+
+
+def delivered(store: Store, agent_id: str) -> bool:
+    (event,) = store.events(agent_id, include_delivered=True)
+    return event.status == "done"
+
+
+@pytest.mark.slow
+@needs_unshare
+class TestHeartbeats:
+    def test_a_runner_killed_on_another_host_has_its_event_delivered_within_30_s(
+        self, store_url: str, tmp_path: Path
+    ) -> None:
+        """A runner on "another machine" is SIGKILLed inside an event's turn: a runner
+        here delivers the event within 30 s of the kill, once, telling why."""
+        config = write_config(tmp_path / "runner.toml")  # lease_seconds: the default, 300
+        starts = tmp_path / "starts.txt"
+        doomed = Runner(store_url, config, starts, seconds=600, host=ELSEWHERE)
+        heir: Runner | None = None
+        try:
+            doomed.expect("started", timeout=START_TIMEOUT)
+            with Store(store_url) as store:
+                store.send_event("w", "job", {"n": 1}, create=True)
+            assert wait_for_start(starts)[0] == ELSEWHERE  # inside the model call
+            heir = Runner(store_url, config, starts, seconds=0, host=None)
+            heir.expect("started", timeout=START_TIMEOUT)
+            killed = time.monotonic()
+            doomed.proc.kill()
+            doomed.proc.wait(timeout=30)
+            with Store(store_url) as store:
+                while not delivered(store, "w"):
+                    assert time.monotonic() - killed < 2 * PROMISE, heir.text()
+                    time.sleep(0.1)
+                took = time.monotonic() - killed
+                versions = store.versions("w")
+            line = heir.expect("is dead")
+        finally:
+            doomed.proc.kill()
+            if heir is not None:
+                heir.stop()
+        print(f"delivered by the runner here {took:.1f} s after the kill on another host")
+        assert took <= PROMISE, (took, heir.text())
+        assert ELSEWHERE in line and "took back 1 claim" in line, line
+        assert [host for host, _ in starts_of(starts)] == [ELSEWHERE, os.uname().nodename]
+        assert [v.version for v in versions] == [1]
+        assert "Traceback" not in heir.text(), heir.text()
+
+    def test_a_turn_longer_than_its_lease_is_delivered_once(
+        self, store_url: str, tmp_path: Path
+    ) -> None:
+        """lease_seconds = 3 and an 8 s turn, on "another machine", with a runner here
+        waiting all along: the turn keeps its claim, and the event is delivered once."""
+        config = write_config(tmp_path / "runner.toml", lease_seconds=3)
+        starts = tmp_path / "starts.txt"
+        runners = [
+            Runner(store_url, config, starts, seconds=8, host=ELSEWHERE),
+            Runner(store_url, config, starts, seconds=8, host=None),
+        ]
+        try:
+            for runner in runners:
+                runner.expect("started", timeout=START_TIMEOUT)
+            with Store(store_url) as store:
+                store.send_event("w", "job", {"n": 1}, create=True)
+                deadline = time.monotonic() + 60
+                while not delivered(store, "w"):
+                    assert time.monotonic() < deadline, [r.text() for r in runners]
+                    time.sleep(0.1)
+                versions = store.versions("w")
+                time.sleep(1.0)  # a second start would have begun by now
+        finally:
+            for runner in runners:
+                runner.stop()
+        logs = "\n".join(runner.text() for runner in runners)
+        assert len(starts_of(starts)) == 1, (starts_of(starts), logs)
+        assert [v.version for v in versions] == [1]
+        assert "lease lost" not in logs and "is dead" not in logs, logs
+        assert "Traceback" not in logs, logs
+
+
+class FakeQueue:
+    """The part of an AlarmQueue a Heartbeat uses: beats that land or fail, rescues noted."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.rescues: list[bool] = []
+
+    def beat(self, runner: str) -> bool:
+        if self.down:
+            raise DatabaseUnavailableError("postgresql://fake", "the server did not answer")
+        return True
+
+    def rescue(self, me: str, now: float, *, heartbeats: bool = True) -> dict[str, int]:
+        self.rescues.append(heartbeats)
+        return {}
+
+
+class TestTrust:
+    """A runner judges others by their heartbeats only while its own land in a row."""
+
+    def test_an_outage_of_the_database_moves_no_live_claim(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Before TRUST_AFTER seconds of its own heartbeats in a row (at start, after the
+        database failed, after this process stalled), a rescue frees only the claims of
+        processes gone from this host."""
+        now = [1000.0]
+        monkeypatch.setattr(heartbeat.time, "monotonic", lambda: now[0])
+        fake = FakeQueue()
+        beats = heartbeat.Heartbeat(
+            fake,  # type: ignore[arg-type]
+            "me",
+            now=time.time,
+            record=lambda: None,
+            wake=lambda: None,
+        )
+
+        def run_for(seconds: float) -> None:
+            end = now[0] + seconds
+            while now[0] < end:
+                now[0] += heartbeat.HEARTBEAT_EVERY
+                beats.beat()
+
+        beats.beat()
+        beats.rescue()
+        run_for(heartbeat.TRUST_AFTER - heartbeat.HEARTBEAT_EVERY)
+        beats.rescue()
+        run_for(heartbeat.HEARTBEAT_EVERY)
+        beats.rescue()
+        assert fake.rescues == [False, False, True]
+        fake.down = True  # an outage: every runner's heartbeat gets old
+        run_for(heartbeat.DEAD_AFTER * 2)
+        fake.down = False
+        beats.beat()
+        beats.rescue()
+        run_for(heartbeat.TRUST_AFTER)
+        beats.rescue()
+        now[0] += 3 * heartbeat.HEARTBEAT_EVERY  # this process stalled
+        beats.rescue()
+        beats.beat()
+        beats.rescue()
+        assert fake.rescues[3:] == [False, True, False, False]
