@@ -1,12 +1,21 @@
 """The alarms part of the store: schedules, cron, and how alarms follow versions."""
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import croniter
 import pytest
 from cronsim import CronSim
-from helpers import commit_writes, integrity, persisted_rows
+from helpers import (
+    commit_writes,
+    edit_rows,
+    integrity,
+    is_postgres,
+    persisted_rows,
+    statements_run,
+)
 
 from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
 from effectful_durable.store.history import HistoryChange
@@ -393,3 +402,83 @@ class TestQueue:
             assert queue.fail(claim, "RuntimeError: \0 and \ud800", None) == "dead"
             (dead,) = store.alarms("a")
         assert dead.last_error == "RuntimeError: \\x00 and \\ud800"
+
+
+# Indexes that hold no done row (partial on open or pending rows), and the keys that
+# find one alarm's spans: a read through them never grows with the done rows.
+_OPEN_ONLY = {"alarms_due", "alarms_open", "alarms_leased"}
+
+
+def done_rows_read(store: Store, sql: str, bindings: Any) -> list[str]:
+    """Each step of ``sql``'s plan that reads the alarms table beyond its open rows."""
+    with store._reading() as conn:
+        if not is_postgres(store.path):
+            details = [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings)]
+            return [
+                d
+                for d in details
+                if d.startswith(("SCAN", "SEARCH"))
+                and not re.search(rf"INDEX ({'|'.join(_OPEN_ONLY)})\b", d)
+                and not re.search(r"INDEX sqlite_autoindex_alarms_1 \(alarm_id=", d)
+                and not re.search(r"INDEX alarms_agent \(agent_id=\? AND ended_in=", d)
+                and ("alarms" in d or "USING" not in d)
+            ]
+        [[plan]] = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", bindings).fetchone()
+    wrong, nodes = [], [plan["Plan"]]
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        index, condition = node.get("Index Name", ""), node.get("Index Cond", "")
+        if node.get("Relation Name") == "alarms" and node["Node Type"] == "Seq Scan":
+            wrong.append("Seq Scan on alarms")
+        elif index == "alarms_agent" and "ended_in IS NULL" not in condition:
+            wrong.append(f"{node['Node Type']} using alarms_agent: {condition}")
+        elif index == "alarms_pkey" and "alarm_id =" not in condition:
+            wrong.append(f"{node['Node Type']} using alarms_pkey: {condition}")
+    return wrong
+
+
+class TestDoneRows:
+    """What runners and senders do reads no done alarm or event: its cost stays flat."""
+
+    def test_claims_deliveries_and_sends_skip_done_rows(self, store_url: str) -> None:
+        """Every statement of a schedule, claim, delivery, poll and send, among 4,000 done
+        rows of the same agent, reads the alarms table only through its open rows."""
+        with Store(store_url) as store:
+            commit_writes(store, "bot")
+        edit_rows(
+            store_url,
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000)
+            INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at,
+                                status, ended_in, deliveries, created_at, updated_at, kind)
+            SELECT 'alm_done' || i, 1, 'bot', 'done', ?1, ?1, 'done', 1, 1, ?1, ?1,
+                   CASE WHEN i % 2 = 0 THEN 'alarm' ELSE 'event' END
+              FROM n
+            """,
+            NOW,
+        )
+        if is_postgres(store_url):  # as autovacuum would; SQLite plans without statistics
+            edit_rows(store_url, "ANALYZE alarms")
+        with Store(store_url) as store:
+            with statements_run(store) as statements:
+                now = time.time()
+                write = AlarmWrite()
+                write.schedule(new_alarm_id(), "look", make_schedule(now, delay=0), now)
+                commit_writes(store, "bot", write)
+                for kind in ("alarm", "event"):
+                    claim = store.alarm_queue.claim("r", time.time(), 30)
+                    assert claim is not None and claim.kind == kind
+                    deliver = AlarmWrite()
+                    deliver.deliver(claim, None, time.time())
+                    commit_writes(store, "bot", deliver)
+                    if kind == "alarm":
+                        store.send_event("bot", "paid", {"n": 1})
+                assert store.alarm_queue.next_due() is None
+                store.alarm_queue.counts(time.time())
+            wrong = {
+                sql: reads
+                for sql, bindings in statements
+                if "alarms" in sql and (reads := done_rows_read(store, sql, bindings))
+            }
+        assert wrong == {}
