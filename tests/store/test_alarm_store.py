@@ -482,3 +482,64 @@ class TestDoneRows:
                 if "alarms" in sql and (reads := done_rows_read(store, sql, bindings))
             }
         assert wrong == {}
+
+    def test_a_claim_looks_up_the_candidates_agent_only(self, store_url: str) -> None:
+        """Among 20,000 done rows and 300 pending alarms of other agents, the claim reads the
+        due candidate and its agent's open alarms, never every pending alarm: in SQLite's
+        plan, and in PostgreSQL's plan for the values and its generic plan (a prepared
+        statement's, after five runs)."""
+        with Store(store_url) as store:
+            commit_writes(store, "bot")
+        edit_rows(
+            store_url,
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20300)
+            INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at,
+                                status, ended_in, deliveries, created_at, updated_at)
+            SELECT 'alm_' || i, 1, 'agent-' || (i % 300), 'x', ?1 + i, ?1 + i,
+                   CASE WHEN i <= 20000 THEN 'done' ELSE 'pending' END,
+                   CASE WHEN i <= 20000 THEN 1 END, 0, ?1, ?1
+              FROM n
+            """,
+            time.time() + 3600,
+        )
+        if is_postgres(store_url):
+            edit_rows(store_url, "ANALYZE alarms")
+        with Store(store_url) as store:
+            now = time.time()
+            write = AlarmWrite()
+            write.schedule(new_alarm_id(), "look", make_schedule(now, delay=0), now)
+            commit_writes(store, "bot", write)
+            with statements_run(store) as statements:
+                claim = store.alarm_queue.claim("r", time.time(), 30)
+            assert claim is not None and claim.agent_id == "bot"
+            [(sql, bindings)] = [(s, b) for s, b in statements if "due_at <=" in s]
+            if not is_postgres(store_url):
+                details = [
+                    str(r[3])
+                    for r in store._connection().execute(f"EXPLAIN QUERY PLAN {sql}", bindings)
+                ]
+                assert [d for d in details if d.startswith("SCAN")] == []
+                return
+        import psycopg
+
+        prepared = re.sub(r"\bchecked_", "", sql).replace("?", "$1")
+        with psycopg.connect(store_url) as pg:
+            pg.execute(f"PREPARE claim AS {prepared}".encode())
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                pg.execute(f"SET plan_cache_mode = {mode}".encode())
+                [[plan]] = pg.execute(
+                    f"EXPLAIN (FORMAT JSON) EXECUTE claim({time.time()!r})".encode()
+                ).fetchone()
+                assert whole_reads(plan["Plan"]) == [], mode
+
+
+def whole_reads(node: dict[str, Any]) -> list[str]:
+    """The steps of a PostgreSQL plan that read a table, or an index, whole."""
+    reads = "Relation Name" in node or "Index Name" in node
+    found = [] if "Index Cond" in node or not reads else [node["Node Type"]]
+    if node["Node Type"] == "Bitmap Heap Scan":
+        found = []  # its Bitmap Index Scan below says how it reads
+    for child in node.get("Plans", []):
+        found += whole_reads(child)
+    return found
