@@ -683,8 +683,8 @@ def _prune(store: Store, args: argparse.Namespace) -> int:
         drop_compacted=args.drop_compacted,
     )
     print(
-        f"pruned {len(result.agents)} agents: {result.versions} versions and "
-        f"{result.messages} messages deleted"
+        f"pruned {len(result.agents)} agents: {result.versions} versions, "
+        f"{result.messages} messages and {result.handoffs} handoffs deleted"
     )
     for workflow in result.workflows:
         print(f"{workflow}: journal deleted (the workflow finished and its versions are gone)")

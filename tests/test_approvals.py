@@ -1,6 +1,7 @@
 """Tool approvals: a turn suspends at a tool call that needs one, and resumes exactly once."""
 
 import dataclasses
+import datetime
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -9,7 +10,7 @@ import pytest
 from effectful.handlers.llm import Template, Tool
 from effectful.handlers.llm.completions import RetryLLMHandler
 from effectful.ops.types import NotHandled
-from helpers import integrity, persisted, running
+from helpers import integrity, persisted, persisted_rows, running
 
 from effectful_durable import (
     AgentRunner,
@@ -427,6 +428,35 @@ class TestVersions:
                 store.fork("shop", 2, "copy")
             assert [a.agent_id for a in store.agents()] == ["shop"]
             store.fork("shop", 1, "copy")
+
+    @pytest.mark.parametrize("rule", ["keep", "older-than"])
+    def test_prune_deletes_decided_approvals_with_their_versions(
+        self, store_url: str, rule: str
+    ) -> None:
+        """A decision whose turn resumed goes with the versions up to its resumption (and
+        its resumption's row of the runners' queue); one that waits, decided or not, stays."""
+        llm = FakeLLM([BIG, "refunded", "hi", BIG, BIG])
+        resumed = suspend_one(store_url, llm)  # version 1
+        with Store(store_url) as store:
+            store.approve(resumed, by="alice")
+        with persisted(store_url, llm):
+            bot = Shop(agent_id="shop")
+            bot.ask("refund A-1")  # 2
+            bot.ask("hello")  # 3
+        waiting = suspend_one(store_url, llm, Shop(agent_id="other"))
+        decided = suspend_one(store_url, llm, Shop(agent_id="third"))
+        with Store(store_url) as store:
+            store.deny(decided, by="bob", reason="no")  # decided, its turn not resumed yet
+            if rule == "keep":
+                store.prune(keep_versions=1)
+            else:
+                store.prune(older_than=datetime.timedelta(0))
+            left = {a.approval_id: a.status for a in store.approvals(status=None)}
+            assert left == {waiting: "pending", decided: "denied"}
+            assert store.alarm_queue.counts(0.0)["resumes_pending"] == 1  # the denied one's
+        assert persisted_rows(store_url, "SELECT count(*) FROM alarms WHERE kind = 'resume'") == [
+            (1,)
+        ]
 
 
 class TestRunner:

@@ -144,6 +144,13 @@ def claim(
     makes the alarm claimable again through the same index. An alarm another
     runner is claiming at this moment is skipped, never waited for
     (``Database.select_for_claim``).
+
+    The check of the agent's other alarms is a scalar subquery, not ``NOT EXISTS``:
+    PostgreSQL turns ``NOT EXISTS`` into an anti-join, and once done rows outnumber
+    pending ones its statistics make it read every pending alarm of every agent per
+    claim (a materialized scan of ``alarms_due``); a scalar subquery is looked up
+    per candidate, through ``alarms_agent``, as SQLite does either way
+    (bench/README.md, ``bench_claims.py``).
     """
     row: tuple[Any, ...] | None = db.select_for_claim(
         conn,
@@ -152,7 +159,7 @@ def claim(
                kind, topic, due_at
           FROM checked_alarms AS a
          WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)} AND {_claimable(db)}
-           AND NOT EXISTS ({_OTHER} AND ({_LEASED} OR {_EARLIER}))
+           AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL
          ORDER BY due_at LIMIT 1
         """,
         (now, *busy),

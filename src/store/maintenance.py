@@ -208,7 +208,12 @@ class Maintenance(StoreBase):
 
         For each agent (or only ``agent_id``), the versions before its retention
         point are pruned: their version rows, the messages no kept version shows,
-        and what memory, SQL workspace and alarms kept only for them. Every kept
+        and what memory, SQL workspace, alarms, events and approvals kept only for
+        them (done, delivered, decided: what still waits stays). The handoffs of
+        turns that failed or crashed go too when the rules let them: ``older_than``
+        by the time the turn failed (or started), ``keep_versions`` when it started
+        from a pruned version; with ``older_than``, those of agents whose first
+        turn never committed as well. Every kept
         version still reads back (history, state) and rolls back exactly; reading
         or rolling back to a pruned one raises NotFoundError saying so. The
         journals of finished workflows whose versions are all pruned are deleted

@@ -230,7 +230,8 @@ class PruneResult:
 
     ``agents`` are the agents it pruned (those with something to prune); ``skipped``
     those it left alone because a turn of theirs was running; ``workflows`` the
-    journals it deleted. ``versions`` and ``messages`` count the rows deleted.
+    journals it deleted. ``versions``, ``messages`` and ``handoffs`` (of turns that
+    failed or crashed) count the rows deleted.
 
     .. versionadded:: 0.2.0
     """
@@ -240,6 +241,7 @@ class PruneResult:
     messages: int
     workflows: tuple[str, ...]
     skipped: tuple[str, ...]
+    handoffs: int = 0
 
 
 type ApprovalStatus = Literal["pending", "approved", "denied", "cancelled"]

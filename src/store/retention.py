@@ -7,7 +7,12 @@ before ``kept_from`` is shown by none of the kept ones). The newest state
 snapshot among the pruned versions is carried in the ``retention`` row, because
 kept versions whose state did not change inherit it. Compaction originals stay,
 searchable, unless pruning is told to drop them. Each part of the record
-(memory, SQL workspace, alarms) prunes its own rows (``VersionedPart.prune``).
+(memory, SQL workspace, alarms and events, approvals) prunes its own rows
+(``VersionedPart.prune``). Handoffs are not versioned: :meth:`Store.prune
+<effectful_durable.Store.prune>` deletes those of turns that failed or crashed
+(it holds the agent's lock: none of its turns runs) that its rules let go
+(:func:`prune_handoffs`), including those of agents whose first turn never
+committed.
 """
 
 from __future__ import annotations
@@ -49,18 +54,31 @@ def prune_store(
         msg = f"keep_versions must be an integer >= 1, not {keep_versions!r}"
         raise ValueError(msg)
     cutoff = cutoff_of(older_than, time.time()) if older_than is not None else None
-    ids = [agent_id] if agent_id is not None else [a.agent_id for a in store.agents()]
+    if agent_id is not None:
+        ids = [agent_id]
+    else:
+        ids = [a.agent_id for a in store.agents()]
+        if cutoff is not None:  # agents whose first turn never committed: a handoff only
+            with store._reading() as conn:
+                ids += [str(a) for (a,) in conn.execute(_NEVER_COMMITTED).fetchall()]
     pruned: list[str] = []
     skipped: list[str] = []
-    versions = messages = 0
+    versions = messages = handoffs = 0
     for one in ids:
         try:
             with store.agent_lock(one), store._writing() as conn:
-                current = store._checked_version(conn, one, None)
-                point = retention_point(
-                    conn, one, current, keep_versions=keep_versions, cutoff=cutoff
-                )
-                deleted = prune_agent(conn, one, point, parts=parts, drop_compacted=drop_compacted)
+                if store._db.agent_version(conn, one) is None and has_handoff(conn, one):
+                    deleted = (0, 0, prune_handoffs(conn, one, before=None, cutoff=cutoff))
+                else:
+                    current = store._checked_version(conn, one, None)
+                    point = retention_point(
+                        conn, one, current, keep_versions=keep_versions, cutoff=cutoff
+                    )
+                    changed = prune_agent(
+                        conn, one, point, parts=parts, drop_compacted=drop_compacted
+                    )
+                    before = current - keep_versions + 1 if keep_versions is not None else None
+                    deleted = (*changed, prune_handoffs(conn, one, before=before, cutoff=cutoff))
         except AgentInUseError:
             if agent_id is not None:
                 raise
@@ -74,10 +92,52 @@ def prune_store(
             pruned.append(one)
         versions += deleted[0]
         messages += deleted[1]
+        handoffs += deleted[2]
     with store._writing() as conn:
         workflows = finished_journals(conn, agent_id, cutoff)
         delete_journals(conn, workflows)
-    return PruneResult(tuple(pruned), versions, messages, tuple(workflows), tuple(skipped))
+    return PruneResult(
+        tuple(pruned), versions, messages, tuple(workflows), tuple(skipped), handoffs
+    )
+
+
+# Agents with a handoff and no version: their first turn failed or crashed.
+_NEVER_COMMITTED = """
+    SELECT DISTINCT agent_id FROM handoffs AS h
+     WHERE NOT EXISTS (SELECT 1 FROM agents AS a WHERE a.agent_id = h.agent_id)
+     ORDER BY agent_id
+"""
+
+
+def has_handoff(conn: Conn, agent_id: str) -> bool:
+    """Whether a turn of the agent started and did not commit (in any conversation)."""
+    return (
+        conn.execute("SELECT 1 FROM handoffs WHERE agent_id = ?", (agent_id,)).fetchone()
+        is not None
+    )
+
+
+def prune_handoffs(conn: Conn, agent_id: str, *, before: int | None, cutoff: float | None) -> int:
+    """Delete the agent's handoffs that each rule given lets go; how many.
+
+    The caller holds the agent's lock, so no turn of it runs: every handoff is
+    one of a turn that failed, or crashed. ``before``: its turn started from a
+    version before this one (``keep_versions`` pruned it); ``cutoff``: it ended
+    (failed) or, crashed, started before this time. With neither, none goes:
+    the handoff of an agent's last failed turn is what its next turn is told.
+    """
+    if before is None and cutoff is None:
+        return 0
+    rules = ["agent_id = ?"]
+    params: list[str | float] = [agent_id]
+    if before is not None:
+        rules.append("base_version < ?")
+        params.append(before)
+    if cutoff is not None:
+        rules.append("coalesce(ended_at, started_at) < ?")
+        params.append(cutoff)
+    conn.execute(f"DELETE FROM handoffs WHERE {' AND '.join(rules)}", params)
+    return conn.changes()
 
 
 def kept_from(conn: Conn, agent_id: str) -> int:

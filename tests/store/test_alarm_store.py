@@ -1,12 +1,21 @@
 """The alarms part of the store: schedules, cron, and how alarms follow versions."""
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import croniter
 import pytest
 from cronsim import CronSim
-from helpers import commit_writes, integrity, persisted_rows
+from helpers import (
+    commit_writes,
+    edit_rows,
+    integrity,
+    is_postgres,
+    persisted_rows,
+    statements_run,
+)
 
 from effectful_durable import InvalidAgentIdError, InvalidAlarmError, NotFoundError, Store
 from effectful_durable.store.alarm_queue import DEAD_AFTER, AlarmQueue
@@ -467,3 +476,144 @@ class TestQueue:
             assert queue.fail(claim, "RuntimeError: \0 and \ud800", None) == "dead"
             (dead,) = store.alarms("a")
         assert dead.last_error == "RuntimeError: \\x00 and \\ud800"
+
+
+# Indexes that hold no done row (partial on open or pending rows), and the keys that
+# find one alarm's spans: a read through them never grows with the done rows.
+_OPEN_ONLY = {"alarms_due", "alarms_open", "alarms_leased"}
+
+
+def done_rows_read(store: Store, sql: str, bindings: Any) -> list[str]:
+    """Each step of ``sql``'s plan that reads the alarms table beyond its open rows."""
+    with store._reading() as conn:
+        if not is_postgres(store.path):
+            details = [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings)]
+            return [
+                d
+                for d in details
+                if d.startswith(("SCAN", "SEARCH"))
+                and not re.search(rf"INDEX ({'|'.join(_OPEN_ONLY)})\b", d)
+                and not re.search(r"INDEX sqlite_autoindex_alarms_1 \(alarm_id=", d)
+                and not re.search(r"INDEX alarms_agent \(agent_id=\? AND ended_in=", d)
+                and ("alarms" in d or "USING" not in d)
+            ]
+        [[plan]] = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", bindings).fetchone()
+    wrong, nodes = [], [plan["Plan"]]
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        index, condition = node.get("Index Name", ""), node.get("Index Cond", "")
+        if node.get("Relation Name") == "alarms" and node["Node Type"] == "Seq Scan":
+            wrong.append("Seq Scan on alarms")
+        elif index == "alarms_agent" and "ended_in IS NULL" not in condition:
+            wrong.append(f"{node['Node Type']} using alarms_agent: {condition}")
+        elif index == "alarms_pkey" and "alarm_id =" not in condition:
+            wrong.append(f"{node['Node Type']} using alarms_pkey: {condition}")
+    return wrong
+
+
+class TestDoneRows:
+    """What runners and senders do reads no done alarm or event: its cost stays flat."""
+
+    def test_claims_deliveries_and_sends_skip_done_rows(self, store_url: str) -> None:
+        """Every statement of a schedule, claim, delivery, poll and send, among 4,000 done
+        rows of the same agent, reads the alarms table only through its open rows."""
+        with Store(store_url) as store:
+            commit_writes(store, "bot")
+        edit_rows(
+            store_url,
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000)
+            INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at,
+                                status, ended_in, deliveries, created_at, updated_at, kind)
+            SELECT 'alm_done' || i, 1, 'bot', 'done', ?1, ?1, 'done', 1, 1, ?1, ?1,
+                   CASE WHEN i % 2 = 0 THEN 'alarm' ELSE 'event' END
+              FROM n
+            """,
+            NOW,
+        )
+        if is_postgres(store_url):  # as autovacuum would; SQLite plans without statistics
+            edit_rows(store_url, "ANALYZE alarms")
+        with Store(store_url) as store:
+            with statements_run(store) as statements:
+                now = time.time()
+                write = AlarmWrite()
+                write.schedule(new_alarm_id(), "look", make_schedule(now, delay=0), now)
+                commit_writes(store, "bot", write)
+                for kind in ("alarm", "event"):
+                    claim = store.alarm_queue.claim("r", time.time(), 30)
+                    assert claim is not None and claim.kind == kind
+                    deliver = AlarmWrite()
+                    deliver.deliver(claim, None, time.time())
+                    commit_writes(store, "bot", deliver)
+                    if kind == "alarm":
+                        store.send_event("bot", "paid", {"n": 1})
+                assert store.alarm_queue.next_due() is None
+                store.alarm_queue.counts(time.time())
+            wrong = {
+                sql: reads
+                for sql, bindings in statements
+                if "alarms" in sql and (reads := done_rows_read(store, sql, bindings))
+            }
+        assert wrong == {}
+
+    def test_a_claim_looks_up_the_candidates_agent_only(self, store_url: str) -> None:
+        """Among 20,000 done rows and 300 pending alarms of other agents, the claim reads the
+        due candidate and its agent's open alarms, never every pending alarm: in SQLite's
+        plan, and in PostgreSQL's plan for the values and its generic plan (a prepared
+        statement's, after five runs)."""
+        with Store(store_url) as store:
+            commit_writes(store, "bot")
+        edit_rows(
+            store_url,
+            """
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20300)
+            INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at,
+                                status, ended_in, deliveries, created_at, updated_at)
+            SELECT 'alm_' || i, 1, 'agent-' || (i % 300), 'x', ?1 + i, ?1 + i,
+                   CASE WHEN i <= 20000 THEN 'done' ELSE 'pending' END,
+                   CASE WHEN i <= 20000 THEN 1 END, 0, ?1, ?1
+              FROM n
+            """,
+            time.time() + 3600,
+        )
+        if is_postgres(store_url):
+            edit_rows(store_url, "ANALYZE alarms")
+        with Store(store_url) as store:
+            now = time.time()
+            write = AlarmWrite()
+            write.schedule(new_alarm_id(), "look", make_schedule(now, delay=0), now)
+            commit_writes(store, "bot", write)
+            with statements_run(store) as statements:
+                claim = store.alarm_queue.claim("r", time.time(), 30)
+            assert claim is not None and claim.agent_id == "bot"
+            [(sql, bindings)] = [(s, b) for s, b in statements if "due_at <=" in s]
+            if not is_postgres(store_url):
+                details = [
+                    str(r[3])
+                    for r in store._connection().execute(f"EXPLAIN QUERY PLAN {sql}", bindings)
+                ]
+                assert [d for d in details if d.startswith("SCAN")] == []
+                return
+        import psycopg
+
+        prepared = re.sub(r"\bchecked_", "", sql).replace("?", "$1")
+        with psycopg.connect(store_url) as pg:
+            pg.execute(f"PREPARE claim AS {prepared}".encode())
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                pg.execute(f"SET plan_cache_mode = {mode}".encode())
+                [[plan]] = pg.execute(
+                    f"EXPLAIN (FORMAT JSON) EXECUTE claim({time.time()!r})".encode()
+                ).fetchone()
+                assert whole_reads(plan["Plan"]) == [], mode
+
+
+def whole_reads(node: dict[str, Any]) -> list[str]:
+    """The steps of a PostgreSQL plan that read a table, or an index, whole."""
+    reads = "Relation Name" in node or "Index Name" in node
+    found = [] if "Index Cond" in node or not reads else [node["Node Type"]]
+    if node["Node Type"] == "Bitmap Heap Scan":
+        found = []  # its Bitmap Index Scan below says how it reads
+    for child in node.get("Plans", []):
+        found += whole_reads(child)
+    return found

@@ -18,12 +18,22 @@ from effectful_durable import (
     PersistenceHandler,
     Store,
 )
+from effectful_durable.cli import main
 from effectful_durable.store import retention
 from effectful_durable.store import store as store_module
 from effectful_durable.store.engine.sqlite.connection import WAL_SIZE_LIMIT
 from effectful_durable.store.history import ActiveHistory, plan_change
+from effectful_durable.store.parts.alarms import AlarmWrite, make_schedule, new_alarm_id
 from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import Assistant, integrity, is_postgres, persisted, persisted_rows, running
+from tests.helpers import (
+    Assistant,
+    commit_writes,
+    integrity,
+    is_postgres,
+    persisted,
+    persisted_rows,
+    running,
+)
 
 
 def echo(call: FakeCall) -> str:
@@ -476,3 +486,115 @@ class TestReports:
             with pytest.raises(NotFoundError, match="version 2 of agent 'bot' was pruned"):
                 store.reset_workflow("wf")
             assert store.agents()[0].version == 5 and len(store.steps("wf")) == 3
+
+
+def deliver_next(store: Store, agent_id: str) -> None:
+    """Claim the earliest due alarm or event, and commit its delivery as a turn of its agent."""
+    claim = store.alarm_queue.claim("runner", time.time(), 30)
+    assert claim is not None and claim.agent_id == agent_id
+    write = AlarmWrite()
+    write.deliver(claim, None, time.time())
+    commit_writes(store, agent_id, write)
+
+
+def runners_rows(store_url: str) -> list[tuple[str, str]]:
+    return [
+        (str(kind), str(status))
+        for kind, status in persisted_rows(
+            store_url, "SELECT kind, status FROM alarms ORDER BY kind, status"
+        )
+    ]
+
+
+class TestPruneWhatRunnersLeave:
+    """prune deletes done alarms and events, decided approvals (test_approvals.py) and the
+    handoffs of failed or crashed turns past its rules; what waits stays."""
+
+    @pytest.mark.parametrize("rule", ["keep", "older-than", "cli"])
+    def test_done_alarms_and_events_go_with_their_versions(
+        self, store_url: str, rule: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A delivered alarm, a delivered event and a cancelled alarm go; a pending alarm
+        and a dead event stay, with every kept version."""
+        with Store(store_url) as store:
+            now = time.time()
+            write = AlarmWrite()
+            write.schedule(new_alarm_id(), "ping", make_schedule(now, delay=0), now)
+            write.schedule(new_alarm_id(), "later", make_schedule(now, delay=3600), now)
+            dropped = new_alarm_id()
+            write.schedule(dropped, "dropped", make_schedule(now, delay=7200), now)
+            commit_writes(store, "bot", write)  # 1
+            deliver_next(store, "bot")  # 2
+            store.send_event("bot", "paid", {"order": 1})
+            deliver_next(store, "bot")  # 3
+            assert store.cancel_alarm(dropped)
+            store.send_event("bot", "refund", {"order": 2})
+            claim = store.alarm_queue.claim("runner", time.time(), 30)
+            assert claim is not None and store.alarm_queue.fail(claim, "boom", None) == "dead"
+            commit_writes(store, "bot")  # 4
+            assert len(runners_rows(store_url)) == 5
+            if rule == "keep":
+                store.prune(keep_versions=1)
+            elif rule == "older-than":
+                store.prune(older_than=datetime.timedelta(0))
+        if rule == "cli":
+            assert main(["prune", store_url, "--older-than", "0s", "--yes"]) == 0
+            assert "pruned 1 agents: 3 versions" in capsys.readouterr().out
+        assert runners_rows(store_url) == [("alarm", "pending"), ("event", "dead")]
+        with Store(store_url) as store:
+            assert [a.action for a in store.alarms("bot")] == ["later"]
+            assert [e.name for e in store.events("bot")] == ["refund"]
+
+    def test_failed_and_crashed_turns_handoffs_go_past_the_rules(self, store_url: str) -> None:
+        """keep_versions drops a handoff whose turn started from a pruned version;
+        older_than one that failed (or, crashed, started) before the cutoff; the last
+        failed turn of an agent stays under keep_versions alone."""
+        with Store(store_url) as store:
+            for _ in range(3):
+                commit_writes(store, "bot")
+            for conversation, fail in (("old", True), ("crashed", False)):
+                store.begin_turn("bot", template="ask", arguments=[], conversation=conversation)
+                if fail:
+                    store.fail_turn("bot", "boom", conversation=conversation)
+            commit_writes(store, "bot")  # 4
+            store.begin_turn("bot", template="ask", arguments=[])
+            store.fail_turn("bot", "the last one")
+
+            def left() -> list[str]:
+                return [h.conversation for h in store.handoffs()]
+
+            assert left() == ["crashed", "default", "old"]
+            result = store.prune(keep_versions=2)  # handoffs from version 3 stay
+            assert (result.versions, result.handoffs) == (2, 0)
+            assert left() == ["crashed", "default", "old"]
+            result = store.prune(keep_versions=1)  # ... not any more
+            assert (result.versions, result.handoffs, left()) == (1, 2, ["default"])
+            result = store.prune(keep_versions=1, older_than=datetime.timedelta(days=1))
+            assert (result.handoffs, left()) == (0, ["default"])
+            result = store.prune(older_than=datetime.timedelta(0))
+            assert (result.agents, result.handoffs, left()) == (("bot",), 1, [])
+
+    def test_a_first_turn_that_never_committed(self, store_url: str) -> None:
+        """An agent with a failed first turn and nothing else goes with older_than, from
+        prune() of every agent and prune of that agent, and stays with keep_versions."""
+        with Store(store_url) as store:
+            for agent in ("new-1", "new-2"):
+                store.begin_turn(agent, template="ask", arguments=[])
+                store.fail_turn(agent, "boom")
+            assert store.prune(keep_versions=1).handoffs == 0
+            result = store.prune(older_than=datetime.timedelta(0))
+            assert (result.agents, result.handoffs) == (("new-1", "new-2"), 2)
+            store.begin_turn("new-1", template="ask", arguments=[])
+            store.fail_turn("new-1", "boom")
+            assert store.prune("new-1", older_than=datetime.timedelta(0)).handoffs == 1
+            assert store.handoffs() == []
+            with pytest.raises(NotFoundError):
+                store.prune("new-1", older_than=datetime.timedelta(0))
+
+    def test_a_running_first_turn_is_skipped(self, store_url: str) -> None:
+        """The handoff of a first turn that is running stays: its agent is skipped."""
+        with Store(store_url) as store, store.agent_lock("new"):
+            store.begin_turn("new", template="ask", arguments=[])
+            with Store(store_url) as other:
+                result = other.prune(older_than=datetime.timedelta(0))
+            assert (result.skipped, len(store.handoffs())) == (("new",), 1)

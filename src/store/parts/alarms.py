@@ -317,6 +317,9 @@ class AlarmWrite:
 
 
 def _deliver(conn: Conn, agent_id: str, op: _Deliver, version: int) -> None:
+    # ``ended_in IS NULL`` (implied by 'pending') finds the row through ``alarms_open``:
+    # without it SQLite's planner takes ``alarms_agent`` on agent_id alone and reads
+    # every alarm and event the agent ever had, done ones included (bench_claims.py).
     if op.next_fire is None:
         conn.execute(
             """
@@ -324,7 +327,7 @@ def _deliver(conn: Conn, agent_id: str, op: _Deliver, version: int) -> None:
                    lease_token = NULL, attempts = 0, last_error = NULL,
                    deliveries = deliveries + 1, updated_at = ?5
              WHERE alarm_id = ?1 AND agent_id = ?2 AND lease_token = ?3
-               AND status = 'pending'
+               AND status = 'pending' AND ended_in IS NULL
             """,
             (op.alarm_id, agent_id, op.token, version, op.now),
         )
@@ -335,7 +338,7 @@ def _deliver(conn: Conn, agent_id: str, op: _Deliver, version: int) -> None:
                    lease_token = NULL, attempts = 0, last_error = NULL,
                    deliveries = deliveries + 1, updated_at = ?5
              WHERE alarm_id = ?1 AND agent_id = ?2 AND lease_token = ?3
-               AND status = 'pending'
+               AND status = 'pending' AND ended_in IS NULL
             """,
             (op.alarm_id, agent_id, op.token, op.next_fire, op.now),
         )
