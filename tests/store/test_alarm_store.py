@@ -336,6 +336,37 @@ class TestQueue:
             with pytest.raises(NotFoundError):
                 store.rearm_alarm("alm_nope")
 
+    def test_next_due_stops_at_the_first_claimable_alarm(self, postgres_url: str) -> None:
+        """On PostgreSQL, next_due reads the pending alarms in due order and stops at
+        the first claimable one, not all of them against every leased one: 1,000
+        pending of 200 agents, 32 of them leased (four runners' turns in flight)."""
+        with Store(postgres_url) as store:
+            for n in range(1000):
+                store.schedule_alarm(
+                    f"agent-{n % 200}", f"job {n}", make_schedule(NOW, at=NOW + n)
+                )
+            queue = store.alarm_queue
+            held: list[str] = []
+            for n in range(32):
+                claim = queue.claim(f"runner-{n % 4}", NOW + 1000, 300, held)
+                assert claim is not None
+                held.append(claim.agent_id)
+            with store._reading() as conn:
+                conn.execute("ANALYZE alarms")  # a table the planner has weighed
+            busy = held[:8]
+            with statements_run(store) as statements:
+                assert queue.next_due(busy) == NOW + 32  # agent-32's first: the earliest free
+            [(query, bindings)] = statements
+            with store._reading() as conn:
+                [plan] = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", bindings).get
+        nodes, read = [plan["Plan"]], 0
+        while nodes:
+            node = nodes.pop()
+            nodes += node.get("Plans", [])
+            if node.get("Alias") == "a":  # the pending alarms the answer is looked for in
+                read += node["Actual Rows"] * node["Actual Loops"]
+        assert read < 50, plan
+
     def test_delivery_is_fenced_by_the_lease(self, store_url: str) -> None:
         """A delivery whose lease another runner took aborts the whole turn."""
         with Store(store_url) as store:
