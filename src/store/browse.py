@@ -556,8 +556,8 @@ def _plain_page(
     infos = _versions_before(conn, agent_id, conversation, start, limit + 1)
     more = len(infos) > limit
     infos = infos[:limit]
-    shown = [i.version for i in infos if i.kind not in ("rollback", "fork")]
-    by_version: dict[int, list[dict[str, Any]]] = {v: [] for v in shown}
+    shown = [i for i in infos if i.kind not in ("rollback", "fork")]
+    by_version: dict[int, list[dict[str, Any]]] = {i.version: [] for i in shown}
     if shown:
         for version, removed_in, message in _messages_added(conn, agent_id, conversation, shown):
             by_version[version].append(_marked(message, removed_in))
@@ -693,21 +693,40 @@ def _earlier_calls(
 
 
 def _messages_added(
-    conn: Conn, agent_id: str, conversation: str, versions: list[int]
+    conn: Conn, agent_id: str, conversation: str, versions: list[VersionInfo]
 ) -> Iterator[tuple[int, int | None, dict[str, Any]]]:
-    """``(added_in, removed_in, message)`` of the messages ``versions`` added to the
-    conversation, by version and position."""
-    marks = ", ".join("?" * len(versions))
-    rows = conn.execute(
-        f"""
-        SELECT added_in, removed_in, body FROM checked_messages
-         WHERE agent_id = ? AND conversation = ? AND added_in IN ({marks})
-         ORDER BY added_in, position
-        """,
-        (agent_id, conversation, *versions),
-    ).fetchall()
-    messages = decode_messages(body for _, _, body in rows)
-    for (added_in, removed_in, _), message in zip(rows, messages, strict=True):
+    """``(added_in, removed_in, message)`` of the messages ``versions`` (turns and
+    compactions of the conversation) added to it, by version and position.
+
+    No index leads with ``added_in``, and a query by it reads every row of the
+    conversation. So the rows are read from the conversation's end backwards (its
+    primary key, by position), where a recent version's messages are, a few more
+    than the versions added (``added`` counts exactly the rows each inserted), and
+    further back, twice as many at a time, only until all are found: the first
+    page of a long history costs what a short one's does.
+    """
+    wanted = {v.version for v in versions}
+    expected = sum(v.added for v in versions)
+    found: list[tuple[Any, ...]] = []
+    last: tuple[Any, ...] | None = None
+    batch = expected + 8
+    while len(found) < expected:
+        after = "" if last is None else "AND (position, added_in) < (?, ?)"
+        rows = conn.execute(
+            f"""
+            SELECT added_in, position, removed_in, body FROM checked_messages
+             WHERE agent_id = ? AND conversation = ? {after}
+             ORDER BY position DESC, added_in DESC LIMIT ?
+            """,
+            (agent_id, conversation, *(() if last is None else last), batch),
+        ).fetchall()
+        found += [row for row in rows if row[0] in wanted]
+        if len(rows) < batch:
+            break
+        last, batch = (rows[-1][1], rows[-1][0]), batch * 2
+    found.sort(key=lambda row: (row[0], row[1]))
+    messages = decode_messages(body for _, _, _, body in found)
+    for (added_in, _, removed_in, _), message in zip(found, messages, strict=True):
         yield int(added_in), removed_in, message
 
 
