@@ -54,10 +54,12 @@ MAX_PAGE = 500
 _ERROR_STARTS = ("Tool execution failed", "Error decoding tool call", "Error decoding response")
 
 # An agent that needs a person: an approval waits, an alarm or event died, or a
-# turn started and did not commit (running, crashed or failed).
+# turn started and did not commit (running, crashed or failed). A dead alarm has
+# not ended (the table's CHECK): saying so lets the read go through the index of
+# the alarms that have not (alarms_open) rather than every alarm ever done.
 _ATTENTION = """
     agent_id IN (SELECT agent_id FROM approvals WHERE status = 'pending'
-                 UNION SELECT agent_id FROM alarms WHERE status = 'dead'
+                 UNION SELECT agent_id FROM alarms WHERE status = 'dead' AND ended_in IS NULL
                  UNION SELECT agent_id FROM handoffs)
 """
 
@@ -268,16 +270,25 @@ class BrowseMethods(StoreBase):
         if attention:
             where.append(_ATTENTION)
         condition = " AND ".join(where)
+        count = f"SELECT count(*) FROM agents WHERE {condition}"
+        paged = f"FROM agents WHERE {condition} ORDER BY {order} LIMIT ? OFFSET ?"
+        window = [*params, per_page, (page - 1) * per_page]
         with self._reading() as conn:
-            total = int(conn.execute(f"SELECT count(*) FROM agents WHERE {condition}", params).get)
-            ids = [
-                str(agent_id)
-                for (agent_id,) in conn.execute(
-                    f"SELECT agent_id FROM agents WHERE {condition} ORDER BY {order} "
-                    "LIMIT ? OFFSET ?",
-                    [*params, per_page, (page - 1) * per_page],
-                )
-            ]
+            if len(where) == 1:  # all agents: counted, and their page read through an index
+                total = int(conn.execute(count, params).get)
+                ids = [
+                    str(agent_id)
+                    for (agent_id,) in conn.execute(f"SELECT agent_id {paged}", window)
+                ]
+            else:  # a filter reads every agent: once for both the count and the page
+                rows = conn.execute(
+                    f"SELECT agent_id, count(*) OVER () {paged}", window
+                ).fetchall()
+                ids = [str(agent_id) for agent_id, _ in rows]
+                if rows:
+                    total = int(rows[0][1])
+                else:  # past the last page, or none match
+                    total = 0 if page == 1 else int(conn.execute(count, params).get)
         return AgentPage(self._summaries(ids), total, page, per_page)
 
     def _summaries(self, ids: list[str]) -> list[AgentSummary]:

@@ -45,6 +45,10 @@ class TestAgentPage:
             assert [a.agent_id for a in attention.agents] == [DESK, BROKEN]
             first = store.agent_page(sort="-version", per_page=2)
             second = store.agent_page(sort="-version", per_page=2, page=2)
+            beyond = store.agent_page(attention=True, per_page=1, page=3)
+            assert (beyond.agents, beyond.total) == ([], 2)  # counted: past its last page
+            assert store.agent_page(text="nobody").total == 0
+            assert store.agent_page(text="e", attention=True, per_page=1).total == 2
         assert first.agents[0].agent_id == DESK and first.pages == 2
         assert len(second.agents) == 1
         assert {a.agent_id for a in first.agents + second.agents} == {DESK, BROKEN, HTML_AGENT}
