@@ -321,7 +321,9 @@ def main() -> None:
         help="on PostgreSQL: a server URL to keep the databases on, or none for a throwaway one",
     )
     parser.add_argument("--messages", type=int, default=5_000_000, help="PostgreSQL: in all")
-    parser.add_argument("--turn-runs", type=int, default=1000, help="PostgreSQL: turns per arm")
+    parser.add_argument(
+        "--turn-runs", type=int, default=1000, help="PostgreSQL: turns per arm (0: none)"
+    )
     args = parser.parse_args()
     if args.postgres is not None:
         postgres(args)
@@ -371,18 +373,22 @@ def postgres(args: argparse.Namespace) -> None:
             sys.exit(f"bench_ui: {big} holds {found} agents, not {agents + 1}: drop it first")
         else:
             print(f"reusing {big}: {found:,} agents")
-        empty = database(f"bench_ui_empty_{os.getpid()}")
-        try:
-            turns_compared(big, empty, turn_runs)
-        finally:
-            import psycopg
-
-            if args.postgres:  # a throwaway server goes with its databases
-                name = empty.rpartition("/")[2]
-                with psycopg.connect(args.postgres, autocommit=True) as admin:
-                    admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)'.encode())
+        if turn_runs:
+            empty = database(f"bench_ui_empty_{os.getpid()}")
+            try:
+                turns_compared(big, empty, turn_runs)
+            finally:
+                if args.postgres:  # a throwaway server goes with its databases
+                    drop(args.postgres, empty)
         served_pages(big, runs)
     print(load())
+
+
+def drop(server: str, url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{url.rpartition("/")[2]}" WITH (FORCE)'.encode())
 
 
 def copy_agent(source: str, target: str, agent_id: str) -> None:
@@ -401,7 +407,45 @@ def copy_agent(source: str, target: str, agent_id: str) -> None:
 
 
 def turns_compared(big: str, empty: str, n: int) -> None:
-    """Turns in the big and the empty database, interleaved; the table of medians."""
+    """Turns in the big and the empty database, interleaved; the table of medians.
+
+    The agents it makes in the big database (among them a fork of one of the bulk's,
+    for the turns of an agent with a history) are deleted at the end: the bulk stays
+    as it was built, for the next run.
+    """
+    tag = f"{os.getpid()}-{int(time.time())}"
+    existing = f"bulk-{tag}"
+    with Store(big) as store:
+        store.fork("agent-050000", None, existing)
+    Store(empty).close()  # its schema
+    copy_agent(big, empty, existing)  # the same agent, row for row, in both
+    try:
+        times = turns_played({"empty": empty, "100k": big}, tag, existing, n)
+    finally:
+        with Store(big) as store:
+            for agent_id in store.agent_page(text=tag).agents:
+                store.delete(agent_id.agent_id)
+    with Store(empty, readonly=True) as store:
+        messages = len(store.history(existing))
+    print(
+        f"\na turn in an empty database and among the bulk's agents, interleaved "
+        f"({n:,} store turns, {n // 2:,} handler turns per arm; a fork of agent-050000 "
+        f"had {messages:,} messages at the end); {load()}"
+    )
+    print(f"{'arm':<46} {'median ms':>10} {'p90 ms':>8} {'/ empty':>8}")
+    for key, values in times.items():
+        base = times[key.replace("100k", "empty")]
+        ratio = statistics.median(values) / statistics.median(base)
+        print(
+            f"{key:<46} {statistics.median(values) * 1000:>10.3f} "
+            f"{statistics.quantiles(values, n=10)[-1] * 1000:>8.3f} {ratio:>8.3f}"
+        )
+
+
+def turns_played(dbs: dict[str, str], tag: str, existing: str, n: int) -> dict[str, list[float]]:
+    """Seconds of each turn of each arm: ``n`` of the Store's calls of a turn of a new
+    agent in each database, then ``n // 2`` whole turns under PersistenceHandler of a
+    new agent and of ``existing`` in each; the databases' turns interleaved."""
     from bench_persistence import Below, fake_llm, question
     from bench_store_turn import turn as store_turn
     from effectful.handlers.llm import Template
@@ -424,13 +468,7 @@ def turns_compared(big: str, empty: str, n: int) -> None:
             """Answer the customer: {question}"""
             raise NotHandled
 
-    dbs = {"empty": empty, "100k": big}
-    tag = f"{os.getpid()}-{int(time.time())}"
-    existing = "agent-050000"
-    Store(empty).close()  # its schema
-    copy_agent(big, empty, existing)
     times: dict[str, list[float]] = {}
-    # The Store's own calls of a turn, of a new agent in each database.
     stores = {name: Store(db) for name, db in dbs.items()}
     parts = {name: {k: [] for k in ("lock", "begin", "commit", "turn")} for name in dbs}
     for name, store in stores.items():  # warm: connections, prepared statements
@@ -443,21 +481,18 @@ def turns_compared(big: str, empty: str, n: int) -> None:
     for name, store in stores.items():
         times[f"store, new agent, {name}"] = parts[name]["turn"]
         store.close()
-    # Whole turns through PersistenceHandler: a new agent, and an agent of the bulk.
     fake, below = fake_llm(), Below()
     handlers = {name: PersistenceHandler(db) for name, db in dbs.items()}
     arms = [(name, who) for who in ("new", "bulk") for name in dbs]
-    bots = {
-        (name, who): Support(agent_id=f"turn-{tag}" if who == "new" else existing)
-        for name, who in arms
-    }
+    bots = {(name, who): Support(agent_id=f"turn-{tag}" if who == "new" else existing)
+            for name, who in arms}  # fmt: skip
     walls: dict[tuple[str, str], list[float]] = {arm: [] for arm in arms}
     own: dict[tuple[str, str], list[float]] = {arm: [] for arm in arms}
     with handler(LiteLLMProvider(model="fake")), handler(fake), handler(below):
         for name in dbs:  # warm
             with handler(handlers[name]):
                 for i in range(10):
-                    Support(agent_id=f"warm-{tag}").ask(question(i))
+                    Support(agent_id=f"warm-turn-{tag}").ask(question(i))
         for i in range(n // 2):
             for arm in arms[i % len(arms) :] + arms[: i % len(arms)]:
                 with handler(handlers[arm[0]]):
@@ -470,23 +505,10 @@ def turns_compared(big: str, empty: str, n: int) -> None:
     for persistence in handlers.values():
         persistence.close()
     for name, who in arms:
-        label = "a new agent" if who == "new" else f"{existing}"
+        label = "a new agent" if who == "new" else "a fork of agent-050000"
         times[f"handler, {label}, {name}"] = own[name, who]
         times[f"whole turn, {label}, {name}"] = walls[name, who]
-    messages = len(Store(big, readonly=True).history(existing))
-    print(
-        f"\na turn in an empty database and among the bulk's agents, interleaved "
-        f"({n:,} store turns, {n // 2:,} handler turns per arm; {existing} had "
-        f"{messages:,} messages at the end); {load()}"
-    )
-    print(f"{'arm':<46} {'median ms':>10} {'p90 ms':>8} {'/ empty':>8}")
-    for key, values in times.items():
-        base = times[key.replace("100k", "empty")]
-        ratio = statistics.median(values) / statistics.median(base)
-        print(
-            f"{key:<46} {statistics.median(values) * 1000:>10.3f} "
-            f"{statistics.quantiles(values, n=10)[-1] * 1000:>8.3f} {ratio:>8.3f}"
-        )
+    return times
 
 
 def served_pages(db: str, runs: int) -> None:
