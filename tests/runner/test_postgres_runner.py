@@ -17,11 +17,9 @@ import pytest
 from alarms_app import in_threads
 from effectful.handlers.llm.completions import LiteLLMProvider
 from pg_faults_app import Noter
-from helpers import commit_writes
 
-from effectful_durable import AgentRunner, AlarmLeaseLostError, RunnerConfig, Store
-from effectful_durable.runner import SystemClock
-from effectful_durable.store.parts.alarms import AlarmWrite, Claim, make_schedule, new_alarm_id
+from effectful_durable import AgentRunner, RunnerConfig, Store
+from effectful_durable.store.parts.alarms import make_schedule
 from effectful_durable.testing import FakeCall, FakeLLM
 
 PICK_UP = 1.0  # seconds from an alarm's commit to its turn's start (issue 38: p99)
