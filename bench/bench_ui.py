@@ -309,7 +309,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, help="10,000 (SQLite); 100,000 (PostgreSQL)")
     parser.add_argument("--turns", type=int, default=10_000, help="turns of the long agent")
-    parser.add_argument("--runs", type=int, help="timed requests per page: 15; 20 on PostgreSQL")
+    parser.add_argument(
+        "--runs", type=int, help="timed requests per page: 15; 20 on PostgreSQL (0: none)"
+    )
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--commits", type=int, default=8, help="commits timed to the page")
     parser.add_argument("--quick", action="store_true", help="1,000 agents and turns, fewer runs")
@@ -353,7 +355,8 @@ def postgres(args: argparse.Namespace) -> None:
     import many_agents
 
     agents = 100_000 if args.agents is None else args.agents
-    messages, turns, runs, turn_runs = args.messages, args.turns, args.runs or 20, args.turn_runs
+    messages, turns, turn_runs = args.messages, args.turns, args.turn_runs
+    runs = 20 if args.runs is None else args.runs
     if args.quick:
         agents, messages, turns, runs, turn_runs = 10_000, 500_000, 1000, 5, 200
     print(f"{os.cpu_count()} cores; PostgreSQL; {load()}")
@@ -380,7 +383,8 @@ def postgres(args: argparse.Namespace) -> None:
             finally:
                 if args.postgres:  # a throwaway server goes with its databases
                     drop(args.postgres, empty)
-        served_pages(big, runs)
+        if runs:
+            served_pages(big, runs)
     print(load())
 
 
@@ -480,6 +484,8 @@ def turns_played(dbs: dict[str, str], tag: str, existing: str, n: int) -> dict[s
             store_turn(effectful_durable, stores[name], f"store-{tag}", i, parts[name])
     for name, store in stores.items():
         times[f"store, new agent, {name}"] = parts[name]["turn"]
+        times[f"  of which begin_turn, {name}"] = parts[name]["begin"]
+        times[f"  of which commit_turn, {name}"] = parts[name]["commit"]
         store.close()
     fake, below = fake_llm(), Below()
     handlers = {name: PersistenceHandler(db) for name, db in dbs.items()}
