@@ -15,13 +15,32 @@ Builds one SQLite database (through the Store's turn protocol, no model) with
 * the server's CPU with 10 pages open and idle, over ``--idle`` seconds;
 * a writer's 1,000 turns alone, then while three clients poll pages.
 
-Run: ``.venv/bin/python bench/bench_ui.py [--agents 10000] [--turns 10000] [--quick]``.
-No assertions: it prints the numbers beside the issue's targets.
+With ``--postgres [URL]`` (issue 39, item 4: many agents cost nothing), on
+PostgreSQL instead: a database of ``--agents`` (100,000) agents and ``--messages``
+(5,000,000) messages written in bulk with COPY (bench/many_agents.py; kept and
+reused on URL's server, on a throwaway one with fsync on otherwise), and an empty
+database beside it on the same server; then
+
+* a turn in each, interleaved turn by turn: the Store's own calls of a turn (as
+  bench_store_turn.py plays them: the lock, ``begin_turn``, ``commit_turn`` of two
+  messages, the release) of a new agent, and whole turns through
+  PersistenceHandler with FakeLLM (as bench_persistence.py plays them) of a new
+  agent and of an agent of the bulk (copied, row for row, into the empty database);
+* a real ``effectful-durable ui`` process over the big database (tests/ui/server.py's
+  ``serving``), each page fetched ``--runs`` (20) times with httpx after one
+  warm-up: the agents list (first page, default sort; needs attention; a name
+  filter; ...) and agents' first pages.
+
+Run: ``.venv/bin/python bench/bench_ui.py [--agents 10000] [--turns 10000] [--quick]``,
+or ``.venv/bin/python bench/bench_ui.py --postgres [URL] [--agents 100000]
+[--messages 5000000] [--quick]``. No assertions: it prints the numbers beside the
+issue's targets.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -288,13 +307,31 @@ def writer_alone_and_polled(db: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", type=int, default=10_000)
-    parser.add_argument("--turns", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=15, help="timed requests per page")
+    parser.add_argument("--agents", type=int, help="10,000 (SQLite); 100,000 (PostgreSQL)")
+    parser.add_argument("--turns", type=int, default=10_000, help="turns of the long agent")
+    parser.add_argument(
+        "--runs", type=int, help="timed requests per page: 15; 20 on PostgreSQL (0: none)"
+    )
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--commits", type=int, default=8, help="commits timed to the page")
     parser.add_argument("--quick", action="store_true", help="1,000 agents and turns, fewer runs")
+    parser.add_argument(
+        "--postgres",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="on PostgreSQL: a server URL to keep the databases on, or none for a throwaway one",
+    )
+    parser.add_argument("--messages", type=int, default=5_000_000, help="PostgreSQL: in all")
+    parser.add_argument(
+        "--turn-runs", type=int, default=1000, help="PostgreSQL: turns per arm (0: none)"
+    )
     args = parser.parse_args()
+    if args.postgres is not None:
+        postgres(args)
+        return
+    args.agents = 10_000 if args.agents is None else args.agents
+    args.runs = 15 if args.runs is None else args.runs
     if args.quick:
         args.agents, args.turns, args.runs, args.idle, args.commits = 1000, 1000, 5, 5, 3
     print(f"{os.cpu_count()} cores; SQLite through apsw; one process serves the page")
@@ -304,6 +341,228 @@ def main() -> None:
         pages(db, args.turns, args.runs)
         live(db, args.commits, args.idle)
         writer_alone_and_polled(db)
+
+
+# -- PostgreSQL: many agents (issue 39, item 4) ------------------------------------
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def postgres(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import many_agents
+
+    agents = 100_000 if args.agents is None else args.agents
+    messages, turns, turn_runs = args.messages, args.turns, args.turn_runs
+    runs = 20 if args.runs is None else args.runs
+    if args.quick:
+        agents, messages, turns, runs, turn_runs = 10_000, 500_000, 1000, 5, 200
+    print(f"{os.cpu_count()} cores; PostgreSQL; {load()}")
+    with many_agents.databases(args.postgres or None) as database:
+        big = database(f"bench_ui_{agents}_{messages}_{turns}")
+        found = many_agents.built(big)
+        if found == 0:
+            print(f"writing {agents:,} agents and {messages:,} messages with COPY ...")
+            done = many_agents.build(big, agents=agents, messages=messages, long_turns=turns)
+            print(
+                f"wrote {done.agents:,} agents, {done.versions:,} versions, "
+                f"{done.messages:,} messages, {done.alarms:,} alarms and events, "
+                f"{done.approvals:,} approvals, {done.handoffs:,} handoffs in "
+                f"{done.seconds:.0f} s ({done.bytes / 1e9:.1f} GB); {load()}"
+            )
+        elif found != agents + 1:
+            sys.exit(f"bench_ui: {big} holds {found} agents, not {agents + 1}: drop it first")
+        else:
+            print(f"reusing {big}: {found:,} agents")
+        if turn_runs:
+            empty = database(f"bench_ui_empty_{os.getpid()}")
+            try:
+                turns_compared(big, empty, turn_runs)
+            finally:
+                if args.postgres:  # a throwaway server goes with its databases
+                    drop(args.postgres, empty)
+        if runs:
+            served_pages(big, runs)
+    print(load())
+
+
+def drop(server: str, url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{url.rpartition("/")[2]}" WITH (FORCE)'.encode())
+
+
+def copy_agent(source: str, target: str, agent_id: str) -> None:
+    """The agent's rows of ``source`` written to ``target`` (an agent of the bulk, into
+    the empty database: the same agent in both arms)."""
+    import psycopg
+
+    with psycopg.connect(source) as src, psycopg.connect(target) as dst:
+        for table in ("agents", "versions", "conversations", "messages"):
+            rows = src.execute(
+                f"SELECT * FROM {table} WHERE agent_id = %s".encode(), (agent_id,)
+            ).fetchall()
+            marks = ", ".join(["%s"] * len(rows[0]))
+            with dst.cursor() as cursor:
+                cursor.executemany(f"INSERT INTO {table} VALUES ({marks})".encode(), rows)
+
+
+def turns_compared(big: str, empty: str, n: int) -> None:
+    """Turns in the big and the empty database, interleaved; the table of medians.
+
+    The agents it makes in the big database (among them a fork of one of the bulk's,
+    for the turns of an agent with a history) are deleted at the end: the bulk stays
+    as it was built, for the next run.
+    """
+    tag = f"{os.getpid()}-{int(time.time())}"
+    existing = f"bulk-{tag}"
+    with Store(big) as store:
+        store.fork("agent-050000", None, existing)
+    Store(empty).close()  # its schema
+    copy_agent(big, empty, existing)  # the same agent, row for row, in both
+    try:
+        times = turns_played({"empty": empty, "100k": big}, tag, existing, n)
+    finally:
+        with Store(big) as store:
+            for agent_id in store.agent_page(text=tag).agents:
+                store.delete(agent_id.agent_id)
+    with Store(empty, readonly=True) as store:
+        messages = len(store.history(existing))
+    print(
+        f"\na turn in an empty database and among the bulk's agents, interleaved "
+        f"({n:,} store turns, {n // 2:,} handler turns per arm; a fork of agent-050000 "
+        f"had {messages:,} messages at the end); {load()}"
+    )
+    print(f"{'arm':<46} {'median ms':>10} {'p90 ms':>8} {'/ empty':>8}")
+    for key, values in times.items():
+        base = times[key.replace("100k", "empty")]
+        ratio = statistics.median(values) / statistics.median(base)
+        print(
+            f"{key:<46} {statistics.median(values) * 1000:>10.3f} "
+            f"{statistics.quantiles(values, n=10)[-1] * 1000:>8.3f} {ratio:>8.3f}"
+        )
+
+
+def turns_played(dbs: dict[str, str], tag: str, existing: str, n: int) -> dict[str, list[float]]:
+    """Seconds of each turn of each arm: ``n`` of the Store's calls of a turn of a new
+    agent in each database, then ``n // 2`` whole turns under PersistenceHandler of a
+    new agent and of ``existing`` in each; the databases' turns interleaved."""
+    from bench_persistence import Below, fake_llm, question
+    from bench_store_turn import turn as store_turn
+    from effectful.handlers.llm import Template
+    from effectful.handlers.llm.completions import LiteLLMProvider
+    from effectful.ops.semantics import handler
+    from effectful.ops.types import NotHandled
+
+    import effectful_durable
+    from effectful_durable import PersistenceHandler, PersistentAgent
+
+    @dataclasses.dataclass
+    class Support(PersistentAgent):
+        """You are the support agent of an online shop."""
+
+        customer: str = ""
+        topic: str = "orders"  # the bulk's agents hold these two fields
+
+        @Template.define
+        def ask(self, question: str) -> str:
+            """Answer the customer: {question}"""
+            raise NotHandled
+
+    times: dict[str, list[float]] = {}
+    stores = {name: Store(db) for name, db in dbs.items()}
+    parts = {name: {k: [] for k in ("lock", "begin", "commit", "turn")} for name in dbs}
+    for name, store in stores.items():  # warm: connections, prepared statements
+        for i in range(20):
+            store_turn(effectful_durable, store, f"warm-{tag}", i, {k: [] for k in parts[name]})
+    order = list(dbs)
+    for i in range(n):
+        for name in order[i % 2 :] + order[: i % 2]:
+            store_turn(effectful_durable, stores[name], f"store-{tag}", i, parts[name])
+    for name, store in stores.items():
+        times[f"store, new agent, {name}"] = parts[name]["turn"]
+        times[f"  of which begin_turn, {name}"] = parts[name]["begin"]
+        times[f"  of which commit_turn, {name}"] = parts[name]["commit"]
+        store.close()
+    fake, below = fake_llm(), Below()
+    handlers = {name: PersistenceHandler(db) for name, db in dbs.items()}
+    arms = [(name, who) for who in ("new", "bulk") for name in dbs]
+    bots = {(name, who): Support(agent_id=f"turn-{tag}" if who == "new" else existing)
+            for name, who in arms}  # fmt: skip
+    walls: dict[tuple[str, str], list[float]] = {arm: [] for arm in arms}
+    own: dict[tuple[str, str], list[float]] = {arm: [] for arm in arms}
+    with handler(LiteLLMProvider(model="fake")), handler(fake), handler(below):
+        for name in dbs:  # warm
+            with handler(handlers[name]):
+                for i in range(10):
+                    Support(agent_id=f"warm-turn-{tag}").ask(question(i))
+        for i in range(n // 2):
+            for arm in arms[i % len(arms) :] + arms[: i % len(arms)]:
+                with handler(handlers[arm[0]]):
+                    start = time.perf_counter()
+                    bots[arm].ask(question(i))
+                    wall = time.perf_counter() - start
+                walls[arm].append(wall)
+                own[arm].append(wall - below.seconds)
+            fake.calls.clear()
+    for persistence in handlers.values():
+        persistence.close()
+    for name, who in arms:
+        label = "a new agent" if who == "new" else "a fork of agent-050000"
+        times[f"handler, {label}, {name}"] = own[name, who]
+        times[f"whole turn, {label}, {name}"] = walls[name, who]
+    return times
+
+
+def served_pages(db: str, runs: int) -> None:
+    """Each page of ``PG_PAGES`` from a real ``effectful-durable ui`` process over ``db``."""
+    import psycopg
+
+    from tests.ui.server import serving
+
+    with psycopg.connect(db) as conn:
+        row = conn.execute(
+            "SELECT agent_id, version FROM agents WHERE agent_id LIKE 'agent-%' "
+            "ORDER BY version DESC LIMIT 1"
+        ).fetchone()
+        largest, versions = (str(row[0]), int(row[1])) if row else ("long", 0)
+    rows = [
+        ("agents list, first page", "/", 300),
+        ("agents list, needs attention", "/?attention=1", 300),
+        ("agents list, needs attention, newest first", "/?attention=1&sort=-updated", 300),
+        ("agents list, name filter", "/?q=agent-0999", 300),
+        ("agents list, newest first", "/?sort=-updated", 300),
+        ("agents list, last page", f"/?page={many_pages(db)}", 300),
+        ("first page of agent-050000", "/agent?id=agent-050000", 200),
+        (f"first page of the largest, {largest} ({versions:,} turns)",
+         f"/agent?id={largest}", 200),
+        ("first page of long", "/agent?id=long", 200),
+        ("long: history filter, errors", "/agent?id=long&errors=1", 300),
+        ("long: history filter, text found nowhere", "/agent?id=long&text=nowhere", 300),
+        ("long: versions page", "/versions?id=long", 300),
+    ]  # fmt: skip
+    with serving(db) as server, server.client() as client:
+        print(f"\npages served by effectful-durable ui, {runs} requests each; {load()}")
+        print(f"{'page':<58} {'median ms':>10} {'p90 ms':>8} {'target':>8}")
+        for name, path, target in rows:
+            status = client.get(path).status_code
+            median, p90 = timed(lambda path=path: client.get(path), runs)
+            flag = "" if status == 200 else f"  (HTTP {status})"
+            print(f"{name:<58} {median:>10.1f} {p90:>8.1f} {f'≤ {target}':>8}{flag}", flush=True)
+
+
+def many_pages(db: str) -> int:
+    """The agents list's last page number."""
+    import psycopg
+
+    from effectful_durable.ui.pages.agents import PER_PAGE
+
+    with psycopg.connect(db) as conn:
+        row = conn.execute("SELECT count(*) FROM agents").fetchone()
+    return max(1, -(-int(row[0] if row else 0) // PER_PAGE))
 
 
 if __name__ == "__main__":

@@ -54,10 +54,12 @@ MAX_PAGE = 500
 _ERROR_STARTS = ("Tool execution failed", "Error decoding tool call", "Error decoding response")
 
 # An agent that needs a person: an approval waits, an alarm or event died, or a
-# turn started and did not commit (running, crashed or failed).
+# turn started and did not commit (running, crashed or failed). A dead alarm has
+# not ended (the table's CHECK): saying so lets the read go through the index of
+# the alarms that have not (alarms_open) rather than every alarm ever done.
 _ATTENTION = """
     agent_id IN (SELECT agent_id FROM approvals WHERE status = 'pending'
-                 UNION SELECT agent_id FROM alarms WHERE status = 'dead'
+                 UNION SELECT agent_id FROM alarms WHERE status = 'dead' AND ended_in IS NULL
                  UNION SELECT agent_id FROM handoffs)
 """
 
@@ -268,16 +270,25 @@ class BrowseMethods(StoreBase):
         if attention:
             where.append(_ATTENTION)
         condition = " AND ".join(where)
+        count = f"SELECT count(*) FROM agents WHERE {condition}"
+        paged = f"FROM agents WHERE {condition} ORDER BY {order} LIMIT ? OFFSET ?"
+        window = [*params, per_page, (page - 1) * per_page]
         with self._reading() as conn:
-            total = int(conn.execute(f"SELECT count(*) FROM agents WHERE {condition}", params).get)
-            ids = [
-                str(agent_id)
-                for (agent_id,) in conn.execute(
-                    f"SELECT agent_id FROM agents WHERE {condition} ORDER BY {order} "
-                    "LIMIT ? OFFSET ?",
-                    [*params, per_page, (page - 1) * per_page],
-                )
-            ]
+            if len(where) == 1:  # all agents: counted, and their page read through an index
+                total = int(conn.execute(count, params).get)
+                ids = [
+                    str(agent_id)
+                    for (agent_id,) in conn.execute(f"SELECT agent_id {paged}", window)
+                ]
+            else:  # a filter reads every agent: once for both the count and the page
+                rows = conn.execute(
+                    f"SELECT agent_id, count(*) OVER () {paged}", window
+                ).fetchall()
+                ids = [str(agent_id) for agent_id, _ in rows]
+                if rows:
+                    total = int(rows[0][1])
+                else:  # past the last page, or none match
+                    total = 0 if page == 1 else int(conn.execute(count, params).get)
         return AgentPage(self._summaries(ids), total, page, per_page)
 
     def _summaries(self, ids: list[str]) -> list[AgentSummary]:
@@ -556,8 +567,8 @@ def _plain_page(
     infos = _versions_before(conn, agent_id, conversation, start, limit + 1)
     more = len(infos) > limit
     infos = infos[:limit]
-    shown = [i.version for i in infos if i.kind not in ("rollback", "fork")]
-    by_version: dict[int, list[dict[str, Any]]] = {v: [] for v in shown}
+    shown = [i for i in infos if i.kind not in ("rollback", "fork")]
+    by_version: dict[int, list[dict[str, Any]]] = {i.version: [] for i in shown}
     if shown:
         for version, removed_in, message in _messages_added(conn, agent_id, conversation, shown):
             by_version[version].append(_marked(message, removed_in))
@@ -693,21 +704,40 @@ def _earlier_calls(
 
 
 def _messages_added(
-    conn: Conn, agent_id: str, conversation: str, versions: list[int]
+    conn: Conn, agent_id: str, conversation: str, versions: list[VersionInfo]
 ) -> Iterator[tuple[int, int | None, dict[str, Any]]]:
-    """``(added_in, removed_in, message)`` of the messages ``versions`` added to the
-    conversation, by version and position."""
-    marks = ", ".join("?" * len(versions))
-    rows = conn.execute(
-        f"""
-        SELECT added_in, removed_in, body FROM checked_messages
-         WHERE agent_id = ? AND conversation = ? AND added_in IN ({marks})
-         ORDER BY added_in, position
-        """,
-        (agent_id, conversation, *versions),
-    ).fetchall()
-    messages = decode_messages(body for _, _, body in rows)
-    for (added_in, removed_in, _), message in zip(rows, messages, strict=True):
+    """``(added_in, removed_in, message)`` of the messages ``versions`` (turns and
+    compactions of the conversation) added to it, by version and position.
+
+    No index leads with ``added_in``, and a query by it reads every row of the
+    conversation. So the rows are read from the conversation's end backwards (its
+    primary key, by position), where a recent version's messages are, a few more
+    than the versions added (``added`` counts exactly the rows each inserted), and
+    further back, twice as many at a time, only until all are found: the first
+    page of a long history costs what a short one's does.
+    """
+    wanted = {v.version for v in versions}
+    expected = sum(v.added for v in versions)
+    found: list[tuple[Any, ...]] = []
+    last: tuple[Any, ...] | None = None
+    batch = expected + 8
+    while len(found) < expected:
+        after = "" if last is None else "AND (position, added_in) < (?, ?)"
+        rows = conn.execute(
+            f"""
+            SELECT added_in, position, removed_in, body FROM checked_messages
+             WHERE agent_id = ? AND conversation = ? {after}
+             ORDER BY position DESC, added_in DESC LIMIT ?
+            """,
+            (agent_id, conversation, *(() if last is None else last), batch),
+        ).fetchall()
+        found += [row for row in rows if row[0] in wanted]
+        if len(rows) < batch:
+            break
+        last, batch = (rows[-1][1], rows[-1][0]), batch * 2
+    found.sort(key=lambda row: (row[0], row[1]))
+    messages = decode_messages(body for _, _, _, body in found)
+    for (added_in, _, removed_in, _), message in zip(found, messages, strict=True):
         yield int(added_in), removed_in, message
 
 

@@ -207,10 +207,10 @@ class StoreReads(StoreBase):
         .. versionadded:: 0.2.0
         """
         with self._reading() as conn:
-            version = self._checked_rows_of(
+            checked, current = self._checked_rows_and_current(
                 conn, agent_id, version, "conversations", "added_in <= ?", version
             )
-            return _conversations.listed(conn, agent_id, version)
+            return _conversations.listed(conn, agent_id, checked, latest=checked == current)
 
     def _checked_rows_of(
         self, conn: Conn, agent_id: str, version: int | None, table: str, where: str, *params: Any
@@ -219,10 +219,16 @@ class StoreReads(StoreBase):
         version marks: at an earlier version, every row ``where`` (after ``agent_id =
         ?``) selects is checked first, so that a damaged mark refuses the read rather
         than leaves a row out (the latest version's rows are found by an index)."""
+        return self._checked_rows_and_current(conn, agent_id, version, table, where, *params)[0]
+
+    def _checked_rows_and_current(
+        self, conn: Conn, agent_id: str, version: int | None, table: str, where: str, *params: Any
+    ) -> tuple[int, int]:
+        """:meth:`_checked_rows_of`, and the latest version."""
         checked, current = self._checked_and_current(conn, agent_id, version)
         if checked < current:
             self._db.check_rows(conn, table, f"agent_id = ? AND {where}", (agent_id, *params))
-        return checked
+        return checked, current
 
     def _checked_version(self, conn: Conn, agent_id: str, version: int | None) -> int:
         return self._checked_and_current(conn, agent_id, version)[0]

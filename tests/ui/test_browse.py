@@ -45,6 +45,10 @@ class TestAgentPage:
             assert [a.agent_id for a in attention.agents] == [DESK, BROKEN]
             first = store.agent_page(sort="-version", per_page=2)
             second = store.agent_page(sort="-version", per_page=2, page=2)
+            beyond = store.agent_page(attention=True, per_page=1, page=3)
+            assert (beyond.agents, beyond.total) == ([], 2)  # counted: past its last page
+            assert store.agent_page(text="nobody").total == 0
+            assert store.agent_page(text="e", attention=True, per_page=1).total == 2
         assert first.agents[0].agent_id == DESK and first.pages == 2
         assert len(second.agents) == 1
         assert {a.agent_id for a in first.agents + second.agents} == {DESK, BROKEN, HTML_AGENT}
@@ -130,6 +134,42 @@ class TestTimeline:
         """An agent the database does not hold is a NotFoundError."""
         with Store(content, readonly=True) as store, pytest.raises(NotFoundError):
             store.timeline("nobody")
+
+    def test_messages_behind_rolled_back_ones(self, store_url: str) -> None:
+        """Each block holds exactly its version's messages, in order, wherever they sit:
+        after a rollback, a turn's messages take positions below those it removed."""
+
+        def turn(store: Store, messages: int, first: float) -> int:
+            start = store.begin_turn("bot", template="t", arguments={})
+            added = [
+                (first + i, {"id": f"v{start.version + 1}-{i}", "role": "user", "content": "x"})
+                for i in range(messages)
+            ]
+            return store.commit_turn(
+                "bot",
+                base_version=start.version,
+                template="t",
+                change=HistoryChange(added, [], 0),
+                state=None,
+            )
+
+        with Store(store_url) as store:
+            turn(store, 2, 0)  # v1: positions 0, 1
+            turn(store, 30, 2)  # v2: 2..31
+            turn(store, 30, 32)  # v3: 32..61
+            store.rollback("bot", 1)  # v4 removes v2's and v3's
+            turn(store, 3, 2)  # v5: 2..4, below 58 removed rows
+            turn(store, 1, 5)  # v6: 5
+            latest = store.timeline("bot", limit=2)
+            rest = store.timeline("bot", before=latest.next_before, limit=10)
+        blocks = latest.blocks + rest.blocks
+        assert [b.info.version for b in blocks] == [6, 5, 4, 3, 2, 1]
+        ids = {b.info.version: [m["id"] for m in b.messages] for b in blocks}
+        assert ids[6] == ["v6-0"] and ids[5] == ["v5-0", "v5-1", "v5-2"] and ids[4] == []
+        assert ids[3] == [f"v3-{i}" for i in range(30)]
+        assert ids[1] == ["v1-0", "v1-1"]
+        removed = {m.get("durable", {}).get("removed_in") for m in blocks[3].messages}
+        assert removed == {4}
 
 
 class TestDiff:

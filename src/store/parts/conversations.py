@@ -79,14 +79,24 @@ def remove(conn: Conn, agent_id: str, conversation: str, version: int) -> int:
     return removed
 
 
-def listed(conn: Conn, agent_id: str, version: int) -> list[ConversationInfo]:
-    """The conversations of ``agent_id`` at ``version``, by id."""
+def listed(conn: Conn, agent_id: str, version: int, *, latest: bool) -> list[ConversationInfo]:
+    """The conversations of ``agent_id`` at ``version``, by id.
+
+    At the ``latest`` version a conversation's messages are its active ones: they
+    are counted in the index of those (``messages_active``), without reading a row;
+    at an earlier one, every row of the conversation is read.
+    """
+    active = (
+        "m.removed_in IS NULL"
+        if latest
+        else "m.added_in <= ?2 AND (m.removed_in IS NULL OR m.removed_in > ?2)"
+    )
     rows: list[tuple[Any, ...]] = conn.execute(
-        """
+        f"""
         SELECT c.conversation, c.added_in, c.created_at,
                (SELECT count(*) FROM messages AS m
                  WHERE m.agent_id = c.agent_id AND m.conversation = c.conversation
-                   AND m.added_in <= ?2 AND (m.removed_in IS NULL OR m.removed_in > ?2)),
+                   AND {active}),
                (SELECT max(v.version) FROM versions AS v
                  WHERE v.agent_id = c.agent_id AND v.conversation = c.conversation
                    AND v.version <= ?2)
