@@ -666,8 +666,9 @@ class AgentRunner:
             )
 
     def _put_back(self, claim: Claim, now: float, pause: float) -> None:
-        """Give back a claim its agent cannot take now (busy elsewhere, paused), due
-        when it was, and leave that agent alone for ``pause`` seconds. Due later instead, the agent's later alarms and events would
+        """Give back a claim its agent cannot take now (busy elsewhere, paused, waiting
+        for a decision), due when it was, and leave that agent alone for ``pause``
+        seconds. Due later instead, the agent's later alarms and events would
         overtake it (one agent's are delivered in order, whichever runner).
         """
         due = claim.due_at if claim.due_at is not None else now
@@ -869,11 +870,9 @@ class AgentRunner:
                 log.info("turn suspended: %s", suspended, extra=context)
                 outcome = "suspended"
             else:
-                # The agent's conversation waits for a decision: no turn began. Due
-                # later, not when it was: the resumption the decision queues, due
-                # after it, must go first.
-                later = now + _SUSPENDED_RETRY
-                self._written_back(claim, "gave back", lambda: self._queue.release(claim, later))
+                # The agent's conversation waits for a decision: no turn began. The
+                # resumption the decision queues goes first (alarm_queue._EARLIER).
+                self._put_back(claim, now, _SUSPENDED_RETRY)
                 log.info(
                     "agent waits for a decision; %s put back for %g s",
                     claim.alarm_id,

@@ -121,13 +121,17 @@ def _not_busy(busy: Collection[str]) -> str:
 
 
 # Another pending alarm (``o``) of the agent of alarm ``a``; one that is leased (its
-# lease running or run out: an agent has one at most), or due before ``a`` (unless
-# ``a`` is the leased one: its lease moved its due time, not its place).
+# lease running or run out: an agent has one at most), or goes before ``a`` (unless
+# ``a`` is the leased one: its lease moved its due time, not its place): a resumption
+# goes before every alarm and event (it ends a turn already begun, which they wait
+# for), and otherwise the one due first.
 _OTHER = """SELECT 1 FROM alarms AS o
              WHERE o.agent_id = a.agent_id AND o.ended_in IS NULL AND o.status = 'pending'
                AND o.alarm_id <> a.alarm_id"""
 _LEASED = "o.lease_owner IS NOT NULL"
-_EARLIER = "(o.due_at < a.due_at AND a.lease_owner IS NULL)"
+_EARLIER = """(a.lease_owner IS NULL AND CASE WHEN (o.kind = 'resume') = (a.kind = 'resume')
+                                          THEN o.due_at < a.due_at
+                                          ELSE o.kind = 'resume' END)"""
 
 
 def claim(

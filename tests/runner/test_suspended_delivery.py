@@ -41,7 +41,7 @@ class Till(PersistentAgent, OnEvent):
 def answer(call: FakeCall) -> Reply:
     if call.messages[-1]["role"] == "tool":
         return "done"
-    order = "big" if "big" in call.last_user_text else "small"
+    order = next(word for word in ("big", "small", "tiny") if word in call.last_user_text)
     return ToolCall("refund", {"order": order, "amount": 500 if order == "big" else 5})
 
 
@@ -58,26 +58,28 @@ class TestEventBehindASuspendedTurn:
     def test_waits_without_turns_then_is_delivered_after_the_resumption(
         self, store_url: str
     ) -> None:
-        """The second event is not a turn while the first waits; after the approval, the
-        suspended turn resumes and then the event is delivered, each once."""
+        """The later events are not turns while the first waits; after the approval, the
+        suspended turn resumes and then the events are delivered, each once, in the
+        order they were sent."""
         RAN.clear()
         clock, model = FakeClock(START), FakeLLM(respond=answer)
         with Store(store_url) as store:
             store.send_event("till", "request", "big", create=True)
             store.send_event("till", "request", "small", create=True)
+            store.send_event("till", "request", "tiny", create=True)
         with runner(store_url, clock, model) as first:
             first.run(until=START + 3600)
             assert (first.turns, first.errors) == (1, 0)  # the suspended one only
         assert model.call_count == 1 and RAN == []
         with Store(store_url) as store:
-            held = [e for e in store.events("till") if e.payload == "small"]
-            assert [(e.status, e.attempts) for e in held] == [("pending", 0)]
+            held = [e for e in store.events("till") if e.payload != "big"]
+            assert [(e.status, e.attempts) for e in held] == [("pending", 0)] * 2
             (waiting,) = store.approvals("till")
             store.approve(waiting.approval_id, by="alice")
         with runner(store_url, clock, model) as second:
             second.run(until=START + 7200)
-            assert (second.turns, second.errors) == (2, 0)
-        assert RAN == [("big", 500.0), ("small", 5.0)]
+            assert (second.turns, second.errors) == (3, 0)
+        assert RAN == [("big", 500.0), ("small", 5.0), ("tiny", 5.0)]
         with Store(store_url) as store:
             assert store.events("till") == []
             details = [v.detail for v in store.versions("till")]
