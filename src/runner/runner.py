@@ -1,4 +1,13 @@
-"""AgentRunner: the long-running process that delivers agents' alarms as turns."""
+"""AgentRunner: every due alarm, event and resumption becomes one turn of its agent, in
+due order per agent, until the runner is stopped, within its grace period.
+
+This module holds the loop (claim, start, sleep), the turns' threads, the
+handler stack, signals and the stop. Beside it, each with its own promise:
+``delivery.py`` (a claim is marked delivered in its turn's commit),
+``heartbeat.py`` (claims stay a live runner's and leave a dead one's),
+``outages.py`` (the database's failures are survived and written back),
+``config.py`` and ``clock.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from effectful.handlers.llm import Template
-from effectful.ops.semantics import fwd, handler
-from effectful.ops.syntax import ObjectInterpretation, implements
+from effectful.ops.semantics import handler
 
-from ..agents.alarms import alarm_delivered
 from ..agents.persistent import PersistentAgent
 from ..errors import (
     AgentInUseError,
@@ -28,14 +34,15 @@ from ..errors import (
     StorageError,
     TurnSuspended,
 )
-from ..handlers.effectful_hooks import bound_agent
 from ..handlers.persistence import PersistenceHandler
 from ..store import Durability, Store
 from ..store.alarm_queue import runner_id
 from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
+from .delivery import Armed, Delivery, default_handlers, noun, turn_of
 from .heartbeat import DEAD_AFTER, Heartbeat
+from .outages import Outages
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -49,94 +56,8 @@ _CUT_OFF = 2.0  # seconds run() still waits, past the grace period, for turns in
 # Seconds past the grace period that each wait for the database server still gets
 # (a frozen server: its connection is closed then, not at statement_timeout).
 _HURRY = 0.5
-_DOWN_REPORT_EVERY = 30.0  # seconds between warnings while the database keeps failing
 _JOIN = 2.0  # seconds a stop waits for its helper threads (daemons) and last writes
 _JOIN_PAST_GRACE = 1.0  # the same, past the cut-off of a stop that outlasted its grace
-
-
-@dataclasses.dataclass
-class _Armed:
-    agent: PersistentAgent
-    claim: Claim
-    next_fire: float | None
-    now: float
-    marked: bool = False
-
-
-class _Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
-    """Installed just outside PersistenceHandler: when the delivering turn's ``on_alarm``
-    starts, stage "alarm delivered" on that turn, so it commits with it.
-
-    The delivering turn of an event or alarm is the runner's own call, not a
-    suspended turn that call resumes first (its approvals decided), which commits
-    on its own: marked there, the event would be done even if the runner's turn
-    never committed. The delivering turn of a resumption is the resumed turn.
-
-    Each thread delivers its own claim (``armed`` is per thread). Once ``cancel`` is
-    set, a turn running in a worker thread stops at its next template call or
-    model request (the runner is stopping past its grace period).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._local = threading.local()
-        self.cancel = threading.Event()
-        self.persistence: PersistenceHandler | None = None
-
-    @property
-    def armed(self) -> _Armed | None:
-        armed: _Armed | None = getattr(self._local, "armed", None)
-        return armed
-
-    @armed.setter
-    def armed(self, armed: _Armed | None) -> None:
-        self._local.armed = armed
-
-    def _cancelled(self) -> None:
-        if self.cancel.is_set() and threading.current_thread() is not threading.main_thread():
-            msg = "the runner is stopping: its grace period is over"
-            raise KeyboardInterrupt(msg)
-
-    def at_requests(self) -> dict[Any, Any]:
-        """An interpretation that stops a cancelled turn at its next model request.
-
-        Built when the stack is (effectful's completions module imports litellm).
-        """
-        from effectful.handlers.llm.completions import completion
-
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            self._cancelled()
-            return fwd()
-
-        return {completion: checked}
-
-    @implements(Template.__apply__)  # type: ignore[untyped-decorator]
-    def _apply(self, template: Template[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self._cancelled()
-        armed = self.armed
-        if (
-            armed is not None
-            and not armed.marked
-            and bound_agent(template, PersistentAgent) is armed.agent
-            and self._resuming(armed.agent) == (armed.claim.kind == "resume")
-        ):
-            armed.marked = True
-            alarm_delivered(armed.agent, armed.claim, armed.next_fire, armed.now)
-        return fwd()
-
-    def _resuming(self, agent: PersistentAgent) -> bool:
-        """Whether this call on ``agent`` resumes its suspended turn."""
-        persistence = self.persistence
-        return persistence is not None and persistence._resuming(agent)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _WriteBack:
-    """A delivery's outcome the database refused, to write when it answers again."""
-
-    claim: Claim
-    done: str  # what writing it does, in the past tense: "gave back", "recorded ..."
-    write: Callable[[], object]
 
 
 @dataclasses.dataclass
@@ -262,7 +183,7 @@ class AgentRunner:
         self._owns_store = not isinstance(db, Store)
         self._apply_timeout(self.config)
         self._agents_factory = agents
-        self._handlers_factory = handlers or _default_handlers
+        self._handlers_factory = handlers or default_handlers
         self.config_generation = 1
         self.config_loaded_at = time.time()
         self.clock: Clock = clock or SystemClock()
@@ -272,7 +193,7 @@ class AgentRunner:
         self.max_concurrency = max_concurrency
         self.agents: dict[str, PersistentAgent] = {}
         self._queue = self.store.alarm_queue
-        self._delivery = _Delivery()
+        self._delivery = Delivery()
         self._stack: list[Any] = []
         self._persistence: PersistenceHandler | None = None
         self._own_persistence: PersistenceHandler | None = None
@@ -293,11 +214,9 @@ class AgentRunner:
         self._running = False
         self._rescued = False  # the first step looks for dead runners' claims at once
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._write_backs: list[_WriteBack] = []  # under self._lock
         self._resting: dict[str, float] = {}  # agent id -> clock time; under self._lock
         self._unsure_of_leases = False
-        self._down_since: float | None = None  # time.monotonic() of the first failure
-        self._down_logged = 0.0
+        self._outages = Outages(self.store._db.location)
         self._started = time.monotonic()
         self._started_at = time.time()
         self._heartbeat = Heartbeat(
@@ -542,39 +461,13 @@ class AgentRunner:
         self._count(errors=1)
         self._unsure_of_leases = True  # a claim's commit may have been what failed
         wait = self.config.poll_interval
-        now = time.monotonic()
-        if self._down_since is None:
-            self._down_since = self._down_logged = now
-            log.warning(
-                "the database failed; waiting for it, trying again every %g s: %s",
-                wait,
-                error,
-                extra={"db": self.store._db.location},
-            )
-        elif now - self._down_logged >= _DOWN_REPORT_EVERY:
-            self._down_logged = now
-            log.warning(
-                "still waiting for the database (failing for %.0f s): %s",
-                now - self._down_since,
-                error,
-                extra={"db": self.store._db.location},
-            )
-        else:
-            log.debug("the database failed again: %s", error)
+        self._outages.failed(error, wait)
         return self._sleep(wait, self.clock.now(), until)
-
-    def _database_answers(self) -> None:
-        """After a step that reached the database: log its return, once."""
-        if self._down_since is not None:
-            log.info(
-                "the database answers again, after %.1f s", time.monotonic() - self._down_since
-            )
-            self._down_since = None
 
     def _step(self, until: float | None) -> bool:
         """Start one due turn, or sleep until one may be due; True when ``until`` passed."""
         now = self.clock.now()
-        self._write_back()
+        self._outages.write_back()
         if self._unsure_of_leases:
             running = [p.alarm_id for p in self._running_turns()]
             freed = self._queue.release_own(self.id, now, keep=running)
@@ -584,9 +477,9 @@ class AgentRunner:
         if not self._rescued:  # then every few seconds, in the heartbeat's thread
             self._heartbeat.rescue()
             self._rescued = True
-        self._database_answers()
+        self._outages.answered()
         busy = self._busy_agents()
-        held = sorted({*busy, *self._awaiting_write_back(), *self._rested(now)})
+        held = sorted({*busy, *self._outages.agents(), *self._rested(now)})
         due = None
         if len(busy) < self._concurrency():
             # A read: claim (a write) only when one is due.
@@ -617,54 +510,6 @@ class AgentRunner:
                 wait = min(wait, max(then - now, 0.0))
         return self._sleep(wait, now, until)
 
-    def _write_back(self) -> None:
-        """Write back what the database refused earlier, oldest first.
-
-        Raises:
-            StorageError, DatabaseUnavailableError: It still fails; what is left
-                stays to be written back at the next step.
-        """
-        while True:
-            with self._lock:
-                if not self._write_backs:
-                    return
-                pending = self._write_backs[0]
-            pending.write()
-            with self._lock:
-                self._write_backs.remove(pending)
-            log.info(
-                "%s %s %s of %s, now that the database answers",
-                pending.done,
-                _noun(pending.claim.kind),
-                pending.claim.alarm_id,
-                pending.claim.agent_id,
-                extra={"agent": pending.claim.agent_id, "alarm": pending.claim.alarm_id},
-            )
-
-    def _written_back(
-        self, claim: Claim, done: str, write: Callable[[], object], reason: str = ""
-    ) -> None:
-        """Write a delivery's outcome back (``write``); if the database fails, keep it
-        to write at the next steps, holding the agent's later alarms back until then.
-
-        ``done`` says what it did, in the past tense ("gave back"); ``reason``, why.
-        """
-        try:
-            write()
-        except (StorageError, DatabaseUnavailableError) as error:
-            with self._lock:
-                self._write_backs.append(_WriteBack(claim, done, write))
-            log.warning(
-                "could not write back %s %s of %s%s: %s; the runner tries again at each "
-                "step, and holds the agent's later alarms back meanwhile",
-                _noun(claim.kind),
-                claim.alarm_id,
-                claim.agent_id,
-                f" ({reason})" if reason else "",
-                error,
-                extra={"agent": claim.agent_id, "alarm": claim.alarm_id},
-            )
-
     def _put_back(self, claim: Claim, now: float, pause: float) -> None:
         """Give back a claim its agent cannot take now (busy elsewhere, paused, waiting
         for a decision), due when it was, and leave that agent alone for ``pause``
@@ -674,7 +519,7 @@ class AgentRunner:
         due = claim.due_at if claim.due_at is not None else now
         with self._lock:
             self._resting[claim.agent_id] = now + pause
-        self._written_back(claim, "gave back", lambda: self._queue.release(claim, due))
+        self._outages.written_back(claim, "gave back", lambda: self._queue.release(claim, due))
 
     def _rested(self, now: float) -> list[str]:
         """The agents this runner leaves alone for now (see :meth:`_put_back`)."""
@@ -684,22 +529,17 @@ class AgentRunner:
                     del self._resting[agent_id]
             return list(self._resting)
 
-    def _awaiting_write_back(self) -> list[str]:
-        with self._lock:
-            return [pending.claim.agent_id for pending in self._write_backs]
-
     def _last_writes(self) -> None:
         """On the way out: what is left to write back, and the "stopped" status, unless
         the database is failing (each write would wait for it in vain)."""
-        if self._down_since is None:
+        if not self._outages.down:
             with contextlib.suppress(StorageError, DatabaseUnavailableError):
-                self._write_back()
-        if self._down_since is None:
+                self._outages.write_back()
+        if not self._outages.down:
             self._record("stopped")
         else:
             log.warning("the database is failing: the stopped status is not recorded")
-        with self._lock:
-            left = list(self._write_backs)
+        left = self._outages.left()
         if left:
             log.warning(
                 "%d claim(s) left as they are, until another runner takes them back (once "
@@ -827,12 +667,12 @@ class AgentRunner:
         context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
         if settings.paused:
             self._put_back(claim, now, max(config.poll_interval, 60.0))
-            log.debug("agent paused: %s put back", _noun(claim.kind), extra=context)
+            log.debug("agent paused: %s put back", noun(claim.kind), extra=context)
             return "paused"
         started = time.monotonic()
         log.info(
             "delivering %s %s to %s",
-            _noun(claim.kind),
+            noun(claim.kind),
             claim.alarm_id,
             claim.agent_id,
             extra=context,
@@ -841,18 +681,18 @@ class AgentRunner:
             agent = self._agent(claim.agent_id)
             assert self._persistence is not None
             if claim.kind == "resume":
-                self._delivery.armed = _Armed(agent, claim, None, now)
+                self._delivery.armed = Armed(agent, claim, None, now)
                 if not self._persistence.resume_queued(agent, claim.topic or ""):
                     self._queue.finish(claim)  # resumed elsewhere, or rolled back
                     log.info("nothing left to resume", extra=context)
                     return "nothing_to_resume"
             else:
-                template, arguments = _turn_of(agent, claim)
+                template, arguments = turn_of(agent, claim)
                 coalesce = config.missed == "coalesce"
                 next_fire = claim.schedule.next_after(
                     claim.schedule.fire_at, now, coalesce=coalesce
                 )
-                self._delivery.armed = _Armed(agent, claim, next_fire, now)
+                self._delivery.armed = Armed(agent, claim, next_fire, now)
                 if claim.kind == "alarm":
                     with self._persistence._delivering(agent, claim):
                         template(*arguments)
@@ -886,9 +726,7 @@ class AgentRunner:
             outcome = "lease_lost"
         except AgentInUseError:
             self._put_back(claim, now, _IN_USE_RETRY)
-            log.info(
-                "agent busy in another process; %s put back", _noun(claim.kind), extra=context
-            )
+            log.info("agent busy in another process; %s put back", noun(claim.kind), extra=context)
             outcome = "agent_busy"
         except (DatabaseUnavailableError, StorageError) as error:
             # Not the alarm's fault: no attempt counted, and due again when it was
@@ -898,12 +736,12 @@ class AgentRunner:
             log.warning(
                 "the database failed during the delivery of %s %s; it is given back, "
                 "no attempt counted: %s",
-                _noun(claim.kind),
+                noun(claim.kind),
                 claim.alarm_id,
                 error,
                 extra=context,
             )
-            self._written_back(
+            self._outages.written_back(
                 claim, "gave back", lambda: self._queue.release(claim, due), "the database failed"
             )
             outcome = "database_failed"
@@ -912,7 +750,7 @@ class AgentRunner:
             # handoff; give the alarm back so that the next runner delivers it at once.
             with contextlib.suppress(DurableError):
                 self._queue.release(claim, now)
-            log.warning("turn interrupted; %s put back", _noun(claim.kind), extra=context)
+            log.warning("turn interrupted; %s put back", noun(claim.kind), extra=context)
             self._stopping.set()
             outcome = "interrupted"
         except Exception as error:
@@ -926,7 +764,7 @@ class AgentRunner:
             version = getattr(committed, "version", None)
             log.info(
                 "delivered %s %s to %s as version %s in %.3f s",
-                _noun(claim.kind),
+                noun(claim.kind),
                 claim.alarm_id,
                 claim.agent_id,
                 version,
@@ -947,11 +785,11 @@ class AgentRunner:
         def record() -> None:
             self._queue.fail(claim, text, retry_at)
 
-        self._written_back(claim, f"recorded failed delivery {attempts} of", record)
+        self._outages.written_back(claim, f"recorded failed delivery {attempts} of", record)
         if retry_at is None:
             log.error(
                 "%s %s is dead after %d failed deliveries: %s",
-                _noun(claim.kind),
+                noun(claim.kind),
                 claim.alarm_id,
                 attempts,
                 text,
@@ -961,7 +799,7 @@ class AgentRunner:
             log.warning(
                 "delivery %d of %s %s failed, retrying in %g s: %s",
                 attempts,
-                _noun(claim.kind),
+                noun(claim.kind),
                 claim.alarm_id,
                 (retry_at or now) - now,
                 text,
@@ -1139,35 +977,3 @@ class AgentRunner:
             log.warning("could not store the status report: %s", error)
             return False
         return True
-
-
-def _turn_of(agent: PersistentAgent, claim: Claim) -> tuple[Template[..., Any], tuple[Any, ...]]:
-    """The template that delivers ``claim`` (an alarm or an event), with its arguments."""
-    name = "on_event" if claim.kind == "event" else "on_alarm"
-    template = getattr(agent, name, None)
-    if not isinstance(template, Template):
-        mixin = "OnEvent" if claim.kind == "event" else "AlarmTools"
-        msg = (
-            f"agent {claim.agent_id!r} ({type(agent).__name__}) has no {name} template; "
-            f"mix in {mixin} or define one"
-        )
-        raise DurableError(msg)
-    if claim.kind == "event":
-        return template, (claim.topic or "", claim.action)
-    return template, (claim.action,)
-
-
-def _default_handlers(config: RunnerConfig) -> list[Any]:
-    from effectful.handlers.llm.completions import LiteLLMProvider, RetryLLMHandler
-
-    provider = (
-        LiteLLMProvider(model=config.model)  # type: ignore[no-untyped-call]
-        if config.model
-        else LiteLLMProvider()  # type: ignore[no-untyped-call]
-    )
-    return [provider, RetryLLMHandler()]
-
-
-def _noun(kind: str) -> str:
-    """What the log calls a queued delivery of ``kind``: an alarm, an event, a resumption."""
-    return "resumption" if kind == "resume" else kind
