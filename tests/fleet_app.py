@@ -1,0 +1,95 @@
+"""A runner fleet's host for tests/test_fleet_crash.py: imports once, forks a runner per "go".
+
+Usage: ``python tests/fleet_app.py URL CONFIG``
+
+Importing litellm costs seconds (a quarter of a minute on a busy machine), too
+long to start a runner afresh after every kill. This process imports everything
+once, prints ``loaded``, and then for each ``go`` line on stdin forks a child that
+runs ``effectful-durable run URL --agents fleet_app:make_agent ... --concurrency 4``
+(``cli.main``, so the real command: logging, signals) until it is killed, and
+prints ``child <pid>``. Each child leads a process group of its own (the test kills
+the group) and dies with this process. SIGCHLD is ignored so that killed children
+are reaped at once: a zombie would look alive to a runner on this host.
+
+Run it under ``unshare -u`` with another host name, and its runners are "on
+another machine". The agents are ``pg_faults_app``'s Noters, whose model takes
+``FLEET_APP_SECONDS`` per call, so that a kill finds turns in flight.
+"""
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import ctypes
+import signal
+import sys
+import time
+from typing import Any
+
+from effectful.handlers.llm.completions import LiteLLMProvider
+from pg_faults_app import Noter, answer
+
+from effectful_durable import RunnerConfig
+from effectful_durable.cli import main as cli_main
+from effectful_durable.testing import FakeCall, FakeLLM, Reply
+
+SECONDS = float(os.environ.get("FLEET_APP_SECONDS", "0"))
+CONCURRENCY = 4
+PR_SET_PDEATHSIG = 1
+
+
+def slow_answer(call: FakeCall) -> Reply:
+    """``pg_faults_app``'s answer (note the alarm's action or the event's payload), late."""
+    time.sleep(SECONDS)
+    return answer(call)
+
+
+def make_agent(agent_id: str) -> Noter:
+    """The runner's agent factory."""
+    return Noter(agent_id=agent_id)
+
+
+def make_handlers(config: RunnerConfig) -> list[Any]:
+    """The runner's handler factory: the slow fake model under a LiteLLMProvider."""
+    return [LiteLLMProvider(model="fake"), FakeLLM(respond=slow_answer)]
+
+
+def say(*words: object) -> None:
+    """One line to the parent, in one write."""
+    os.write(sys.stdout.fileno(), (" ".join(map(str, words)) + "\n").encode())
+
+
+def run(url: str, config: str) -> int:
+    """``effectful-durable run``, in this already loaded process."""
+    os.setpgid(0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    spec = "fleet_app:make_"
+    args = ["run", url, "--agents", f"{spec}agent", "--handlers", f"{spec}handlers"]
+    return cli_main([*args, "--config", config, "--concurrency", str(CONCURRENCY)])
+
+
+def main() -> int:
+    url, config = sys.argv[1:3]
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    say("loaded")
+    for line in sys.stdin:
+        if line.strip() != "go":
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = run(url, config)
+            finally:
+                os._exit(code)
+        try:
+            os.setpgid(pid, pid)  # also here: the parent may kill the group at once
+        except (PermissionError, ProcessLookupError):
+            pass  # the child did it already (and exec'd nothing), or died
+        say("child", pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
