@@ -25,7 +25,8 @@ database beside it on the same server; then
   bench_store_turn.py plays them: the lock, ``begin_turn``, ``commit_turn`` of two
   messages, the release) of a new agent, and whole turns through
   PersistenceHandler with FakeLLM (as bench_persistence.py plays them) of a new
-  agent and of an agent of the bulk (copied, row for row, into the empty database);
+  agent and of an agent of the bulk (a fork of one, copied row for row into the
+  empty database; the agents a run makes in the big one are deleted at its end);
 * a real ``effectful-durable ui`` process over the big database (tests/ui/server.py's
   ``serving``), each page fetched ``--runs`` (20) times with httpx after one
   warm-up: the agents list (first page, default sort; needs attention; a name
@@ -518,7 +519,8 @@ def turns_played(dbs: dict[str, str], tag: str, existing: str, n: int) -> dict[s
 
 
 def served_pages(db: str, runs: int) -> None:
-    """Each page of ``PG_PAGES`` from a real ``effectful-durable ui`` process over ``db``."""
+    """The agents list and agents' pages from a real ``effectful-durable ui`` process over
+    ``db``: the median and p90 of ``runs`` requests each, after one."""
     import psycopg
 
     from tests.ui.server import serving

@@ -5,16 +5,17 @@
 library writes them: the rows' shapes were copied from a database that real
 turns wrote (PersistenceHandler with FakeLLM under effectful's LiteLLMProvider, an
 AgentRunner delivering an alarm and an event, a turn suspended for an approval,
-a turn that failed). Per agent, in ``default`` conversation:
+a turn that failed). Per agent, in the ``default`` conversation:
 
 * a first turn that stores the agent's fields (``versions.state``) and adds the
   system message; then turns of a question and an answer (55%), a question, a
   ``self__lookup`` tool call, its result (1 in 50 an error) and an answer (35%),
   an event delivered (``on_event``, 6%) or an alarm delivered (``on_alarm``, 4%),
   each of those with its ``alarms`` row done in that version;
-* a number of turns drawn from a log-normal distribution (median ~9, a long tail
-  to ~1,000), scaled so that the total is ``messages``; message bodies of
-  300-700 bytes of JSON; commit times spread over the last 90 days;
+* a number of turns drawn from a log-normal distribution (median 11, 90th
+  percentile 40, a long tail to ~1,800), scaled so that the total is
+  ``messages``; message bodies of 275-616 bytes of JSON (450 on average); commit
+  times spread over the last 90 days;
 * one ``conversations`` row, as every agent's first turn writes;
 * for a few agents what the agents list's "needs attention" filter finds: a turn
   suspended for an approval (1 in 500, its last turn: a question and the tool
@@ -24,11 +25,13 @@ a turn that failed). Per agent, in ``default`` conversation:
   (1 in 200), an approval decided long ago (1 in 50);
 * and ``long``, an agent of ``long_turns`` tool turns (as bench_ui.py's).
 
-The bodies go through the library's own encoder (``history.message_json``). Rows
-of each table come in key order, as a database written over time holds them
-roughly; ``messages`` and ``versions`` are written by two connections at once
+The bodies go through the library's own encoder (``history.message_json``). The
+rows of ``messages`` and ``versions`` are written in commit-time order within
+batches of ~4,000 agents, so that an agent's rows lie scattered over the table's
+pages as turns over time leave them, and by two connections at once
 (``COPY ... FREEZE`` after a ``TRUNCATE`` in the same transaction, so that no
-VACUUM has to visit them before index-only scans work), then every table is
+VACUUM has to visit them before index-only scans work; the indexes are built
+once the rows are in: see ``bulk``), then every table is
 vacuumed and analyzed, as autovacuum would leave them, and a checkpoint flushes
 it all (else the first turns timed would share the disk with that flush).
 
@@ -76,6 +79,16 @@ QUESTIONS = (
     "I was charged twice for order {order}. Please look into it and refund the second "
     "payment to the same card.",
 )
+#: What follows each question: a customer's sign-off.
+SIGN_OFF = (
+    " The order is under my name and the email address of my account. Thank you for looking "
+    "into it; I am available all day if you need anything else from me."
+)
+#: What follows each answer.
+CLOSING = (
+    " If you have another question about this order or any other, just write to me here: I "
+    "keep our whole conversation and can pick it up at any time, even weeks from now."
+)
 ANSWERS = (
     "Thanks for waiting. Order {order} left our warehouse {days} days ago and is with the "
     "carrier now; the last scan was at the regional hub this morning. It should reach you "
@@ -90,9 +103,13 @@ ANSWERS = (
 )
 RESULT = (
     "order {order}: status shipped, carrier DHL, tracking 0034043416{n:010d}, last scan "
-    "regional hub, expected in {days} days, items 2, paid 84.90 EUR"
+    "regional hub, expected in {days} days, items 2, paid 84.90 EUR, address 12 Long Street, "
+    "10115 Berlin, weight 1.4 kg, insured yes, signature required no, returns open until day 30"
 )
-ERROR = "Tool execution failed: Error executing tool 'self__lookup': no order {order} (timeout)"
+ERROR = (
+    "Tool execution failed: Error executing tool 'self__lookup': no order {order} (the order "
+    "service did not answer within 30 s; the call may be made again)"
+)
 EVENT_TEXT = (
     "An event was sent to you: order_shipped. Its payload, as JSON: {payload}. Handle it as "
     "your instructions say, then reply with a short summary of what you did."
@@ -103,7 +120,8 @@ ALARM_TEXT = (
 )
 SHORT = (
     "Done: I noted it for order {order} and wrote to the customer that the parcel is on its "
-    "way; nothing else was needed."
+    "way, with the carrier's tracking link and the expected day of delivery; nothing else was "
+    "needed, and no refund or replacement is due."
 )
 
 
@@ -229,8 +247,10 @@ class Writer:
         self.now = now
         self.rng = random.Random(seed + 1)
         self.counter = 0
-        self.messages: list[str] = []
-        self.versions: list[str] = []
+        # (commit time, COPY line): each batch is written in commit-time order.
+        self.messages: list[tuple[float, str]] = []
+        self.versions: list[tuple[float, str]] = []
+        self.at = 0.0  # the commit time of the version being written
         self.conversations: list[str] = []
         self.alarms: list[str] = []
         self.approvals: list[str] = []
@@ -248,10 +268,11 @@ class Writer:
         message["id"] = mid
         body = self.encode(agent, message)
         self.body_bytes += len(body)
-        self.messages.append(
+        line = (
             f"{agent}\tdefault\t{position}\t{version}\t\\N\t{mid}\t{message['role']}\t"
             f"{_copy_text(body)}\n"
         )
+        self.messages.append((self.at, line))
 
     def times(self, index: int, turns: int) -> tuple[float, float, float]:
         """When the agent was created, the time between its turns, when it last committed."""
@@ -269,7 +290,7 @@ class Writer:
         last = len(kinds)
         for version, kind in enumerate(kinds, 1):
             at = created + span * (version - 1)
-            committed = at + span * 0.5
+            committed = self.at = at + span * 0.5
             days = 1 + (version + index) % 9
             words = {"order": order, "days": days, "n": index * 7 + version}
             template, detail, state = "ask", "\\N", "\\N"
@@ -280,7 +301,7 @@ class Writer:
                 position += 1
                 kind = TOOL if rng.random() < 0.4 else CHAT
             if kind in (CHAT, TOOL, SUSPENDED):
-                question = QUESTIONS[(version + index) % len(QUESTIONS)].format(**words)
+                question = QUESTIONS[(version + index) % len(QUESTIONS)].format(**words) + SIGN_OFF
                 self._message(agent, position, version, _text("user", question))
                 position += 1
             if kind == TOOL:
@@ -313,13 +334,14 @@ class Writer:
                     _alarm(kind, self.counter, agent, version, payload, order, at, "done")
                 )
             else:
-                answer = ANSWERS[(version * 7 + index) % len(ANSWERS)].format(**words)
+                answer = ANSWERS[(version * 7 + index) % len(ANSWERS)].format(**words) + CLOSING
                 self._message(agent, position, version, _answer(answer))
                 position += 1
-            self.versions.append(
+            line = (
                 f"{agent}\t{version}\tturn\tdefault\t{template}\t{state}\t{position - start}\t0\t"
                 f"{detail}\t{committed}\t{self.counter:016x}\n"
             )
+            self.versions.append((committed, line))
         self.version_count += last
         self.message_count += position
         self.conversations.append(f"{agent}\tdefault\t1\t\\N\t{created}\n")
@@ -375,7 +397,8 @@ def _answer(text: str) -> dict[str, Any]:
 
 
 def _call(call: str, tool: str, order: str) -> dict[str, Any]:
-    function = {"arguments": '{"order": "' + order + '"}', "name": tool}
+    arguments = '{"order": "' + order + '", "fields": ["status", "carrier", "tracking", "eta"]}'
+    function = {"arguments": arguments, "name": tool}
     return {
         "content": None,
         "role": "assistant",
@@ -480,11 +503,13 @@ def build(
         every = max(agents // 10, 1)
         for i, agent in ids:
             writer.agent(i, agent, turns[i])
-            if len(writer.messages) > 20_000 or i == agents:
-                to_messages.write("".join(writer.messages))
-                to_versions.write("".join(writer.versions))
-                writer.messages.clear()
-                writer.versions.clear()
+            if len(writer.messages) > 200_000 or i == agents:
+                # In commit-time order, as turns write them: an agent's rows lie on as many
+                # pages as a database written over time spreads them to, not side by side.
+                for rows, to in ((writer.messages, to_messages), (writer.versions, to_versions)):
+                    rows.sort(key=lambda row: row[0])
+                    to.write("".join(line for _, line in rows))
+                    rows.clear()
             if i % every == 0 and i:
                 say(f"{i:,} agents' messages sent, {writer.message_count:,} in all")
         say("all messages sent; the indexes of messages and versions are built next")
