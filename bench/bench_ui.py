@@ -380,12 +380,12 @@ def postgres(args: argparse.Namespace) -> None:
         if turn_runs:
             empty = database(f"bench_ui_empty_{os.getpid()}")
             try:
-                turns_compared(big, empty, turn_runs)
+                turns_compared(big, empty, turn_runs, many_agents.agent_id(agents // 2))
             finally:
                 if args.postgres:  # a throwaway server goes with its databases
                     drop(args.postgres, empty)
         if runs:
-            served_pages(big, runs)
+            served_pages(big, runs, many_agents.agent_id(agents // 2))
     print(load())
 
 
@@ -411,7 +411,7 @@ def copy_agent(source: str, target: str, agent_id: str) -> None:
                 cursor.executemany(f"INSERT INTO {table} VALUES ({marks})".encode(), rows)
 
 
-def turns_compared(big: str, empty: str, n: int) -> None:
+def turns_compared(big: str, empty: str, n: int, middle: str) -> None:
     """Turns in the big and the empty database, interleaved; the table of medians.
 
     The agents it makes in the big database (among them a fork of one of the bulk's,
@@ -421,11 +421,11 @@ def turns_compared(big: str, empty: str, n: int) -> None:
     tag = f"{os.getpid()}-{int(time.time())}"
     existing = f"bulk-{tag}"
     with Store(big) as store:
-        store.fork("agent-050000", None, existing)
+        store.fork(middle, None, existing)
     Store(empty).close()  # its schema
     copy_agent(big, empty, existing)  # the same agent, row for row, in both
     try:
-        times = turns_played({"empty": empty, "100k": big}, tag, existing, n)
+        times = turns_played({"empty": empty, "many": big}, tag, existing, n, middle)
     finally:
         with Store(big) as store:
             for agent_id in store.agent_page(text=tag).agents:
@@ -434,12 +434,12 @@ def turns_compared(big: str, empty: str, n: int) -> None:
         messages = len(store.history(existing))
     print(
         f"\na turn in an empty database and among the bulk's agents, interleaved "
-        f"({n:,} store turns, {n // 2:,} handler turns per arm; a fork of agent-050000 "
+        f"({n:,} store turns, {n // 2:,} handler turns per arm; a fork of {middle} "
         f"had {messages:,} messages at the end); {load()}"
     )
     print(f"{'arm':<46} {'median ms':>10} {'p90 ms':>8} {'/ empty':>8}")
     for key, values in times.items():
-        base = times[key.replace("100k", "empty")]
+        base = times[key.replace("many", "empty")]
         ratio = statistics.median(values) / statistics.median(base)
         print(
             f"{key:<46} {statistics.median(values) * 1000:>10.3f} "
@@ -447,7 +447,9 @@ def turns_compared(big: str, empty: str, n: int) -> None:
         )
 
 
-def turns_played(dbs: dict[str, str], tag: str, existing: str, n: int) -> dict[str, list[float]]:
+def turns_played(
+    dbs: dict[str, str], tag: str, existing: str, n: int, middle: str
+) -> dict[str, list[float]]:
     """Seconds of each turn of each arm: ``n`` of the Store's calls of a turn of a new
     agent in each database, then ``n // 2`` whole turns under PersistenceHandler of a
     new agent and of ``existing`` in each; the databases' turns interleaved."""
@@ -512,13 +514,13 @@ def turns_played(dbs: dict[str, str], tag: str, existing: str, n: int) -> dict[s
     for persistence in handlers.values():
         persistence.close()
     for name, who in arms:
-        label = "a new agent" if who == "new" else "a fork of agent-050000"
+        label = "a new agent" if who == "new" else f"a fork of {middle}"
         times[f"handler, {label}, {name}"] = own[name, who]
         times[f"whole turn, {label}, {name}"] = walls[name, who]
     return times
 
 
-def served_pages(db: str, runs: int) -> None:
+def served_pages(db: str, runs: int, middle: str) -> None:
     """The agents list and agents' pages from a real ``effectful-durable ui`` process over
     ``db``: the median and p90 of ``runs`` requests each, after one."""
     import psycopg
@@ -538,7 +540,7 @@ def served_pages(db: str, runs: int) -> None:
         ("agents list, name filter", "/?q=agent-0999", 300),
         ("agents list, newest first", "/?sort=-updated", 300),
         ("agents list, last page", f"/?page={many_pages(db)}", 300),
-        ("first page of agent-050000", "/agent?id=agent-050000", 200),
+        (f"first page of {middle}", f"/agent?id={middle}", 200),
         (f"first page of the largest, {largest} ({versions:,} turns)",
          f"/agent?id={largest}", 200),
         ("first page of long", "/agent?id=long", 200),
