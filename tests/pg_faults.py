@@ -12,6 +12,7 @@ or after the server answered it (the answer is dropped).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -72,7 +73,8 @@ class FaultyServer(PostgresServer):
         """Stop every process of the cluster (SIGSTOP): the server answers nothing."""
         self._frozen = [self.postmaster(), *self._children(self.postmaster())]
         for pid in self._frozen:
-            os.kill(pid, signal.SIGSTOP)
+            with contextlib.suppress(ProcessLookupError):  # a session ending just now
+                os.kill(pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
         """Let the frozen processes go on (SIGCONT)."""

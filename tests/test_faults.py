@@ -617,7 +617,7 @@ def test_the_runner_outlives_a_full_disk(
         session.run()  # returns at its time, though nothing could be written
         vfs.clear()
         assert session.runner.errors > 0 and session.runner.turns == 0
-        assert "the database failed; waiting for it, trying again every 1 s: cannot write" in (
+        assert "the database failed; waiting for it, trying again every 0.5 s: cannot write" in (
             caplog.text
         )
         session.again()
