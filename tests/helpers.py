@@ -4,12 +4,14 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import queue
 import re
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -407,3 +409,42 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+class StderrLines:
+    """A child process whose stderr is read line by line in a thread, and waited for
+    with deadlines (``expect``)."""
+
+    #: Seconds ``expect`` waits by default.
+    patience = 30.0
+
+    def __init__(self, proc: "subprocess.Popen[str]") -> None:
+        self.proc = proc
+        self.log: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip())
+            self._lines.put(line.rstrip())
+        self._lines.put(None)
+
+    def expect(self, text: str, timeout: float | None = None) -> str:
+        """Wait for a log line containing ``text``."""
+        deadline = time.monotonic() + (self.patience if timeout is None else timeout)
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                line = ""
+            if line is None or time.monotonic() > deadline:
+                log = "\n".join(self.log[-30:])
+                raise AssertionError(f"no log line with {text!r}; last lines:\n{log}")
+            if text in line:
+                return line
+
+    def text(self) -> str:
+        """Everything it logged so far."""
+        return "\n".join(self.log)

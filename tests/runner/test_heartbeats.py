@@ -9,16 +9,15 @@ twice is seen even if only one commits.
 """
 
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import StderrLines
 
 from effectful_durable import DatabaseUnavailableError, Store
 from effectful_durable.runner import heartbeat
@@ -41,8 +40,10 @@ needs_unshare = pytest.mark.skipif(
 )
 
 
-class Runner:
+class Runner(StderrLines):
     """One ``effectful-durable run`` of heartbeat_app, here or under another host name."""
+
+    patience = 60.0
 
     def __init__(
         self, store_url: str, config: Path, starts: Path, *, seconds: float, host: str | None
@@ -70,34 +71,7 @@ class Runner:
             command = ["unshare", "-u", "sh", "-c", f'hostname {host} && exec "$@"', "sh"] + (
                 command
             )
-        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-        self.log: list[str] = []
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line.rstrip())
-            self._lines.put(line.rstrip())
-        self._lines.put(None)
-
-    def expect(self, text: str, timeout: float = 60.0) -> str:
-        """Wait for a log line containing ``text``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                line = ""
-            if line is None or time.monotonic() > deadline:
-                log = "\n".join(self.log[-30:])
-                raise AssertionError(f"no log line with {text!r}; last lines:\n{log}")
-            if text in line:
-                return line
-
-    def text(self) -> str:
-        return "\n".join(self.log)
+        super().__init__(subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env))
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it is still there 30 s later."""

@@ -1,17 +1,15 @@
 """``effectful-durable run`` as a real process: SIGUSR1, SIGHUP (good and bad), SIGTERM."""
 
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import persisted_rows
+from helpers import StderrLines, persisted_rows
 from pg_faults import FaultyServer
 from postgres_server import running
 
@@ -23,7 +21,7 @@ TESTS = Path(__file__).parents[1]
 START_TIMEOUT = 120.0
 
 
-class Runner:
+class Runner(StderrLines):
     """One ``effectful-durable run`` process whose log lines are read with deadlines."""
 
     def __init__(
@@ -34,49 +32,27 @@ class Runner:
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
             "ALARMS_APP_SLOW": str(slow),
         }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "effectful_durable",
-                "run",
-                str(store_url),
-                "--agents",
-                "alarms_app:make_agent",
-                "--handlers",
-                "alarms_app:make_handlers",
-                "--config",
-                str(config),
-                *extra,
-            ],
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
+        super().__init__(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "effectful_durable",
+                    "run",
+                    str(store_url),
+                    "--agents",
+                    "alarms_app:make_agent",
+                    "--handlers",
+                    "alarms_app:make_handlers",
+                    "--config",
+                    str(config),
+                    *extra,
+                ],
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
         )
-        self.log: list[str] = []
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line.rstrip())
-            self._lines.put(line.rstrip())
-        self._lines.put(None)
-
-    def expect(self, text: str, timeout: float = 30.0) -> str:
-        """Wait for a log line containing ``text``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                line = ""
-            if line is None or time.monotonic() > deadline:
-                log = "\n".join(self.log[-30:])
-                raise AssertionError(f"no log line with {text!r}; last lines:\n{log}")
-            if text in line:
-                return line
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
