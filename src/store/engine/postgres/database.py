@@ -852,8 +852,9 @@ class PostgresDatabase:
         return MarkerWatch(self._wal_position, wake, location=self.location)
 
     def _wal_position(self) -> str:
-        """Where the server's WAL ends now (where it was replayed to, on a standby)."""
-        with self.reading() as conn:
+        """Where the server's WAL ends now (where it was replayed to, on a standby):
+        one statement, one round trip (a snapshot's BEGIN and COMMIT would be three)."""
+        with self.autocommit() as conn:
             return str(conn.execute(_WAL_POSITION).get)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
