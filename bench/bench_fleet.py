@@ -14,7 +14,8 @@ databases, one per arm, each with the schema the installed library makes:
 
 * ``notify`` (before): schema 9's notify triggers (``*_committed`` on agents,
   approvals, alarms, handoffs, workflow_steps and runner_status, and
-  ``alarms_due``), copied here verbatim, are created where absent. A listener is a
+  ``alarms_due``), as the migrations up to schema 9 made them, are created where
+  absent. A listener is a
   raw psycopg connection that LISTENs on ``effectful_durable_commits`` and
   ``effectful_durable_alarms`` and drains what it hears, as pages and runners did.
 * ``no notify`` (after): the triggers that call those two functions (or any other
@@ -94,63 +95,37 @@ from postgres_server import PostgresServer, find_bindir, unavailable  # noqa: E4
 
 import effectful_durable  # noqa: E402
 import effectful_durable.store.history  # noqa: E402  (turn() uses it)
+from effectful_durable.store.engine.postgres.schema import FIRST_VERSION, MIGRATIONS  # noqa: E402
 
 ARMS = ("notify", "no notify")
 
-# -- schema 9's notifications, verbatim (src/store/engine/postgres/schema.sql) ------
+# -- schema 9's notifications, as its migrations made them (schema 10 drops them) --
 
-#: The two functions, as schema 9 creates them.
-NOTIFY_FUNCTIONS = {
-    "effectful_durable_alarm_due": """
-CREATE FUNCTION effectful_durable_alarm_due() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('effectful_durable_alarms', TG_TABLE_SCHEMA);
-    RETURN NULL;
-END
-$$;
-""",
-    "effectful_durable_committed": """
-CREATE FUNCTION effectful_durable_committed() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('effectful_durable_commits', TG_TABLE_SCHEMA);
-    RETURN NULL;
-END
-$$;
-""",
-}
 
-#: (trigger, table): its statement, as schema 9 creates it.
-NOTIFY_TRIGGERS = {
-    ("alarms_due", "alarms"): """
-CREATE TRIGGER alarms_due AFTER INSERT OR UPDATE ON alarms
-    FOR EACH ROW WHEN (NEW.status = 'pending' AND NEW.lease_token IS NULL)
-    EXECUTE FUNCTION effectful_durable_alarm_due();
-""",
-    ("agents_committed", "agents"): """
-CREATE TRIGGER agents_committed AFTER INSERT OR UPDATE OR DELETE ON agents
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-""",
-    ("approvals_committed", "approvals"): """
-CREATE TRIGGER approvals_committed AFTER INSERT OR UPDATE OR DELETE ON approvals
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-""",
-    ("alarms_committed", "alarms"): """
-CREATE TRIGGER alarms_committed AFTER INSERT OR UPDATE OR DELETE ON alarms
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-""",
-    ("handoffs_committed", "handoffs"): """
-CREATE TRIGGER handoffs_committed AFTER UPDATE OR DELETE ON handoffs
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-""",
-    ("workflow_steps_committed", "workflow_steps"): """
-CREATE TRIGGER workflow_steps_committed AFTER INSERT OR UPDATE OR DELETE ON workflow_steps
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-""",
-    ("runner_status_committed", "runner_status"): """
-CREATE TRIGGER runner_status_committed AFTER INSERT OR UPDATE OR DELETE ON runner_status
-    FOR EACH STATEMENT EXECUTE FUNCTION effectful_durable_committed();
-""",
-}
+def _schema_9_notifications() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+    """The notifying functions and their triggers, from the migrations that made them.
+
+    Returns:
+        ``{function: its CREATE FUNCTION}`` and ``{(trigger, table): its CREATE TRIGGER}``.
+    """
+    made_by = "\n".join(MIGRATIONS[version] for version in range(FIRST_VERSION, 9))
+    functions = {
+        match[1]: match[0] + "\n"
+        for match in re.finditer(r"CREATE FUNCTION (\w+)\(\).*?\$\$;", made_by, re.DOTALL)
+        if "pg_notify" in match[0]
+    }
+    triggers = {
+        (match[1], match[2]): match[0] + "\n"
+        for match in re.finditer(
+            r"CREATE TRIGGER (\w+) [^;]*? ON (\w+)\s[^;]*?EXECUTE FUNCTION (\w+)\(\);", made_by
+        )
+        if match[3] in functions
+    }
+    return functions, triggers
+
+
+#: The two functions and seven triggers schema 9 notified from.
+NOTIFY_FUNCTIONS, NOTIFY_TRIGGERS = _schema_9_notifications()
 
 #: The user triggers of the current schema whose function sends a notification.
 NOTIFYING_TRIGGERS = """

@@ -2,14 +2,10 @@
 
 Usage: ``python tests/fleet_app.py URL CONFIG``
 
-Importing litellm costs seconds (a quarter of a minute on a busy machine), too
-long to start a runner afresh after every kill. This process imports everything
-once, prints ``loaded``, and then for each ``go`` line on stdin forks a child that
-runs ``effectful-durable run URL --agents fleet_app:make_agent ... --concurrency 4``
-(``cli.main``, so the real command: logging, signals) until it is killed, and
-prints ``child <pid>``. Each child leads a process group of its own (the test kills
-the group) and dies with this process. SIGCHLD is ignored so that killed children
-are reaped at once: a zombie would look alive to a runner on this host.
+A fork server (fork_server.py): each child runs ``effectful-durable run URL
+--agents fleet_app:make_agent ... --concurrency 4`` (``cli.main``, so the real
+command: logging, signals) until it is killed. Each child leads a process group of
+its own (the test kills the group) and dies with this process.
 
 Run it under ``unshare -u`` with another host name, and its runners are "on
 another machine". The agents are ``pg_faults_app``'s Noters, whose model takes
@@ -27,6 +23,7 @@ import time
 from typing import Any
 
 from effectful.handlers.llm.completions import LiteLLMProvider
+from fork_server import serve
 from pg_faults_app import Noter, answer
 
 from effectful_durable import RunnerConfig
@@ -54,16 +51,9 @@ def make_handlers(config: RunnerConfig) -> list[Any]:
     return [LiteLLMProvider(model="fake"), FakeLLM(respond=slow_answer)]
 
 
-def say(*words: object) -> None:
-    """One line to the parent, in one write."""
-    os.write(sys.stdout.fileno(), (" ".join(map(str, words)) + "\n").encode())
-
-
 def run(url: str, config: str) -> int:
     """``effectful-durable run``, in this already loaded process."""
-    os.setpgid(0, 0)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     spec = "fleet_app:make_"
     args = ["run", url, "--agents", f"{spec}agent", "--handlers", f"{spec}handlers"]
     return cli_main([*args, "--config", config, "--concurrency", str(CONCURRENCY)])
@@ -71,24 +61,7 @@ def run(url: str, config: str) -> int:
 
 def main() -> int:
     url, config = sys.argv[1:3]
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    say("loaded")
-    for line in sys.stdin:
-        if line.strip() != "go":
-            continue
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = run(url, config)
-            finally:
-                os._exit(code)
-        try:
-            os.setpgid(pid, pid)  # also here: the parent may kill the group at once
-        except (PermissionError, ProcessLookupError):
-            pass  # the child did it already (and exec'd nothing), or died
-        say("child", pid)
-    return 0
+    return serve(lambda: run(url, config), own_group=True)
 
 
 if __name__ == "__main__":

@@ -165,8 +165,8 @@ def claim(
     row: tuple[Any, ...] | None = db.select_for_claim(
         conn,
         f"""
-        SELECT alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts,
-               kind, topic, due_at
+        SELECT alarm_id, agent_id, action, fire_at, every, cron, timezone, attempts, kind, topic,
+               due_at
           FROM checked_alarms AS a
          WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)} AND {_claimable(db)}
            AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL
@@ -176,16 +176,17 @@ def claim(
     ).fetchone()
     if row is None:
         return None
-    alarm_id, created_in, agent_id, action, fire_at, every, cron, timezone, attempts = row[:9]
-    kind, topic, due_at = row[9:]
+    alarm_id, agent_id, action, fire_at, every, cron, timezone, attempts, kind, topic, due_at = row
     token = secrets.token_hex(8)
     until = now + lease
+    # The open row of its id, found through ``alarms_open``, whose size is the work
+    # pending, not the primary key's, which grows with the work done.
     conn.execute(
         """
-        UPDATE alarms SET lease_owner = ?3, lease_token = ?4, due_at = ?5, updated_at = ?6
-         WHERE alarm_id = ?1 AND created_in = ?2
+        UPDATE alarms SET lease_owner = ?2, lease_token = ?3, due_at = ?4, updated_at = ?5
+         WHERE alarm_id = ?1 AND ended_in IS NULL
         """,
-        (alarm_id, created_in, owner, token, until, time.time()),
+        (alarm_id, owner, token, until, time.time()),
     )
     schedule = Schedule(fire_at, every, cron, timezone)
     return Claim(alarm_id, agent_id, action, schedule, attempts, token, until, kind, topic, due_at)
