@@ -598,7 +598,7 @@ def durable_server() -> Any:
 STATEMENTS = {
     "claim: select": r"FOR UPDATE SKIP LOCKED",
     "claim: lease": r"^UPDATE alarms SET lease_owner = \$\d+, lease_token",
-    "next_due": r"SELECT min\(due_at\) FROM alarms",
+    "next_due": r"^SELECT due_at FROM alarms AS a WHERE status = 'pending'",
     "send: insert": r"^INSERT INTO alarms .*'event'",
     "send: read": r"FROM alarms WHERE alarm_id = \$\d+ AND kind = 'event'",
     "turn: start": r"effectful_durable_start\(",
