@@ -15,7 +15,7 @@ its next turn is told once about the turn that was cut off, and its version reco
 
 Importing litellm costs a child seconds, so each child serves many turns over
 stdin/stdout, and the next child starts importing while the current one runs. The
-random kills stop after 8 kills; ``EFFECTFUL_DURABLE_CRASH=full`` (``make crash``)
+random kills stop after 5 kills; ``EFFECTFUL_DURABLE_CRASH=full`` (``make crash``)
 allows 20.
 """
 
@@ -416,7 +416,7 @@ class TestKillInsideTurn:
 TURNS = 50
 SEED = 20240601
 # Each kill costs a child start (seconds); one more child then finishes.
-MAX_KILLS = 20 if os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full" else 8
+MAX_KILLS = 20 if os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full" else 5
 
 
 @dataclass
@@ -533,7 +533,7 @@ class TestRandomKillsWhilePruning:
         kills = Kills()
         Store(db_path).close()
         version = 0
-        budget = 6
+        budget = min(MAX_KILLS, 6)
         with Children(
             db_path, tmp_path / "logs", budget=budget + 1, keep_versions=KEEP
         ) as children:

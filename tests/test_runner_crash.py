@@ -59,11 +59,16 @@ class TestRunnerCrash:
         """After 10+ SIGKILLs (20+ in full) and a last runner, each alarm's turn is in its
         history once.
 
-        With 8 turns at once, a kill cuts off several turns of different agents
-        (on PostgreSQL with ``EFFECTFUL_DURABLE_CRASH=full``, to keep the default run short).
+        With 8 turns at once, a kill cuts off several turns of different agents. The
+        default run plays one turn at a time on PostgreSQL and 8 on SQLite;
+        ``EFFECTFUL_DURABLE_CRASH=full`` both on both.
         """
-        if concurrency > 1 and "://" in str(store_url) and not FULL:
-            pytest.skip("8 turns at once on PostgreSQL: EFFECTFUL_DURABLE_CRASH=full")
+        postgres = "://" in str(store_url)
+        if not FULL and (concurrency > 1) == postgres:
+            pytest.skip(
+                f"{concurrency} turn(s) at once on {'PostgreSQL' if postgres else 'SQLite'}: "
+                "EFFECTFUL_DURABLE_CRASH=full"
+            )
         now = time.time()
         with Store(store_url) as store:
             for n in range(ONE_SHOTS):
