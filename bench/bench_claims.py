@@ -293,11 +293,8 @@ def deliver(store: Store, claim: Claim, template: str) -> None:
         )
 
 
-def cycle(store: Store, agent: str, owner: str, times: dict[str, list[float]]) -> None:
-    """Schedule, claim and deliver an alarm due now; poll; send, claim and deliver an event."""
-    clock = time.perf_counter
-    alarm_id = new_alarm_id()
-    t0 = clock()
+def schedule_turn(store: Store, agent: str, alarm_id: str) -> None:
+    """A turn of ``agent`` that schedules the alarm ``alarm_id``, due now."""
     with store.locked_turn(agent, template="ask", arguments={"q": "later"}) as start:
         now = time.time()
         write = AlarmWrite()
@@ -310,6 +307,14 @@ def cycle(store: Store, agent: str, owner: str, times: dict[str, list[float]]) -
             state=None,
             writes=[write],
         )
+
+
+def cycle(store: Store, agent: str, owner: str, times: dict[str, list[float]]) -> None:
+    """Schedule, claim and deliver an alarm due now; poll; send, claim and deliver an event."""
+    clock = time.perf_counter
+    alarm_id = new_alarm_id()
+    t0 = clock()
+    schedule_turn(store, agent, alarm_id)
     t1 = clock()
     claim = store.alarm_queue.claim(owner, time.time(), LEASE)
     t2 = clock()
@@ -504,20 +509,6 @@ def steps(store: Store) -> list[tuple[str, Callable[[], None]]]:
     owner, agent = runner_id(), agent_name(500)
     held: dict[str, Any] = {}
 
-    def schedule() -> None:
-        with store.locked_turn(agent, template="ask", arguments={"q": "later"}) as start:
-            now = time.time()
-            write = AlarmWrite()
-            write.schedule(new_alarm_id(), "look again", make_schedule(now, delay=0), now)
-            store.commit_turn(
-                agent,
-                base_version=start.version,
-                template="ask",
-                change=change(start.version),
-                state=None,
-                writes=[write],
-            )
-
     def claim() -> None:
         held["claim"] = store.alarm_queue.claim(owner, time.time(), LEASE)
 
@@ -525,7 +516,7 @@ def steps(store: Store) -> list[tuple[str, Callable[[], None]]]:
         store.send_event(agent, "order_paid", {"order": 1})
 
     return [
-        ("turn", schedule),
+        ("turn", lambda: schedule_turn(store, agent, new_alarm_id())),
         ("next_due", lambda: store.alarm_queue.next_due()),
         ("claim", claim),
         ("deliver", lambda: deliver(store, held["claim"], "on_alarm")),

@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import os
 import queue
 import re
 import socket
@@ -448,3 +449,12 @@ class StderrLines:
     def text(self) -> str:
         """Everything it logged so far."""
         return "\n".join(self.log)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (it is not our child: no zombie to reap)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

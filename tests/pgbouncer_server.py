@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import alive
 from postgres_server import REQUIRE_ENV, PostgresServer
 
 #: The pgbouncer executable, if not found otherwise.
@@ -179,15 +180,6 @@ class PgBouncer:
 
     def _log(self) -> str:
         return Path(self.log).read_text()[-2000:] if os.path.exists(self.log) else ""
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (it is not our child: no zombie to reap)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def with_signal(pid: int, number: int) -> None:

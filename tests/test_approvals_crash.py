@@ -59,7 +59,7 @@ from approvals_app import PAID, TOOL_LOG_ENV, Shop, answer, text_of
 from approvals_child import DECISIONS_ENV, read_lines
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
-from helpers import integrity, is_postgres, persisted_rows
+from helpers import alive, integrity, is_postgres, persisted_rows
 
 from effectful_durable import PersistenceHandler, Store, TurnSuspended
 from effectful_durable.testing import FakeLLM
@@ -152,7 +152,7 @@ class Server:
         if sig == signal.SIGKILL:
             self.killed.add(pid)
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.005)  # reaped at once: the server ignores SIGCHLD
 
     def close(self) -> None:
@@ -163,14 +163,6 @@ class Server:
         self.proc.wait(timeout=30)
         self._reader.join(timeout=30)
         self._stderr.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import alive
 
 from effectful_durable import Store
 from effectful_durable.store.alarm_queue import DEAD_AFTER
@@ -122,7 +123,7 @@ class Host:
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + 10
-        while _alive(self.runner) and time.monotonic() < deadline:
+        while alive(self.runner) and time.monotonic() < deadline:
             time.sleep(0.01)
         self.runner = None
 
@@ -134,14 +135,6 @@ class Host:
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def plan(rng: random.Random) -> list[Item]:
