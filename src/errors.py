@@ -165,6 +165,32 @@ class AgentInUseError(DurableError):
         super().__init__(msg)
 
 
+class HoldLapsedError(AgentInUseError):
+    """This process's hold on an agent lapsed before its write: nothing of it was written.
+
+    On PostgreSQL a process holds an agent by renewing a lease row in the
+    server's clock; one that cannot renew it in time (its host cut from the
+    database, the process stalled) loses the agent, and another process may take
+    it. What the process then tries to commit under that hold is refused, whether
+    or not another process took the agent meanwhile.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, agent_id: str, reason: str) -> None:
+        self.agent_id = agent_id
+        self.holder = "another process, or nobody"
+        self.reason = reason
+        msg = (
+            f"this process's hold on agent {agent_id!r} lapsed before its write committed: "
+            f"{reason}. Nothing of that write (a turn's commit, or the record of its "
+            "failure) was written, and another process may be running the agent now. A "
+            "hold lapses when its process cannot renew it in time (cut off from the "
+            "database, or stalled); run the turn again once the database answers."
+        )
+        DurableError.__init__(self, msg)
+
+
 class InvalidAgentIdError(DurableError, ValueError):
     """An agent id is empty, too long, or holds non-printable characters."""
 

@@ -3,15 +3,17 @@
 ``--agents heartbeat_app:make_agent --handlers heartbeat_app:make_handlers`` plug
 it into ``effectful-durable run``. Each event turn's model call appends a line
 ``<host> <pid> <payload>`` to the file ``HEARTBEAT_APP_STARTS`` names (so that a
-test counts how often, and where, a turn began), then sleeps
-``HEARTBEAT_APP_SECONDS`` before answering.
+test counts how often, and where, a turn began), then sleeps before answering:
+the payload's ``"seconds"`` if it has them, else ``HEARTBEAT_APP_SECONDS``.
 """
 
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+import contextlib
 import dataclasses
+import json
 import re
 import socket
 import time
@@ -36,6 +38,9 @@ def answer(call: FakeCall) -> str:
     """Note where the turn began, take the time the runner was told, answer."""
     found = PAYLOAD.search(call.last_user_text)
     payload = found[1] if found else "?"
+    seconds = SECONDS
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        seconds = float(json.loads(payload)["seconds"])
     if STARTS:
         line = f"{socket.gethostname()} {os.getpid()} {payload}\n"
         descriptor = os.open(STARTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -43,7 +48,7 @@ def answer(call: FakeCall) -> str:
             os.write(descriptor, line.encode())
         finally:
             os.close(descriptor)
-    time.sleep(SECONDS)
+    time.sleep(seconds)
     return f"handled {payload}"
 
 

@@ -26,6 +26,7 @@ from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, Store, ephemeral
+from effectful_durable.store.engine import process
 from effectful_durable.store.engine.sqlite import row_checks
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
@@ -458,3 +459,18 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+#: A pid no process has: above the kernel's largest pid_max (2**22).
+ENDED_PID = 2**22 + 1
+
+
+def ghost_runner(store: Store, runner: str, *, place: str | None = None) -> None:
+    """A status row of a runner, beating now, whose process ended: ``ENDED_PID`` in
+    ``place`` (this process's kernel and PID namespace, unless given)."""
+    store.alarm_queue.record_status(runner, state="running", started_at=time.time(), report={})
+    with store._writing() as conn:
+        conn.execute(
+            "UPDATE runner_status SET pid = ?, place = ? WHERE runner_id = ?",
+            (ENDED_PID, place or process.place(), runner),
+        )

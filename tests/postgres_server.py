@@ -2,8 +2,9 @@
 
 The cluster lives in a new directory under the system's temp dir and listens on
 a Unix socket there only (``listen_addresses = ''``): nothing on any network
-address. initdb refuses to run as root, so as root the server runs as the
-``postgres`` system user, which owns the directory. Each test gets a fresh
+address, unless a test gives it one of its own networks' (``listen``:
+tests/netns.py, 198.18.0.0/15 only). initdb refuses to run as root, so as root
+the server runs as the ``postgres`` system user, which owns the directory. Each test gets a fresh
 database (``CREATE DATABASE``, ~0.1 s), dropped when the test ends.
 
 fsync is off: the tests kill clients and restart the server (``restart()``, an
@@ -113,8 +114,11 @@ def running[S: PostgresServer](kind: type[S]) -> Iterator[S]:
 class PostgresServer:
     """One throwaway cluster: ``start()``, ``new_database()``, ``restart()``, ``stop()``."""
 
-    def __init__(self, bindir: str) -> None:
+    def __init__(self, bindir: str, *, listen: str = "") -> None:
         self.bindir = bindir
+        #: An address of the tests' own networks to listen on too (tests/netns.py),
+        #: trusting every client from them; none by default.
+        self.listen = listen
         self.directory = tempfile.mkdtemp(prefix="effdur-pg-")
         self.data = os.path.join(self.directory, "data")
         self.log = os.path.join(self.directory, "server.log")
@@ -136,6 +140,9 @@ class PostgresServer:
                 "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
                 "--locale=C", "--no-sync",
             )  # fmt: skip
+            if self.listen:
+                hba = Path(self.data) / "pg_hba.conf"
+                hba.write_text(f"{hba.read_text()}host all all 198.18.0.0/15 trust\n")
         self._pg_ctl("start")
 
     def restart(self, *, down: float = 0.0) -> None:
@@ -154,7 +161,7 @@ class PostgresServer:
 
     def _pg_ctl(self, action: str) -> None:
         options = (
-            f"-c listen_addresses='' -c unix_socket_directories='{self.directory}' "
+            f"-c listen_addresses='{self.listen}' -c unix_socket_directories='{self.directory}' "
             "-c fsync=off -c full_page_writes=off -c max_connections=200 "
             "-c shared_buffers=32MB"
         )

@@ -488,7 +488,7 @@ class TestAmbiguousCommit:
         print(f"ambiguous commits: {cuts} cut, {retried} reported not committed and retried")
 
     def test_a_turn_start_whose_answer_was_lost(self, server: FaultyServer, url: str) -> None:
-        """The start of a turn (the agent's lock and its handoff row, one statement)
+        """The start of a turn (the agent's hold and its handoff row, one statement)
         cut once answered is tried again; the row it wrote is the turn's own, and
         the model is not told of a turn that did not complete."""
         proxy = CuttingProxy(server)
@@ -502,7 +502,7 @@ class TestAmbiguousCommit:
             ):
                 agent = Noter(agent_id="started")
                 note(agent, "one")
-                proxy.arm("answered", holding=b"effectful_durable_start")
+                proxy.arm("answered", holding=b"effectful_durable_take")
                 note(agent, "two")
                 assert proxy.wait_cut(0)
             assert persistence.store.state("started")["notes"] == ["one", "two"]

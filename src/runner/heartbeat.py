@@ -6,12 +6,14 @@ A thread of the runner's own (with its own connection) writes the runner's
 heartbeat every ``HEARTBEAT_EVERY`` seconds: one write of its status row,
 however many claims it holds (the claim query reads it: ``store/alarm_queue.py``).
 Every ``RESCUE_EVERY`` seconds it looks for the claims of dead runners and gives
-them back (River's ``job_rescuer``): those of a runner process gone from this
-host at once, those of a runner anywhere whose heartbeat is ``DEAD_AFTER``
-seconds old, or that stopped. It judges other runners by their heartbeats only
-while its own have landed for ``TRUST_AFTER`` seconds in a row: after an outage
-of the database, every live runner's heartbeat is old, and each one has one
-interval to beat again before anyone takes its claims.
+them back (River's ``job_rescuer``): those of a runner process surely gone at
+once (its pid ended in this process's own kernel and PID namespace: a host name
+and a pid alone name no process across containers), those of a runner anywhere
+whose heartbeat is ``DEAD_AFTER`` seconds old, or that stopped. It judges other
+runners by their heartbeats only while its own have landed for ``TRUST_AFTER``
+seconds in a row: after an outage of the database, every live runner's
+heartbeat is old, and each one has one interval to beat again before anyone
+takes its claims.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from ..errors import (
     AlarmLeaseLostError,
     DatabaseUnavailableError,
     DurableError,
+    HoldLapsedError,
     StorageError,
     TurnSuspended,
 )
@@ -724,6 +725,23 @@ class AgentRunner:
             self._count(errors=1)
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
             outcome = "lease_lost"
+        except HoldLapsedError as error:
+            # Cut off from the database (or stalled) for longer than a hold lasts: the
+            # turn committed nothing, and another runner may be delivering it now.
+            self._count(errors=1)
+            due = claim.due_at if claim.due_at is not None else now
+            log.warning(
+                "the hold on the agent lapsed; the turn committed nothing, and %s %s is "
+                "given back: %s",
+                noun(claim.kind),
+                claim.alarm_id,
+                error,
+                extra=context,
+            )
+            self._outages.written_back(
+                claim, "gave back", lambda: self._queue.release(claim, due), "its hold lapsed"
+            )
+            outcome = "hold_lapsed"
         except AgentInUseError:
             self._put_back(claim, now, _IN_USE_RETRY)
             log.info("agent busy in another process; %s put back", noun(claim.kind), extra=context)

@@ -9,7 +9,9 @@ the runner lives: each runner beats (:func:`beat`, every
 row, and a claim whose runner beat within :data:`DEAD_AFTER` seconds is never
 claimed again, however old its lease. A runner whose heartbeat is older is
 dead, on any machine: :func:`rescue` gives its claims back (and those of a
-runner process on this host that is gone, at once). A claimer that keeps no
+runner process surely gone, at once: one whose pid ended in this process's own
+kernel and PID namespace, ``engine/process.py``; a host name and a pid name no
+process across containers or machines). A claimer that keeps no
 status row (a program of its own on the queue) holds its claim for its lease.
 None of this is versioned: it belongs to the runners, not to the agents (see
 ``parts/alarms.py``). The Store facade and the runner use it; the Claim it
@@ -26,6 +28,7 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Literal
 
+from .engine.process import gone, place
 from .engine.seam import Conn, Database
 from .engine.sqlite.damage import watched
 from .parts.alarms import AlarmStatus, Claim, Schedule, current_version
@@ -258,32 +261,31 @@ def fail(conn: Conn, claim: Claim, error: str, retry_at: float | None) -> AlarmS
 
 def dead_owners(db: Database, conn: Conn, me: str, *, heartbeats: bool) -> list[tuple[str, bool]]:
     """The runners holding claims that are dead, each with whether its process is
-    gone from this host (else it stopped, or was silent ``DEAD_AFTER`` seconds, on
-    any host; only if ``heartbeats``).
+    surely gone (its pid's place is this process's, and no process has that pid:
+    ``engine/process.py``), else it stopped, or was silent ``DEAD_AFTER`` seconds,
+    on any host (only if ``heartbeats``).
 
     One read of the claims (``alarms_leased``: as many as turns in flight) and
     their runners' status rows. A claimer without a status row is left to its
-    lease; ``me`` is never dead.
+    lease; ``me`` is never dead. A runner under this host name but in another
+    PID namespace or on another machine is judged by its heartbeat alone.
     """
     rows: list[tuple[Any, ...]] = conn.execute(
         f"""
-        SELECT DISTINCT a.lease_owner, r.state,
+        SELECT DISTINCT a.lease_owner, r.state, r.place, r.pid,
                CASE WHEN r.reported_at < {db.now_sql} - {DEAD_AFTER!r} THEN 1 ELSE 0 END
           FROM alarms AS a LEFT JOIN runner_status AS r ON r.runner_id = a.lease_owner
          WHERE a.lease_owner IS NOT NULL AND a.status = 'pending'
         """
     ).fetchall()
-    host = socket.gethostname()
     dead: list[tuple[str, bool]] = []
-    for owner, state, silent in rows:
+    for owner, state, their_place, pid, silent in rows:
         owner = str(owner)
-        owner_host, _, rest = owner.partition(":")
-        pid_text = rest.partition(":")[0]
-        if owner == me:
+        if owner == me or state is None:
             continue
-        if owner_host == host and pid_text.isdigit() and not _alive(int(pid_text)):
+        if gone(their_place, int(pid)):
             dead.append((owner, True))
-        elif heartbeats and state is not None and (state == "stopped" or silent):
+        elif heartbeats and (state == "stopped" or silent):
             dead.append((owner, False))
     return dead
 
@@ -293,8 +295,9 @@ def rescue(db: Database, conn: Conn, owner: str, now: float, *, gone: bool) -> i
 
     Each is due again at once, or at its own time if that was earlier, so that
     its agent's alarms keep their order; no attempt is counted. Unless the
-    process is known ``gone`` (a dead pid on this host), the runner's heartbeat
-    is checked again here, so that one that beat meanwhile keeps its claims.
+    process is known ``gone`` (its pid ended in this process's place), the
+    runner's heartbeat is checked again here, so that one that beat meanwhile
+    keeps its claims.
     """
     alive = "" if gone else f" AND NOT {_alive_owner(db)}"
     conn.execute(
@@ -306,18 +309,6 @@ def rescue(db: Database, conn: Conn, owner: str, now: float, *, gone: bool) -> i
         (owner, now, time.time()),
     )
     return conn.changes()
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def record_status(
@@ -338,21 +329,22 @@ def record_status(
         "NOTHING"
         if if_missing
         else """UPDATE SET
-               host = excluded.host, pid = excluded.pid, state = excluded.state,
-               started_at = excluded.started_at, reported_at = excluded.reported_at,
-               report = excluded.report"""
+               host = excluded.host, pid = excluded.pid, place = excluded.place,
+               state = excluded.state, started_at = excluded.started_at,
+               reported_at = excluded.reported_at, report = excluded.report"""
     )
     conn.execute(
         f"""
         INSERT INTO runner_status
-               (runner_id, host, pid, state, started_at, reported_at, report)
-        VALUES (?, ?, ?, ?, ?, {db.now_sql}, ?)
+               (runner_id, host, pid, place, state, started_at, reported_at, report)
+        VALUES (?, ?, ?, ?, ?, ?, {db.now_sql}, ?)
         ON CONFLICT (runner_id) DO {update}
         """,
         (
             runner,
             socket.gethostname(),
             os.getpid(),
+            place(),
             state,
             started_at,
             json.dumps(report, ensure_ascii=False, default=str),
@@ -463,15 +455,15 @@ class AlarmQueue:
         """Give back the claims of dead runners (see :func:`dead_owners`); how many, by runner.
 
         A read, then a write only for each dead runner found. ``heartbeats``
-        False: only the runners whose process is gone from this host.
+        False: only the runners whose process is surely gone.
         """
         db = self._store._db
         with self._store._reading() as conn:
             dead = dead_owners(db, conn, me, heartbeats=heartbeats)
         freed = {}
-        for owner, gone in dead:
+        for owner, ended in dead:
             with self._store._writing() as conn:
-                count = rescue(db, conn, owner, now, gone=gone)
+                count = rescue(db, conn, owner, now, gone=ended)
             if count:
                 freed[owner] = count
         return freed

@@ -98,8 +98,8 @@ class Store(
             and starts a new database at ``path``. A file written by a newer
             version is always refused.
         pool_size: PostgreSQL only: the most connections the store opens at once.
-            A process needs at least 2 (a pooled one, and one holding the
-            agents' locks); see :doc:`/backends`.
+            A process needs at least 2 (a pooled one, and one renewing the
+            agents' holds); see :doc:`/backends`.
         statement_timeout: PostgreSQL only: the longest, in seconds, a statement
             may run and any call may wait for the server (for a connection, and
             for each answer); past it the call raises DatabaseUnavailableError,

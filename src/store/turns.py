@@ -145,6 +145,7 @@ class TurnProtocol(StoreBase):
             if rows:
                 return TurnStart(int(rows[0][0]), None, None)
         with self._writing() as conn:
+            self._db.fence(conn, agent_id)
             version = self._db.agent_version(conn, agent_id) or 0
             suspension = _approvals.open_suspension(conn, agent_id, conversation)
             if suspension is None and resume_only:
@@ -343,9 +344,15 @@ class TurnProtocol(StoreBase):
         step: tuple[str, str] | None = None,
         conversation: str = DEFAULT_CONVERSATION,
     ) -> None:
-        """Mark the conversation's running handoff, and its journal step, as failed."""
+        """Mark the conversation's running handoff, and its journal step, as failed.
+
+        Raises:
+            HoldLapsedError: This Store's hold on the agent lapsed: the handoff is
+                another process's now, and nothing is written.
+        """
         now = time.time()
         with self._writing() as conn:
+            self._db.fence(conn, agent_id)
             conn.execute(
                 """
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?

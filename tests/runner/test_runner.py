@@ -11,7 +11,7 @@ from alarms_app import delivered, in_threads, make_agent, make_handlers
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
-from helpers import integrity
+from helpers import ghost_runner, integrity
 
 from effectful_durable import (
     AgentRunner,
@@ -253,12 +253,11 @@ class TestFailures:
     def test_dead_runner_lease_is_taken_back_at_once(
         self, store_url: str, store: Store, clock: FakeClock
     ) -> None:
-        """A lease of a runner process that no longer exists on this host is freed at start."""
-        import socket
-
+        """A lease of a runner whose process ended here (this kernel and PID namespace)
+        is freed at start."""
         schedule(store, clock, "k", "orphan", delay=0)
-        ghost = f"{socket.gethostname()}:999999999:abc"
-        assert store.alarm_queue.claim(ghost, clock.now(), 3600) is not None
+        ghost_runner(store, "ghost")
+        assert store.alarm_queue.claim("ghost", clock.now(), 3600) is not None
         with runner(store_url, clock) as heir:
             heir.run(until=clock.now() + 1)
         assert delivered(store.history("k")) == ["orphan"]

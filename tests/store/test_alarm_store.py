@@ -11,6 +11,7 @@ from cronsim import CronSim
 from helpers import (
     commit_writes,
     edit_rows,
+    ghost_runner,
     integrity,
     is_postgres,
     persisted_rows,
@@ -396,28 +397,30 @@ class TestQueue:
             ended = {a.action: a.ended_in for a in store.alarms("a", include_ended=True)}
         assert ended == {"early": 0, "in a turn": v2}
 
-    def test_leases_of_dead_runners_on_this_host_are_freed(self, store_url: str) -> None:
-        """rescue frees the claims of gone processes here, due at their own time; a live
-        runner's claim and another host's stay (without heartbeats to judge them by)."""
-        import os
-        import socket
-
-        host, now = socket.gethostname(), time.time()  # leases shown while they run
+    def test_leases_of_runners_gone_from_this_place_are_freed(self, store_url: str) -> None:
+        """rescue frees the claims of runners whose pid ended here (this kernel and PID
+        namespace), due at their own time; a live runner's claim stays, and so does
+        that of a runner with the same host name and an ended pid in another place
+        (another machine, or container), without heartbeats to judge it by."""
+        now = time.time()  # leases shown while they run
         with Store(store_url) as store:
             for agent, action in zip("abc", ("dead", "alive", "elsewhere"), strict=True):
                 store.schedule_alarm(agent, action, make_schedule(now, delay=0), now=now)
             queue = store.alarm_queue
-            owners = [f"{host}:999999999:x", f"{host}:{os.getpid()}:y", "other-host:1:z"]
+            owners = ["dead", "alive", "elsewhere"]
+            ghost_runner(store, "dead")
+            queue.record_status("alive", state="running", started_at=now, report={})
+            ghost_runner(store, "elsewhere", place="another-boot/1:4026531836")
             claims = [queue.claim(owner, now, 3600) for owner in owners]
             assert all(claims)
-            assert queue.rescue("me", now + 10, heartbeats=False) == {owners[0]: 1}
+            assert queue.rescue("me", now + 10, heartbeats=False) == {"dead": 1}
             leased = {
                 a.action: (a.leased_by, a.next_attempt)
                 for agent in "abc"
                 for a in store.alarms(agent)
             }
         assert leased["dead"] == (None, datetime.fromtimestamp(now, UTC))
-        assert leased["alive"][0] == owners[1] and leased["elsewhere"][0] == owners[2]
+        assert leased["alive"][0] == "alive" and leased["elsewhere"][0] == "elsewhere"
 
     def test_a_heartbeat_holds_claims_past_their_lease(self, store_url: str) -> None:
         """A claim whose runner beats is never claimed again, however old its lease (nor

@@ -54,9 +54,9 @@ def added(position: int) -> HistoryChange:
 
 class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
-        """Opening an empty database creates the schema and marks it ours (version 10)."""
+        """Opening an empty database creates the schema and marks it ours (version 11)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 10
+            assert store.check()["schema"] == SCHEMA_VERSION == 11
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:
@@ -320,8 +320,9 @@ class TestMigrations:
             with store.locked_turn("new", template="t", arguments={}) as start:
                 assert start.version == 0
         functions = [name for name, _ in catalog(postgres_url)["functions"]]
-        assert {"effectful_durable_start", "effectful_durable_advance"} <= set(functions)
+        assert {"effectful_durable_take", "effectful_durable_advance"} <= set(functions)
         assert "effectful_durable_lock" not in functions  # schema 6's, dropped by schema 7
+        assert "effectful_durable_start" not in functions  # schema 7's, dropped by schema 11
         with psycopg.connect(postgres_url) as conn:
             ids = conn.execute(
                 "SELECT version, commit_id FROM versions WHERE agent_id = 'bot' ORDER BY version"

@@ -16,9 +16,9 @@ from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import Assistant, persisted
 from tests.wire_counter import Counts, WireCounter
 
-#: The most round trips a plain turn of an agent already loaded may take (issue 25).
-#: It takes 3: the lock with the handoff row, the commit, the unlock (12 before).
-PLAIN_TURN_ROUND_TRIPS = 4
+#: The most round trips a plain turn of an agent already loaded may take (issues 25
+#: and 43): the hold with the handoff row, the commit, letting go (12 before issue 25).
+PLAIN_TURN_ROUND_TRIPS = 3
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def warm(bot: Assistant) -> None:
 
 class TestRoundTrips:
     def test_a_plain_turn(self, counter: WireCounter, counted_url: str) -> None:
-        """A plain turn of an agent in memory takes at most four round trips."""
+        """A plain turn of an agent in memory takes at most three round trips."""
         with persisted(counted_url, FakeLLM(respond=reply)):
             bot = Assistant(agent_id="bot")
             warm(bot)

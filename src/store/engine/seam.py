@@ -72,7 +72,7 @@ class Conn(Protocol):
 #: conversation is there, or a suspended turn: then no row. Parameters: agent,
 #: conversation, template, arguments (JSON), host, pid, started_at, interrupted
 #: (JSON or None). Its row is the version the turn starts from. PostgreSQL's
-#: ``effectful_durable_start`` (engine/postgres/schema.sql) does the same.
+#: ``effectful_durable_take`` (engine/postgres/schema.sql) does the same.
 HANDOFF_INSERT = """
     INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
         status, interrupted, host, pid, started_at)
@@ -146,6 +146,19 @@ class Database(Protocol):
             AgentInUseError: It stayed held for longer than ``wait`` seconds.
         """
 
+    def fence(self, conn: Conn, agent_id: str) -> None:
+        """Refuse this transaction's writes unless this Store still holds ``agent_id``
+        (when it holds it at all), and keep the hold until the transaction ends.
+
+        For the writes made under a hold besides the commit's own (which
+        :meth:`advance` fences): a turn's start and the record of its failure.
+        A hold can be lost only where it is a lease (PostgreSQL); elsewhere
+        this checks nothing.
+
+        Raises:
+            HoldLapsedError: The hold lapsed, or another process took the agent.
+        """
+
     def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
         """Run :data:`HANDOFF_INSERT` with ``handoff``: the turn's handoff row, unless the
         conversation has an earlier one or a suspended turn; its rows (the version
@@ -175,7 +188,8 @@ class Database(Protocol):
         state_in: int | None = None,
     ) -> None:
         """Move the agent from ``base_version`` to ``version`` (a new agent from 0),
-        fenced: the write fails unless no other writer moved it since ``base_version``.
+        fenced: the write fails unless no other writer moved it since ``base_version``,
+        and unless this Store's hold on it, if it holds it, is still its own.
         ``state_in``: the new version that holds a state, if one does.
 
         The agents row stays locked until the transaction ends. In a batch the
@@ -183,6 +197,7 @@ class Database(Protocol):
 
         Raises:
             AgentInUseError: Another writer committed since ``base_version``.
+            HoldLapsedError: The hold lapsed, or another process took the agent.
         """
 
     def close(self) -> None:

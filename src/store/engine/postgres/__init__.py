@@ -1,6 +1,7 @@
-"""The PostgreSQL engine (psycopg): a connection pool, advisory locks per agent.
+"""The PostgreSQL engine (psycopg): a connection pool, a renewed lease per agent held.
 
-``database.py`` is the Database a Store holds; ``connections.py`` the
+``database.py`` is the Database a Store holds; ``holds.py`` the agents it
+holds, by lease rows renewed in the server's clock; ``connections.py`` the
 connections' options, deadline and check; ``opening.py`` connecting, which tells a
 server's lasting refusal from one that may pass;
 ``schema.py`` and ``schema.sql`` are the schema and its migrations. Nothing here

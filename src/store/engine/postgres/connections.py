@@ -178,13 +178,8 @@ def milliseconds(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def still_open(conn: psycopg.Connection[Any], *, pinned: bool = False) -> None:
+def still_open(conn: psycopg.Connection[Any]) -> None:
     """Check a connection before its use, without a round trip.
-
-    Args:
-        conn: The connection.
-        pinned: Whether it may be in a transaction kept open (the agents' locks
-            through a pooler).
 
     Raises:
         psycopg.OperationalError: The connection is closed, broken, in a
@@ -200,12 +195,7 @@ def still_open(conn: psycopg.Connection[Any], *, pinned: bool = False) -> None:
         if not poll.poll(0):
             break
         pgconn.consume_input()  # raises OperationalError once it reads the close
-    usable = (
-        (TransactionStatus.IDLE, TransactionStatus.INTRANS)
-        if pinned
-        else (TransactionStatus.IDLE,)
-    )
-    if pgconn.status != ConnStatus.OK or pgconn.transaction_status not in usable:
+    if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
         msg = "the connection is not idle"
         raise psycopg.OperationalError(msg)
 

@@ -1,9 +1,9 @@
-"""The PostgreSQL backend: a connection pool, advisory locks per agent, our SQL dialect.
+"""The PostgreSQL backend: a connection pool, a lease per agent held, our SQL dialect.
 
 ``Store("postgresql://...")`` opens one :class:`PostgresDatabase`. The shared
 modules' SQL (``?``/``?N`` parameters) runs unchanged through
 :class:`PostgresConn`, which rewrites the parameters for psycopg; what only
-PostgreSQL speaks (full-text search, ``FOR UPDATE``, advisory locks, the
+PostgreSQL speaks (full-text search, ``FOR UPDATE``, the agents' holds, the
 schema's identification) is here. See ``engine/seam.py`` for the seam.
 
 - Transactions: a write is ``BEGIN`` (read committed) ... ``COMMIT`` on a pooled
@@ -11,14 +11,16 @@ schema's identification) is here. See ``engine/seam.py`` for the seam.
   nested in this thread's open block uses that block's connection. A turn's
   commit is a batch: its statements go with ``BEGIN`` and ``COMMIT`` in one
   pipeline, one round trip.
-- One writer per agent: a session advisory lock on a connection of its own per
-  Store, keyed by a hash of the agent id; the server drops it when the holding
-  process dies. A turn takes it with its handoff row in one statement, one
-  round trip (the schema's ``effectful_durable_start``, which writes nothing
-  when another session holds the lock). Each commit also locks the agent's row and
-  checks its version (fencing: a writer that lost its lock cannot commit over
-  another's turn; ``effectful_durable_advance`` raises, so that a batch reads
-  nothing back before its commit).
+- One writer per agent: a hold, a lease row renewed in the server's clock
+  (``holds.py``), never server session state: a host lost without a word
+  loses its agents within the lease. A turn takes it with its handoff row in
+  one statement, one round trip (the schema's ``effectful_durable_take``,
+  which writes nothing when another process holds the agent). Each commit
+  checks, in its own statements, that the hold is still its own and the
+  agent's version the one it started from (fencing: a holder whose hold lapsed,
+  or a writer that bypassed the hold, cannot commit over another's turn;
+  ``effectful_durable_advance`` raises, so that a batch reads nothing back
+  before its commit).
 - A lost connection (server restart, network) fails the block in flight with
   DatabaseUnavailableError, unless it was a turn's COMMIT that landed (looked
   up by its id: :meth:`PostgresDatabase._resolve`); each connection taken from
@@ -58,6 +60,7 @@ from ....errors import (
     DatabaseBusyError,
     DatabaseUnavailableError,
     DurableError,
+    HoldLapsedError,
     NotOurDatabaseError,
     NotSupportedError,
     SchemaTooNewError,
@@ -84,6 +87,7 @@ from .connections import (
     still_open,
     unhurried,
 )
+from .holds import AgentHolds
 from .opening import (
     connect_timeout,
     connect_timeout_given,
@@ -103,14 +107,13 @@ _HOST = socket.gethostname()
 _UNSUPPORTED_WRITES: tuple[tuple[type[Any], str], ...] = ()
 _UNSUPPORTED_PREFIXES = ("Store.vacuum",)
 
-# What the schema's functions (schema.sql) say: effectful_durable_start's value when
-# another session holds the agent's lock; effectful_durable_advance's SQLSTATE when
-# another writer moved the agent.
-_HELD = -1
+# The SQLSTATEs of the schema's functions (schema.sql): the agent moved during the
+# turn (effectful_durable_advance); the hold the write names lapsed or was taken
+# (effectful_durable_held).
 _MOVED = "EDMVD"
+_LAPSED = "EDLPS"
 
 _POLL_SECONDS = 0.005
-_MAX_POLL_SECONDS = 0.1
 # The client waits this much longer than the server's own statement_timeout, so
 # that a live server ends a statement (and says so) before the client gives up.
 _ANSWER_MARGIN = 1.0
@@ -120,9 +123,9 @@ _CLOSE = 1.0  # seconds closing waits for the pool's threads (daemons: a frozen 
 _GETCONN_SLICE = 0.2
 _TICK = 0.1  # seconds: how soon past a hurried end a wait still ends (an answer's chance)
 _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0"
-# The transaction that keeps the lock connection's server session through a
-# pooler: it is idle between a turn's start and its end, for as long as the turn.
-_PINNED = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0"
+# PostgreSQL 17 ends a transaction older than transaction_timeout, if the server or
+# the role sets one; an unhurried block (a migration, a prune) is exempt too.
+_UNHURRIED_17 = f"{_UNHURRIED}; SET LOCAL transaction_timeout = 0"
 # Who holds the NOTIFY queue's lock (pg_database's object 0, in no database).
 _NOTIFY_LOCK_HOLDER = """
     SELECT a.pid, a.datname, a.application_name, a.wait_event
@@ -218,9 +221,10 @@ class PostgresDatabase:
             lock_timeout=milliseconds(busy_timeout),
         )
         #: Whether the URL reaches a pooler in transaction mode (PgBouncer): each
-        #: transaction then sets the sessions' settings itself, nothing is prepared
-        #: on the server, and the agents' locks keep a transaction open (_AdvisoryLocks).
+        #: transaction then sets the sessions' settings itself, and nothing is
+        #: prepared on the server.
         self.pooled = pooled
+        self._unhurried_sql = _UNHURRIED_17 if first.info.server_version >= 170000 else _UNHURRIED
         if pooled:
             # A statement prepared on one server session is unknown to the next.
             self._connect_kwargs["prepare_threshold"] = None
@@ -252,12 +256,12 @@ class PostgresDatabase:
         except BaseException:
             self._pool.close()
             raise
-        self._locks = _AdvisoryLocks(self)
+        self._holds = AgentHolds(self)
 
     def close(self) -> None:
-        """Close the pool and the lock connection."""
+        """Close the pool and the holds' renewals (the holds left lapse)."""
         self._closed = True
-        self._locks.close()
+        self._holds.close()
         # Hurried, the pool's threads that are connecting to a frozen server are left
         # to end on their own (daemons).
         self._pool.close(timeout=0.0 if self._hurry_left() is not None else _CLOSE)
@@ -464,7 +468,7 @@ class PostgresDatabase:
             try:
                 raw.execute(f"{begin}; {self.session_settings}" if self.pooled else begin)
                 if is_unhurried():
-                    raw.execute(_UNHURRIED)
+                    raw.execute(self._unhurried_sql)
             except psycopg.OperationalError as error:
                 ended = (raw.closed or raw.broken) and not isinstance(error, ServerSilent)
                 self._pool.putconn(raw)  # discarded if lost
@@ -604,6 +608,10 @@ class PostgresDatabase:
             return DurableError(msg)
         if isinstance(error, psycopg.OperationalError):
             return unavailable(error, self.url, self.location)
+        if error.sqlstate == _LAPSED:  # effectful_durable_held (schema.sql)
+            agent_id = error.diag.message_primary or ""
+            self._holds.lapsed(agent_id)
+            return HoldLapsedError(agent_id, error.diag.message_detail or "")
         if error.sqlstate == _MOVED:  # effectful_durable_advance (schema.sql)
             # The message is the agent's id; the detail "moved to version N during ..."
             version = (error.diag.message_detail or "").split()[3:4] or ["0"]
@@ -764,19 +772,30 @@ class PostgresDatabase:
         readable = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:40]
         return f"{readable}-{digest}"
 
-    # -- the agents' locks -------------------------------------------------------
+    # -- the agents' holds -------------------------------------------------------
 
     @contextmanager
     def agent_lock(
         self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
     ) -> Iterator[list[Any] | None]:
-        """Hold the agent against every other thread and process (an advisory lock);
-        the ``handoff`` row is written in the lock's round trip, on its connection."""
-        rows = self._locks.acquire(agent_id, wait=wait, handoff=handoff)
+        """Hold the agent against every other thread and process (a lease row:
+        ``holds.py``); the ``handoff`` row is written in the same statement."""
+        rows = self._holds.acquire(agent_id, wait=wait, handoff=handoff)
         try:
             yield rows
         finally:
-            self._locks.release(agent_id)
+            self._holds.release(agent_id)
+
+    def fence(self, conn: Conn, agent_id: str) -> None:
+        """Refuse this transaction's writes unless this Store's hold on ``agent_id``
+        is still its own (nothing to check if it holds none).
+
+        Raises:
+            HoldLapsedError: The hold lapsed, or another process took the agent.
+        """
+        hold = self._holds.token(agent_id)
+        if hold is not None:
+            conn.execute("SELECT effectful_durable_held(?, ?)", (agent_id, hold))
 
     def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
         """The turn's handoff row, unless (see engine/seam.py)."""
@@ -808,8 +827,9 @@ class PostgresDatabase:
         *,
         state_in: int | None = None,
     ) -> None:
-        """Move the agent's version, fenced: a function of the schema raises, so that
-        no answer needs reading before the commit (a batch stays one round trip).
+        """Move the agent's version, fenced by the agent's hold if this Store holds it,
+        and by the version: a function of the schema raises, so that no answer needs
+        reading before the commit (a batch stays one round trip).
 
         The commit gets an id of its own, kept in its versions' rows
         (``versions.commit_id``): if the connection breaks while committing, a
@@ -817,8 +837,8 @@ class PostgresDatabase:
         """
         commit_id = secrets.token_hex(8)
         conn.execute(
-            "SELECT effectful_durable_advance(?, ?, ?, ?, ?)",
-            (agent_id, base_version, version, time.time(), commit_id),
+            "SELECT effectful_durable_advance(?, ?, ?, ?, ?, ?)",
+            (agent_id, base_version, version, time.time(), commit_id, self._holds.token(agent_id)),
         )
         if isinstance(conn, PostgresConn):
             conn.fence = (agent_id, version, commit_id)
@@ -1045,19 +1065,6 @@ def _waited_at_commit(error: BaseException) -> bool:
     return isinstance(error, pg_errors.LockNotAvailable) and not error.diag.context
 
 
-def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
-    """Try the session advisory lock ``key`` once: whether it was taken."""
-    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-    return bool(row and row[0])
-
-
-def _unlock_quietly(conn: psycopg.Connection[Any], key: int) -> None:
-    """Let an advisory lock go after a failure; a lost connection let it go already."""
-    if not conn.broken:
-        with suppress(psycopg.Error):
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-
-
 _NUMBERED = re.compile(r"\?(\d+)")
 # The shared SQL reads rows through SQLite's checked_<table> views (sqlite/row_checks.py);
 # PostgreSQL checks its own pages, so here they are the tables themselves.
@@ -1115,201 +1122,3 @@ def _key(scope: str, name: str) -> int:
     """A signed 64-bit advisory-lock key for ``name`` in ``scope``."""
     digest = hashlib.blake2b(f"effectful-durable {scope}\0{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, signed=True)
-
-
-class _AdvisoryLocks:
-    """The agents a Store holds: session advisory locks on one connection of its own.
-
-    Within the process a table of held ids decides between threads (a session's
-    advisory locks are reentrant, so PostgreSQL alone would let two threads in).
-
-    Through a pooler in transaction mode, the server session under the connection
-    changes at each transaction's end, and a session's locks would stay behind
-    with it. So while it holds a lock, the connection keeps a transaction open
-    (the pooler keeps the session linked to it), and ends it once it holds none:
-    a process holds a server connection for its locks only while it runs a turn.
-    A process that dies closes its client connection, and the pooler then closes
-    the server session, which lets its locks go.
-    """
-
-    def __init__(self, db: PostgresDatabase) -> None:
-        self._db = db
-        self._conn: psycopg.Connection[Any] | None = None
-        self._held: dict[str, threading.Thread] = {}
-        self._mutex = threading.Lock()
-
-    def close(self) -> None:
-        with self._mutex:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-    def acquire(
-        self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
-    ) -> list[Any] | None:
-        """Take the agent's lock and write the ``handoff`` row: its rows (None without)."""
-        deadline = time.monotonic() + wait
-        pause = _POLL_SECONDS
-        while True:
-            with self._mutex:
-                holder = self._held.get(agent_id)
-                if holder is None:
-                    taken, rows = self._try(agent_id, handoff)
-                    if taken:
-                        self._held[agent_id] = threading.current_thread()
-                        return rows
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if holder is not None:
-                    raise AgentInUseError(agent_id, f"thread {holder.name!r} of this process")
-                raise AgentInUseError(agent_id, self._holder(agent_id))
-            time.sleep(min(pause, remaining))
-            pause = min(pause * 2, _MAX_POLL_SECONDS)
-
-    def release(self, agent_id: str) -> None:
-        with self._mutex:
-            del self._held[agent_id]
-            if self._conn is None:
-                return
-            try:
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (_key("agent", agent_id),))
-                self._unpin()
-            except psycopg.Error:
-                self._drop()  # the server dropped every lock of that session already
-
-    def _try(self, agent_id: str, handoff: Sequence[Any] | None) -> tuple[bool, list[Any] | None]:
-        """Try the advisory lock once, with the ``handoff`` row if given: whether it was
-        taken, and the row's rows. Reconnect once if the lock connection was lost.
-
-        With a handoff, one statement does both: the schema's ``effectful_durable_start``
-        writes nothing when another session holds the lock, and says so without an
-        error (nothing in the server's log, no failed statement on the connection).
-        """
-        key = _key("agent", agent_id)
-        for attempt in (1, 2):
-            conn = self._connection()
-            try:
-                if handoff is not None and not self._db.pooled:
-                    return self._start(conn, key, handoff)
-                taken = _try_lock(conn, key)
-                if not taken:
-                    self._unpin()
-                    return False, None
-                if handoff is None:
-                    return True, None
-                return True, self._start_pooled(conn, key, handoff)
-            except psycopg.OperationalError as e:
-                self._drop()
-                if attempt == 2 or isinstance(e, ServerSilent):
-                    raise unavailable(e, self._db.url, self._db.location) from e
-            except psycopg.Error as e:
-                if self._db.pooled:
-                    self._drop()  # its transaction failed: the locks went with the session
-                ours = self._db._translated(e)
-                if ours is e:
-                    raise
-                raise ours from e
-        return False, None  # not reached
-
-    def _start(
-        self, conn: psycopg.Connection[Any], key: int, handoff: Sequence[Any]
-    ) -> tuple[bool, list[Any] | None]:
-        """The lock and the handoff row (``effectful_durable_start``); the lock is let go
-        if the row's insert fails."""
-        try:
-            (base,) = conn.execute(
-                "SELECT effectful_durable_start(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (key, *handoff),
-            ).fetchall()[0]
-        except psycopg.Error:
-            _unlock_quietly(conn, key)
-            raise
-        if base == _HELD:
-            return False, None
-        return True, [] if base is None else [(base,)]
-
-    def _start_pooled(
-        self, conn: psycopg.Connection[Any], key: int, handoff: Sequence[Any]
-    ) -> list[Any]:
-        """The handoff row, in a transaction of the pool's, once the lock is taken on the
-        pinned session: the lock is let go if the row's insert fails."""
-        try:
-            with self._db.autocommit() as pooled:
-                return self._db.start(pooled, handoff)
-        except BaseException:
-            _unlock_quietly(conn, key)
-            self._unpin()
-            raise
-
-    def _unpin(self) -> None:
-        """Through a pooler, end the lock connection's transaction once it holds no lock."""
-        conn = self._conn
-        if conn is None or self._held or not self._db.pooled or conn.broken:
-            return
-        if conn.info.transaction_status == TransactionStatus.INTRANS:
-            conn.execute("COMMIT")
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        """The lock connection, checked; through a pooler, in its open transaction."""
-        if self._conn is not None:
-            try:
-                still_open(self._conn, pinned=self._db.pooled)  # a restart ended the session
-            except psycopg.OperationalError:
-                self._drop()
-        if self._conn is None:
-            self._conn = self._db.connect()
-            # The server dropped the locks of the lost session: take back the ones
-            # this process still holds (a turn in flight keeps its agent).
-            for held in self._held:
-                _try_lock(self._pinned(self._conn), _key("agent", held))
-        return self._pinned(self._conn)
-
-    def _pinned(self, conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-        """``conn``, in a transaction with no idle timeout if it reaches a pooler."""
-        if self._db.pooled and conn.info.transaction_status == TransactionStatus.IDLE:
-            conn.execute(_PINNED)
-        return conn
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
-
-    def _holder(self, agent_id: str) -> str:
-        """Who holds the agent's lock: the process and host its application_name names."""
-        key = _key("agent", agent_id)
-        try:
-            with self._db.reading() as conn:
-                row = conn.execute(
-                    """
-                    SELECT a.application_name, a.pid FROM pg_locks AS l
-                      JOIN pg_stat_activity AS a ON a.pid = l.pid
-                     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                       AND l.database = (SELECT oid FROM pg_database
-                                          WHERE datname = current_database())
-                       AND l.classid::bigint = ? AND l.objid::bigint = ?
-                    """,
-                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
-                ).fetchone()
-                handoff = conn.execute(
-                    """
-                    SELECT pid, host, template FROM handoffs
-                     WHERE agent_id = ? AND status = 'running' ORDER BY started_at DESC
-                    """,
-                    (agent_id,),
-                ).fetchone()
-        except DurableError:
-            return "another process"
-        if row is None:
-            return "another process"
-        name, backend = row
-        words = str(name or "").split()
-        if len(words) == 3 and words[0] == "effectful-durable":
-            host, pid = words[1], words[2]
-            running = ""
-            if handoff is not None and str(handoff[0]) == pid and handoff[1] == host:
-                running = f" (running {handoff[2]})"
-            return f"process {pid} on {host}{running}"
-        return f"another process (PostgreSQL backend {backend}, {name or 'no application_name'})"

@@ -54,7 +54,7 @@ def first_connection(
     opening: bool = True,
 ) -> DeadlineConnection:
     """Connect to ``url`` once, within ``timeout`` seconds (the pool's first
-    connection, or one of the Store's own: the agents' locks).
+    connection, or one of the Store's own: the holds' renewals).
 
     Args:
         url: The ``postgresql://`` URL, as given.
@@ -247,8 +247,8 @@ def unavailable(
 
 #: What a refusal for lack of connection slots advises (SQLSTATE 53300).
 CONNECTIONS_NEEDED = (
-    "Each process using a Store needs at least 2 connections (one pooled, one for "
-    "the agents' locks) and one more per concurrent turn, up to pool_size + 1. "
+    "Each process using a Store needs at least 2 connections (one pooled, one to "
+    "renew the agents' holds) and one more per concurrent turn, up to pool_size + 1. "
     "Raise the limit (ALTER ROLE "
     "... CONNECTION LIMIT, ALTER DATABASE ... CONNECTION LIMIT, or the server's "
     "max_connections), lower pool_size, or run fewer processes"

@@ -269,8 +269,167 @@ DROP TRIGGER runner_status_committed ON runner_status;
 DROP FUNCTION effectful_durable_committed();
 """
 
+# Schema 11 holds agents by lease rows renewed in the server's clock, not by
+# session advisory locks, which lived as long as the server believed a session
+# lived: about two hours for a host powered off or cut from the network (issue
+# 43). The turn's functions change with it; a process of an earlier version
+# calls the old ones and fails, rather than holding agents in a way the new ones
+# do not see. Runners' status rows gain the place of their pid (engine/process.py).
+_V11 = """
+ALTER TABLE runner_status ADD COLUMN place text;
+
+DROP FUNCTION effectful_durable_start(
+    bigint, text, text, text, text, text, bigint, double precision, text);
+DROP FUNCTION effectful_durable_advance(text, bigint, bigint, double precision, text);
+
+-- Who holds each agent, one row per agent ever held: the hold's own token (NULL
+-- once let go), who holds it (host and pid, and the place where that pid names a
+-- process: the kernel's boot and PID namespace, engine/process.py), when it was
+-- taken and last renewed, and for how long a renewal holds, all in the server's
+-- clock. A hold is its holder's while renewed within ttl seconds, counted from
+-- the server's start when that is later (nobody could renew while the server was
+-- down); once it lapses anyone may take it, and a commit that names it is
+-- refused. Nothing here lives in a server session: a holder whose host was
+-- powered off or cut from the network loses its agents ttl seconds after its
+-- last renewal, however long the server believes its session lives. Taking and
+-- letting go update the row in place (no index changes: heap-only updates, room
+-- for which the fillfactor keeps). See engine/postgres/holds.py.
+CREATE TABLE agent_holds (
+    agent_id   text COLLATE "C" PRIMARY KEY,
+    token      text COLLATE "C",
+    host       text NOT NULL,
+    pid        bigint NOT NULL,
+    place      text,
+    taken_at   double precision NOT NULL,
+    renewed_at double precision NOT NULL,
+    ttl        double precision NOT NULL CHECK (ttl > 0)
+) WITH (fillfactor = 70);
+
+CREATE FUNCTION effectful_durable_lapsed(renewed double precision, lease double precision)
+RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(renewed, extract(epoch FROM pg_postmaster_start_time())) + lease
+           < extract(epoch FROM clock_timestamp())
+$$;
+
+-- Functions that save a turn round trips to the server. A turn starts with
+-- effectful_durable_take: the agent's hold (a row let go or new, or one that is
+-- this hold's own, lapsed, or among ours: holds of this process that may be left
+-- in the table, or of a holder found gone) and,
+-- if it was taken and with_handoff, the turn's handoff row (engine/seam.py's
+-- HANDOFF_INSERT: none when an earlier handoff or a suspended turn is there), in
+-- one statement that raises nothing when the agent is held (no error for the
+-- server's log). Its values: whether the hold was taken; the version the turn
+-- starts from, or NULL when no row was written; else who holds the agent.
+CREATE FUNCTION effectful_durable_take(
+    agent text, hold text, holder_host text, holder_pid bigint, holder_place text,
+    lease double precision, ours text[], with_handoff boolean,
+    conv text, tmpl text, args text, started double precision, note text,
+    OUT taken boolean, OUT base bigint, OUT held_by text, OUT held_host text,
+    OUT held_pid bigint, OUT held_place text
+) LANGUAGE plpgsql AS $$
+DECLARE
+    clock double precision := extract(epoch FROM clock_timestamp());
+BEGIN
+    INSERT INTO agent_holds AS h (agent_id, token, host, pid, place, taken_at, renewed_at, ttl)
+    VALUES (agent, hold, holder_host, holder_pid, holder_place, clock, clock, lease)
+    ON CONFLICT (agent_id) DO UPDATE SET token = excluded.token, host = excluded.host,
+        pid = excluded.pid, place = excluded.place, taken_at = excluded.taken_at,
+        renewed_at = excluded.renewed_at, ttl = excluded.ttl
+     WHERE h.token IS NULL OR h.token = hold OR h.token = ANY(ours)
+        OR effectful_durable_lapsed(h.renewed_at, h.ttl);
+    taken := FOUND;
+    IF NOT taken THEN
+        SELECT h.token, h.host, h.pid, h.place INTO held_by, held_host, held_pid, held_place
+          FROM agent_holds AS h WHERE h.agent_id = agent;
+        RETURN;
+    END IF;
+    IF with_handoff THEN
+        INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+            status, interrupted, host, pid, started_at)
+        SELECT agent, conv,
+            coalesce((SELECT a.version FROM agents AS a WHERE a.agent_id = agent), 0),
+            tmpl, args, 'running', note, holder_host, holder_pid, started
+         WHERE NOT EXISTS (SELECT 1 FROM approvals AS p
+                            WHERE p.agent_id = agent AND p.conversation = conv
+                              AND p.ended_in IS NULL)
+        ON CONFLICT (agent_id, conversation) DO NOTHING
+        RETURNING handoffs.base_version INTO base;
+    END IF;
+END
+$$;
+
+-- The fence of every write made under a hold: it raises (SQLSTATE EDLPS, the
+-- agent's id as message, what happened as detail) unless the agent's hold is
+-- still the token's and has not lapsed, and keeps the row from being taken until
+-- the transaction ends (FOR KEY SHARE: a taker's upsert waits; the holder's own
+-- renewal does not).
+CREATE FUNCTION effectful_durable_held(agent text, hold text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- No % here (no %ROWTYPE): the Store's connection doubles every % it sends.
+    holder text;
+    holder_host text;
+    holder_pid bigint;
+    taken double precision;
+    renewed double precision;
+    lease double precision;
+    clock double precision := extract(epoch FROM clock_timestamp());
+BEGIN
+    SELECT h.token, h.host, h.pid, h.taken_at, h.renewed_at, h.ttl
+      INTO holder, holder_host, holder_pid, taken, renewed, lease
+      FROM agent_holds AS h WHERE h.agent_id = agent FOR KEY SHARE;
+    IF NOT FOUND OR holder IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'no process holds it now: it was taken and let go since';
+    ELSIF holder <> hold THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'process ' || holder_pid || ' on ' || holder_host || ' took it '
+                || round((clock - taken)::numeric, 1) || ' s ago';
+    ELSIF effectful_durable_lapsed(renewed, lease) THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'it was last renewed ' || round((clock - renewed)::numeric, 1)
+                || ' s ago, and a hold lapses ' || lease || ' s after its last renewal';
+    END IF;
+END
+$$;
+
+-- A turn's commit sends its statements with BEGIN and COMMIT in one pipeline:
+-- effectful_durable_advance's error, when the turn's hold is no longer its own
+-- (EDLPS, above) or another writer moved the agent (EDMVD), makes the server skip
+-- the rest; it also names the commit (effectful_durable.commit, kept in
+-- versions.commit_id), so that a commit whose answer was lost can be looked up.
+-- A write made without a hold (hold NULL) is fenced by the version alone. See
+-- engine/postgres/database.py.
+CREATE FUNCTION effectful_durable_advance(
+    agent text, base bigint, new_version bigint, now double precision, commit text, hold text
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    found_version bigint;
+BEGIN
+    IF hold IS NOT NULL THEN
+        PERFORM effectful_durable_held(agent, hold);
+    END IF;
+    IF base = 0 THEN
+        INSERT INTO agents (agent_id, version, created_at, updated_at)
+        VALUES (agent, new_version, now, now) ON CONFLICT (agent_id) DO NOTHING;
+    ELSE
+        UPDATE agents SET version = new_version, updated_at = now
+         WHERE agent_id = agent AND version = base;
+    END IF;
+    IF NOT FOUND THEN
+        SELECT a.version INTO found_version FROM agents AS a WHERE a.agent_id = agent;
+        RAISE EXCEPTION USING ERRCODE = 'EDMVD', MESSAGE = agent,
+            DETAIL = 'moved to version ' || coalesce(found_version, 0) || ' during this turn';
+    END IF;
+    PERFORM set_config('effectful_durable.commit', commit, true);
+END
+$$;
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
-MIGRATIONS: dict[int, str] = {3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10}
+MIGRATIONS: dict[int, str] = {
+    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11
+}  # fmt: skip
 
 #: The schema version this library writes on PostgreSQL.
 SCHEMA_VERSION = FIRST_VERSION + len(MIGRATIONS)

@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 10.
+-- effectful-durable database schema on PostgreSQL, version 11.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -220,7 +220,8 @@ CREATE TABLE runner_status (
     state       text NOT NULL CHECK (state IN ('running', 'stopped')),
     started_at  double precision NOT NULL,
     reported_at double precision NOT NULL,
-    report      text NOT NULL
+    report      text NOT NULL,
+    place       text
 );
 
 -- == Events, resumptions and approvals (schema 5), as in schema.sql ==
@@ -253,46 +254,135 @@ CREATE TABLE approvals (
 CREATE INDEX approvals_open ON approvals (agent_id, conversation) WHERE ended_in IS NULL;
 CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
 
--- Functions that save a turn round trips to the server (issue 25). A turn
--- starts with effectful_durable_start: the agent's advisory lock and, if it was
--- taken, the turn's handoff row (engine/seam.py's HANDOFF_INSERT: none when an
--- earlier handoff or a suspended turn is there), in one statement. Its value: -1
--- when another session holds the lock (nothing written, and no error for the
--- server's log), NULL when the lock was taken but no row written, else the
--- version the turn starts from. A turn's commit sends its statements with BEGIN
--- and COMMIT in one pipeline: effectful_durable_advance's error, when another
--- writer moved the agent, makes the server skip the rest; it also names the
--- commit (effectful_durable.commit, kept in versions.commit_id), so that a commit
--- whose answer was lost can be looked up. See engine/postgres/database.py.
-CREATE FUNCTION effectful_durable_start(
-    lock_key bigint, agent text, conv text, tmpl text, args text,
-    host_name text, process bigint, started double precision, note text
-) RETURNS bigint LANGUAGE plpgsql AS $$
+-- == Agents held by lease rows (schema 11) ==
+
+-- Who holds each agent, one row per agent ever held: the hold's own token (NULL
+-- once let go), who holds it (host and pid, and the place where that pid names a
+-- process: the kernel's boot and PID namespace, engine/process.py), when it was
+-- taken and last renewed, and for how long a renewal holds, all in the server's
+-- clock. A hold is its holder's while renewed within ttl seconds, counted from
+-- the server's start when that is later (nobody could renew while the server was
+-- down); once it lapses anyone may take it, and a commit that names it is
+-- refused. Nothing here lives in a server session: a holder whose host was
+-- powered off or cut from the network loses its agents ttl seconds after its
+-- last renewal, however long the server believes its session lives. Taking and
+-- letting go update the row in place (no index changes: heap-only updates, room
+-- for which the fillfactor keeps). See engine/postgres/holds.py.
+CREATE TABLE agent_holds (
+    agent_id   text COLLATE "C" PRIMARY KEY,
+    token      text COLLATE "C",
+    host       text NOT NULL,
+    pid        bigint NOT NULL,
+    place      text,
+    taken_at   double precision NOT NULL,
+    renewed_at double precision NOT NULL,
+    ttl        double precision NOT NULL CHECK (ttl > 0)
+) WITH (fillfactor = 70);
+
+CREATE FUNCTION effectful_durable_lapsed(renewed double precision, lease double precision)
+RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(renewed, extract(epoch FROM pg_postmaster_start_time())) + lease
+           < extract(epoch FROM clock_timestamp())
+$$;
+
+-- Functions that save a turn round trips to the server. A turn starts with
+-- effectful_durable_take: the agent's hold (a row let go or new, or one that is
+-- this hold's own, lapsed, or among ours: holds of this process that may be left
+-- in the table, or of a holder found gone) and,
+-- if it was taken and with_handoff, the turn's handoff row (engine/seam.py's
+-- HANDOFF_INSERT: none when an earlier handoff or a suspended turn is there), in
+-- one statement that raises nothing when the agent is held (no error for the
+-- server's log). Its values: whether the hold was taken; the version the turn
+-- starts from, or NULL when no row was written; else who holds the agent.
+CREATE FUNCTION effectful_durable_take(
+    agent text, hold text, holder_host text, holder_pid bigint, holder_place text,
+    lease double precision, ours text[], with_handoff boolean,
+    conv text, tmpl text, args text, started double precision, note text,
+    OUT taken boolean, OUT base bigint, OUT held_by text, OUT held_host text,
+    OUT held_pid bigint, OUT held_place text
+) LANGUAGE plpgsql AS $$
 DECLARE
-    base bigint;
+    clock double precision := extract(epoch FROM clock_timestamp());
 BEGIN
-    IF NOT pg_try_advisory_lock(lock_key) THEN
-        RETURN -1;
+    INSERT INTO agent_holds AS h (agent_id, token, host, pid, place, taken_at, renewed_at, ttl)
+    VALUES (agent, hold, holder_host, holder_pid, holder_place, clock, clock, lease)
+    ON CONFLICT (agent_id) DO UPDATE SET token = excluded.token, host = excluded.host,
+        pid = excluded.pid, place = excluded.place, taken_at = excluded.taken_at,
+        renewed_at = excluded.renewed_at, ttl = excluded.ttl
+     WHERE h.token IS NULL OR h.token = hold OR h.token = ANY(ours)
+        OR effectful_durable_lapsed(h.renewed_at, h.ttl);
+    taken := FOUND;
+    IF NOT taken THEN
+        SELECT h.token, h.host, h.pid, h.place INTO held_by, held_host, held_pid, held_place
+          FROM agent_holds AS h WHERE h.agent_id = agent;
+        RETURN;
     END IF;
-    INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
-        status, interrupted, host, pid, started_at)
-    SELECT agent, conv, coalesce((SELECT a.version FROM agents AS a WHERE a.agent_id = agent), 0),
-        tmpl, args, 'running', note, host_name, process, started
-     WHERE NOT EXISTS (SELECT 1 FROM approvals AS p
-                        WHERE p.agent_id = agent AND p.conversation = conv
-                          AND p.ended_in IS NULL)
-    ON CONFLICT (agent_id, conversation) DO NOTHING
-    RETURNING handoffs.base_version INTO base;
-    RETURN base;
+    IF with_handoff THEN
+        INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+            status, interrupted, host, pid, started_at)
+        SELECT agent, conv,
+            coalesce((SELECT a.version FROM agents AS a WHERE a.agent_id = agent), 0),
+            tmpl, args, 'running', note, holder_host, holder_pid, started
+         WHERE NOT EXISTS (SELECT 1 FROM approvals AS p
+                            WHERE p.agent_id = agent AND p.conversation = conv
+                              AND p.ended_in IS NULL)
+        ON CONFLICT (agent_id, conversation) DO NOTHING
+        RETURNING handoffs.base_version INTO base;
+    END IF;
 END
 $$;
 
+-- The fence of every write made under a hold: it raises (SQLSTATE EDLPS, the
+-- agent's id as message, what happened as detail) unless the agent's hold is
+-- still the token's and has not lapsed, and keeps the row from being taken until
+-- the transaction ends (FOR KEY SHARE: a taker's upsert waits; the holder's own
+-- renewal does not).
+CREATE FUNCTION effectful_durable_held(agent text, hold text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- No % here (no %ROWTYPE): the Store's connection doubles every % it sends.
+    holder text;
+    holder_host text;
+    holder_pid bigint;
+    taken double precision;
+    renewed double precision;
+    lease double precision;
+    clock double precision := extract(epoch FROM clock_timestamp());
+BEGIN
+    SELECT h.token, h.host, h.pid, h.taken_at, h.renewed_at, h.ttl
+      INTO holder, holder_host, holder_pid, taken, renewed, lease
+      FROM agent_holds AS h WHERE h.agent_id = agent FOR KEY SHARE;
+    IF NOT FOUND OR holder IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'no process holds it now: it was taken and let go since';
+    ELSIF holder <> hold THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'process ' || holder_pid || ' on ' || holder_host || ' took it '
+                || round((clock - taken)::numeric, 1) || ' s ago';
+    ELSIF effectful_durable_lapsed(renewed, lease) THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'it was last renewed ' || round((clock - renewed)::numeric, 1)
+                || ' s ago, and a hold lapses ' || lease || ' s after its last renewal';
+    END IF;
+END
+$$;
+
+-- A turn's commit sends its statements with BEGIN and COMMIT in one pipeline:
+-- effectful_durable_advance's error, when the turn's hold is no longer its own
+-- (EDLPS, above) or another writer moved the agent (EDMVD), makes the server skip
+-- the rest; it also names the commit (effectful_durable.commit, kept in
+-- versions.commit_id), so that a commit whose answer was lost can be looked up.
+-- A write made without a hold (hold NULL) is fenced by the version alone. See
+-- engine/postgres/database.py.
 CREATE FUNCTION effectful_durable_advance(
-    agent text, base bigint, new_version bigint, now double precision, commit text
+    agent text, base bigint, new_version bigint, now double precision, commit text, hold text
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     found_version bigint;
 BEGIN
+    IF hold IS NOT NULL THEN
+        PERFORM effectful_durable_held(agent, hold);
+    END IF;
     IF base = 0 THEN
         INSERT INTO agents (agent_id, version, created_at, updated_at)
         VALUES (agent, new_version, now, now) ON CONFLICT (agent_id) DO NOTHING;
@@ -308,4 +398,3 @@ BEGIN
     PERFORM set_config('effectful_durable.commit', commit, true);
 END
 $$;
-

@@ -184,6 +184,9 @@ class SQLiteDatabase:
         the turn's ``handoff`` row (the statement's rows are the block's value)."""
         return _Held(self, agent_id, wait, handoff)
 
+    def fence(self, conn: Conn, agent_id: str) -> None:
+        """Nothing to check: a file's record lock lasts as long as the process holding it."""
+
     def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
         """Write the turn's handoff row, with its checksum, unless (see engine/seam.py).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _V1 = """
 CREATE TABLE agents (
@@ -464,6 +464,34 @@ DROP TABLE agents;
 ALTER TABLE agents_v6 RENAME TO agents;
 """
 
+# Schema 7 gives each runner's status row the place of its pid (the kernel's boot
+# and PID namespace: engine/process.py), so that a runner judges another's process
+# gone only where that pid names the same process. The table is rebuilt (place
+# comes before crc), each row's crc carrying its old discrepancy over; the rows
+# kept have no place, and are judged by their heartbeats alone.
+_RUNNER_COLUMNS = _V3_COLUMNS["runner_status"]
+_V7 = f"""
+CREATE TABLE runner_status_v7 (
+    runner_id   TEXT PRIMARY KEY NOT NULL,
+    host        TEXT NOT NULL,
+    pid         INTEGER NOT NULL,
+    place       TEXT,
+    state       TEXT NOT NULL CHECK (state IN ('running', 'stopped')),
+    started_at  REAL NOT NULL,
+    reported_at REAL NOT NULL,
+    report      TEXT NOT NULL,
+    crc         INTEGER
+) STRICT;
+INSERT INTO runner_status_v7 (runner_id, host, pid, place, state, started_at, reported_at,
+                              report, crc)
+SELECT runner_id, host, pid, NULL, state, started_at, reported_at, report,
+       updated_crc('runner_status', 7, crc, {_RUNNER_COLUMNS},
+                   runner_id, host, pid, NULL, state, started_at, reported_at, report)
+  FROM runner_status;
+DROP TABLE runner_status;
+ALTER TABLE runner_status_v7 RENAME TO runner_status;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
@@ -471,6 +499,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V4,
     _V5,
     _V6,
+    _V7,
 )
 
 

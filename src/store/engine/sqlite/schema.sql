@@ -1,4 +1,4 @@
--- effectful-durable database schema, version 6.
+-- effectful-durable database schema, version 7.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
@@ -330,6 +330,7 @@ CREATE TABLE runner_status (
     runner_id   TEXT PRIMARY KEY NOT NULL,
     host        TEXT NOT NULL,
     pid         INTEGER NOT NULL,
+    place       TEXT,
     state       TEXT NOT NULL CHECK (state IN ('running', 'stopped')),
     started_at  REAL NOT NULL,
     reported_at REAL NOT NULL,
