@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from helpers import NewDatabases
+    from netns import Network
     from pgbouncer_server import PgBouncer
     from postgres_server import PostgresServer
 
@@ -82,6 +83,45 @@ def pooled_url(pgbouncer: "PgBouncer", postgres_url: str) -> str:
     """The URL, through the session's PgBouncer, of the test's new database
     (``postgres_url``, the same database reached directly)."""
     return pgbouncer.pooled(postgres_url)
+
+
+# -- a network the tests can cut (tests/netns.py), and servers listening on it ------
+
+
+@pytest.fixture(scope="module")
+def net() -> "Iterator[Network]":
+    """A network of the tests' own in 198.18.0.0/15, for the module: its hosts are
+    network namespaces that a test cuts off and heals. Skipped where namespaces
+    cannot be made (a failure where CI requires PostgreSQL)."""
+    from netns import namespaces, network
+
+    namespaces()
+    with network() as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def listening_server(net: "Network") -> "Iterator[PostgresServer]":
+    """A PostgreSQL cluster of the module's own, listening on ``net``'s server address
+    (for its hosts) and on its Unix socket (for the tests' own clients)."""
+    from postgres_server import PostgresServer, running
+
+    class Listening(PostgresServer):
+        def __init__(self, bindir: str) -> None:
+            super().__init__(bindir, listen=str(net.server))
+
+    with running(Listening) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def listening_bouncer(net: "Network", listening_server: "PostgresServer") -> "Iterator[PgBouncer]":
+    """PgBouncer in transaction mode in front of ``listening_server``, listening on
+    ``net``'s server address, port 6432."""
+    from pgbouncer_server import running
+
+    with running(listening_server, {"listen_addr": str(net.server)}) as pooler:
+        yield pooler
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

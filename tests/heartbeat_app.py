@@ -2,7 +2,7 @@
 
 ``--agents heartbeat_app:make_agent --handlers heartbeat_app:make_handlers`` plug
 it into ``effectful-durable run``. Each event turn's model call appends a line
-``<host> <pid> <payload>`` to the file ``HEARTBEAT_APP_STARTS`` names (so that a
+``<host> <pid> <time> <payload>`` to the file ``HEARTBEAT_APP_STARTS`` names (so that a
 test counts how often, and where, a turn began), then sleeps before answering:
 the payload's ``"seconds"`` if it has them, else ``HEARTBEAT_APP_SECONDS``.
 """
@@ -42,7 +42,7 @@ def answer(call: FakeCall) -> str:
     with contextlib.suppress(ValueError, TypeError, KeyError):
         seconds = float(json.loads(payload)["seconds"])
     if STARTS:
-        line = f"{socket.gethostname()} {os.getpid()} {payload}\n"
+        line = f"{socket.gethostname()} {os.getpid()} {time.time():.3f} {payload}\n"
         descriptor = os.open(STARTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(descriptor, line.encode())

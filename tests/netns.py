@@ -14,9 +14,8 @@ clients use: only the hosts' traffic crosses the network.
 A process runs "on" a host with ``ip netns exec`` (:meth:`Host.command`), and as
 a container would, under a host name and in a PID namespace of its own, with
 :func:`container` (``unshare -u -p -f -m --mount-proc``). Making namespaces takes
-root: where it is refused, :func:`network` and :func:`namespaces` skip the tests,
-saying so in one line (fail them where ``EFFECTFUL_DURABLE_REQUIRE_POSTGRES`` is
-set, as CI does).
+root: where it is refused, :func:`namespaces` skips a test, saying so in one line
+(fails it where ``EFFECTFUL_DURABLE_REQUIRE_POSTGRES`` is set, as CI does).
 """
 
 from __future__ import annotations
@@ -211,8 +210,7 @@ def namespaces() -> None:
 
 @contextmanager
 def network() -> Iterator[Network]:
-    """A new Network, removed after the block (skipped where namespaces are refused)."""
-    namespaces()
+    """A new Network, removed after the block."""
     made = Network()
     try:
         yield made

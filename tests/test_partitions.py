@@ -32,140 +32,36 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import StderrLines
-from netns import Network, container, namespaces, network, terminate
-from pgbouncer_server import PgBouncer
-from pgbouncer_server import running as bouncer_running
+from netns import Network, container, namespaces
+from partitions import TESTS, Runner, delivered, environment, starts_of, wait_until, write_config
 from postgres_server import PostgresServer
-from postgres_server import running as server_running
 
 from effectful_durable import AgentInUseError, Store
 from effectful_durable.testing import FakeLLM
 from tests.helpers import Assistant, persisted
 
-TESTS = Path(__file__).parent
 FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
-START_TIMEOUT = 120.0
 AGENT_FREE_WITHIN = 30.0  # seconds from a cut (DESIGN.md, 11)
 DELIVERED_WITHIN = 45.0  # seconds from a runner's cut to its event's delivery elsewhere
 
 
-# -- the network and its servers ---------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def net() -> Iterator[Network]:
-    with network() as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def server(net: Network) -> Iterator[PostgresServer]:
-    """A cluster listening on the network's server address (and its Unix socket)."""
-
-    class Listening(PostgresServer):
-        def __init__(self, bindir: str) -> None:
-            super().__init__(bindir, listen=str(net.server))
-
-    with server_running(Listening) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def bouncer(net: Network, server: PostgresServer) -> Iterator[PgBouncer]:
-    """PgBouncer in transaction mode on the network's server address."""
-    with bouncer_running(server, {"listen_addr": str(net.server)}) as pooler:
-        yield pooler
-
-
 @pytest.fixture(params=["direct", "pgbouncer"])
 def urls(
-    request: pytest.FixtureRequest, net: Network, server: PostgresServer
+    request: pytest.FixtureRequest, net: Network, listening_server: PostgresServer
 ) -> Iterator[tuple[str, str]]:
     """A new database: the URL the hosts reach it by over the network (directly, or
     through PgBouncer), and the URL this process reads it by (the Unix socket)."""
     if request.param == "pgbouncer" and not FULL:
         pytest.skip("through PgBouncer with EFFECTFUL_DURABLE_CRASH=full (make crash)")
-    here = server.new_database()
+    here = listening_server.new_database()
     name = here.rsplit("/", 1)[1]
     port = 6432 if request.param == "pgbouncer" else 5432
     if request.param == "pgbouncer":
-        request.getfixturevalue("bouncer")
+        request.getfixturevalue("listening_bouncer")
     try:
         yield f"postgresql://postgres@{net.server}:{port}/{name}", here
     finally:
-        server.drop_database(here)
-
-
-# -- processes on the hosts ----------------------------------------------------------
-
-
-def environment(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-        **extra,
-    }
-
-
-class Runner(StderrLines):
-    """``effectful-durable run`` of heartbeat_app, given a command prefix (a host's),
-    whose turns take ``seconds`` unless their payload says otherwise."""
-
-    patience = 90.0
-
-    def __init__(
-        self, prefix: list[str], url: str, config: Path, starts: Path, *, seconds: float = 0
-    ) -> None:
-        command = [
-            *prefix,
-            sys.executable, "-m", "effectful_durable", "run", url,
-            "--agents", "heartbeat_app:make_agent",
-            "--handlers", "heartbeat_app:make_handlers",
-            "--config", str(config),
-        ]  # fmt: skip
-        env = environment(HEARTBEAT_APP_STARTS=str(starts), HEARTBEAT_APP_SECONDS=str(seconds))
-        super().__init__(subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env))
-        self.expect("started", timeout=START_TIMEOUT)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            terminate(self.proc)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
-def write_config(path: Path, **runner: float | int) -> Path:
-    lines = ["[runner]", "poll_interval = 0.1", *(f"{k} = {v}" for k, v in runner.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def starts_of(starts: Path) -> list[tuple[str, int, dict[str, object]]]:
-    """Where each event turn began: (host, pid, payload), in order."""
-    if not starts.exists():
-        return []
-    found = []
-    for line in starts.read_text().splitlines():
-        host, pid, payload = line.split(" ", 2)
-        found.append((host, int(pid), json.loads(payload)))
-    return found
-
-
-def wait_until(condition, timeout: float, what: str, poll: float = 0.1) -> float:  # type: ignore[no-untyped-def]
-    """Wait for ``condition()``; the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what} within {timeout:g} s"
-        time.sleep(poll)
-    return time.monotonic() - started
-
-
-def delivered(store: Store, agent_id: str) -> bool:
-    return all(event.status == "done" for event in store.events(agent_id, include_delivered=True))
+        listening_server.drop_database(here)
 
 
 # -- the tests -------------------------------------------------------------------------
@@ -213,7 +109,7 @@ class TestRunnerCutOff:
         assert took <= DELIVERED_WITHIN, (took, near.text(), far.text())
         assert "hold on the agent lapsed" in line or "database failed" in line, line
         assert versions == [1]  # the cut-off turn never committed
-        pids = [pid for _, pid, _ in starts_of(starts)]
+        pids = [start.pid for start in starts_of(starts)]
         assert pids == [far.proc.pid, near.proc.pid, far.proc.pid], (pids, far.text())
         assert "is dead" in near.text() and "took back 1 claim" in near.text(), near.text()
         assert "Traceback" not in far.text() + near.text()
@@ -275,14 +171,14 @@ class TestWorkerCutOff:
 @pytest.mark.slow
 class TestOneHostName:
     def test_two_runners_in_two_pid_namespaces_never_take_each_others_claims(
-        self, server: PostgresServer, tmp_path: Path
+        self, postgres_server: PostgresServer, tmp_path: Path
     ) -> None:
         """Two runners under the host name "twin", each in a PID namespace of its own
         with another pid, deliver events whose turns take 8 s: each event costs one
         model call; neither runner finds the other dead."""
         namespaces()
         events = 50 if FULL else 8
-        here = server.new_database()
+        here = postgres_server.new_database()
         config = write_config(tmp_path / "runner.toml", concurrency=4 if FULL else 2)
         starts = tmp_path / "starts.txt"
         runners = [
@@ -302,11 +198,11 @@ class TestOneHostName:
         finally:
             for runner in runners:
                 runner.stop()
-            server.drop_database(here)
+            postgres_server.drop_database(here)
         found = starts_of(starts)
         logs = "\n".join(runner.text() for runner in runners)
-        assert {host for host, _, _ in found} == {"twin"}
-        assert len({pid for _, pid, _ in found}) == 2, found  # both delivered, as two pids
+        assert {start.host for start in found} == {"twin"}
+        assert len({start.pid for start in found}) == 2, found  # both delivered, as two pids
         assert len(found) == events, (found, logs)  # one model call each
         assert set(versions.values()) == {1}, versions
         assert "is dead" not in logs and "lease lost" not in logs, logs

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from pgbouncer_server import running as pgbouncer_running
+from postgres_server import PostgresServer
 
 from effectful_durable import AgentInUseError, HoldLapsedError, Store
 from effectful_durable.store.engine import process
@@ -100,6 +102,45 @@ class TestRenewals:
                 "bot", base_version=start.version, template="t", change=added(0), state=None
             )
         assert len(holder.history("bot")) == 1
+
+
+class TestSessionsEnded:
+    """Nothing of a hold lives in a server session: timeouts that end sessions or
+    transactions end no hold (the advisory locks of before were lost with them)."""
+
+    def hold_through(self, holder: Store, other: Store, seconds: float) -> None:
+        """Hold "bot" in a turn for ``seconds``, ``other`` refused all along; commit."""
+        with holder.locked_turn("bot", template="t", arguments={}) as start:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                with pytest.raises(AgentInUseError):
+                    with other.agent_lock("bot"):
+                        pass
+                time.sleep(0.25)
+            holder.commit_turn(
+                "bot", base_version=start.version, template="t", change=added(0), state=None
+            )
+        assert [v.template for v in other.versions("bot")] == ["t"]
+
+    def test_the_servers_idle_session_timeout(self, postgres_url: str) -> None:
+        """A database whose idle_session_timeout (200 ms) ends every connection idle
+        between two statements: a turn three leases long keeps its agent, and commits."""
+        name = postgres_url.rsplit("/", 1)[1]
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE \"{name}\" SET idle_session_timeout = '200ms'")
+        with Store(postgres_url) as holder, Store(postgres_url) as other:
+            self.hold_through(holder, other, 3 * LEASE)
+
+    def test_pgbouncers_idle_transaction_timeout(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """Behind a PgBouncer whose idle_transaction_timeout is 1 s: a turn three
+        leases long keeps its agent, and commits (no transaction stays open in it)."""
+        with pgbouncer_running(postgres_server, {"idle_transaction_timeout": 1}) as pooler:
+            url = pooler.pooled(postgres_url)
+            with Store(url) as holder, Store(url) as other:
+                assert holder._db.pooled  # type: ignore[attr-defined]
+                self.hold_through(holder, other, 3 * LEASE)
 
 
 class TestLapse:

@@ -396,11 +396,12 @@ class AgentHolds:
             if not self._failing:
                 names = ", ".join(repr(h.agent_id) for h in holds[:5]) or "none"
                 log.warning(
-                    "could not renew this process's hold on %d agent(s) (%s): %s; a hold "
-                    "lapses %g s after its last renewal, and its turn cannot commit then",
+                    "could not renew this process's hold on %d agent(s) (%s) in %s: %s. A "
+                    "hold lapses %g s after its last renewal; its turn cannot commit then",
                     len(holds),
                     names,
-                    error,
+                    self._db.location,
+                    getattr(error, "reason", error),
                     TTL,
                 )
             self._failing = True
