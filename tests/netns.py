@@ -163,8 +163,9 @@ def container(hostname: str, *, skip_pids: int = 0) -> list[str]:
     SIGTERM on: :func:`terminate`), and ``skip_pids`` short processes go before it,
     so that two containers' commands get different pids."""
     first = f"for i in $(seq {skip_pids}); do /bin/true; done; " if skip_pids else ""
+    # A command in the background would read /dev/null: it gets the shell's stdin.
     script = (
-        f'hostname {hostname} && {first}"$@" & child=$!; '
+        f'hostname {hostname} && {first}exec 3<&0; "$@" <&3 3<&- & child=$!; '
         "trap 'kill -TERM $child' TERM; wait $child; wait $child"
     )
     return [
@@ -185,6 +186,25 @@ def terminate(proc: subprocess.Popen[str]) -> None:
         target = int(inner[0])
     with contextlib.suppress(ProcessLookupError):
         os.kill(target, signal.SIGTERM)
+
+
+def host_pid(ancestor: int, inner: int) -> int:
+    """The pid, as this process sees it, of the descendant of ``ancestor`` whose pid is
+    ``inner`` in its own PID namespace (a container's process names itself so)."""
+    pending = [ancestor]
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    pids = line.split()[1:] if line.startswith("NSpid:") else []
+                    if len(pids) > 1 and int(pids[-1]) == inner:
+                        return pid
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as children:
+                    pending += [int(child) for child in children.read().split()]
+    msg = f"no process {inner} in a PID namespace below process {ancestor}"
+    raise LookupError(msg)
 
 
 def unavailable() -> str | None:

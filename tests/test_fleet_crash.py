@@ -3,8 +3,9 @@
 
 Three runner hosts (``tests/fleet_app.py``: each imports once and forks
 ``effectful-durable run ... --concurrency 4`` again after every kill): one here,
-two in UTS namespaces of their own (``unshare -u``) under other host names, so
-that only heartbeats tell whether their runners live. Agents get one-shot alarms
+two in containers of their own (``netns.container``: a host name and a PID
+namespace of their own) under other host names, so that only heartbeats tell
+whether their runners live. Agents get one-shot alarms
 (``Store.schedule_alarm``) and events (``Store.send_event``, sent when due),
 mixed, due over a span of time; meanwhile a random runner is SIGKILLed (its
 process group) every few seconds and started again: at once, or, for a runner
@@ -24,7 +25,6 @@ over a minute, 20 kills every 5 to 10 s.
 import json
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 from helpers import alive
+from netns import container, host_pid, namespaces
 
 from effectful_durable import Store
 from effectful_durable.store.alarm_queue import DEAD_AFTER
@@ -53,13 +54,6 @@ LEAD = 5.0  # seconds from scheduling to the first due time
 DRAIN = 300.0 if FULL else 120.0  # seconds the runners have to finish, after the last kill
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    done = subprocess.run(["unshare", "-u", "true"], capture_output=True, check=False)
-    return done.returncode == 0
-
-
 @dataclass
 class Item:
     """An alarm or an event of the plan: its agent, its note, when it is due."""
@@ -75,16 +69,15 @@ class Host:
 
     def __init__(self, name: str | None, url: str, config: Path, log: Path) -> None:
         self.name = name or os.uname().nodename
+        self.elsewhere = name is not None
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
             "FLEET_APP_SECONDS": str(MODEL_SECONDS),
         }
         command = [sys.executable, str(HOST_APP), url, str(config)]
-        if name is not None:  # exec keeps the pid, and the host name for its runners
-            command = ["unshare", "-u", "sh", "-c", f'hostname {name} && exec "$@"', "sh"] + (
-                command
-            )
+        if name is not None:  # another host name, and PID namespace: another machine
+            command = [*container(name), *command]
         self.log = log
         with log.open("ab") as stderr:
             self.proc = subprocess.Popen(
@@ -112,7 +105,7 @@ class Host:
         self.proc.stdin.flush()
         word, pid = self.read_line().split()
         assert word == "child", word
-        self.runner = int(pid)
+        self.runner = host_pid(self.proc.pid, int(pid)) if self.elsewhere else int(pid)
 
     def kill(self) -> None:
         """SIGKILL the runner's process group, and wait until its pid is gone."""
@@ -166,13 +159,13 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _unshare_works(), reason="unshare -u is not permitted here (root needed)")
 def test_a_fleet_killed_at_random_delivers_each_alarm_and_event_once_in_order(
     postgres_url: str, tmp_path: Path
 ) -> None:
     """Three runners, two "on other machines", SIGKILLed at random and started again
     while agents' alarms and events fall due: each is delivered once, each agent's
     in due order, and nothing is left pending."""
+    namespaces()
     seed = int(os.environ.get("EFFECTFUL_DURABLE_SEED", random.randrange(2**32)))
     print(f"\nseed {seed} (EFFECTFUL_DURABLE_SEED)")
     rng = random.Random(seed)

@@ -53,8 +53,8 @@ class Agents:
     """
 
     def __init__(self, db: str, *, wait: float = 30.0) -> None:
-        # This process holds at most pool_size + 1 connections (the one more holds
-        # the agents' locks). Through PgBouncer they are the pooler's clients, and
+        # This process holds at most pool_size + 1 connections (the one more renews
+        # its holds on agents). Through PgBouncer they are the pooler's clients, and
         # it shares a few server connections among all the fleet's.
         self.store = Store(db, pool_size=8)
         self.persistence = PersistenceHandler(self.store, wait=wait)

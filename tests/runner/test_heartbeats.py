@@ -2,8 +2,9 @@
 another runner within 30 s of its death, on any host (DESIGN.md, promise 11).
 
 Real ``effectful-durable run`` processes. A runner "on another machine" runs in a
-UTS namespace of its own (``unshare -u``) under another host name: the runners
-here cannot tell whether its process lives, and only its heartbeat speaks for it.
+container of its own (``netns.container``: a host name and a PID namespace of its
+own): the runners here cannot tell whether its process lives, and only its
+heartbeat speaks for it.
 Each event turn notes where it began (``heartbeat_app``), so that a turn begun
 twice is seen even if only one commits.
 
@@ -13,7 +14,6 @@ PostgreSQL; ``EFFECTFUL_DURABLE_CRASH=full`` (``make crash``) on SQLite too.
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from helpers import StderrLines
+from netns import container, terminate
 
 from effectful_durable import DatabaseUnavailableError, Store
 from effectful_durable.runner import heartbeat
@@ -35,12 +36,16 @@ FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
 def _unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
-    done = subprocess.run(["unshare", "-u", "true"], capture_output=True, check=False)
+    done = subprocess.run(
+        ["unshare", "-u", "-p", "-f", "-m", "--mount-proc", "true"],
+        capture_output=True,
+        check=False,
+    )
     return done.returncode == 0
 
 
 needs_unshare = pytest.mark.skipif(
-    not _unshare_works(), reason="unshare -u is not permitted here (root needed)"
+    not _unshare_works(), reason="unshare -u -p is not permitted here (root needed)"
 )
 
 
@@ -71,16 +76,14 @@ class Runner(StderrLines):
             "--config",
             str(config),
         ]
-        if host is not None:  # exec keeps the pid: the one killed is the runner's
-            command = ["unshare", "-u", "sh", "-c", f'hostname {host} && exec "$@"', "sh"] + (
-                command
-            )
+        if host is not None:  # killing it kills its container, the runner with it
+            command = [*container(host), *command]
         super().__init__(subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env))
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it is still there 30 s later."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            terminate(self.proc)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
