@@ -19,8 +19,10 @@ process a table of held ids decides between threads first.
   lapsed or was taken raises :class:`~effectful_durable.HoldLapsedError` and
   nothing of the write lands. Known lapsed here (no renewal for :data:`TTL`
   seconds), a write fails before anything is sent.
-- Letting go clears the row's token; if that fails, the next renewal tries
-  again (the hold lapses meanwhile).
+- Letting go clears the row's token. If that fails, or a take's answer was
+  lost (it may have landed), the hold is noted as this process's own: its next
+  take of the agent takes it over, and the next renewal lets it go (it lapses
+  meanwhile).
 
 Nothing of a hold lives in a server session: a broken connection, a session a
 server or a pooler ends, a pooler in transaction mode change nothing, and a
@@ -337,6 +339,7 @@ class AgentHolds:
                     self._connection()
             except DurableError:
                 self.release(hold.agent_id)
+                hold.settled.set()
                 raise
         with self._changed:
             hold.taken = True
