@@ -397,6 +397,58 @@ def decide(
     return decided_now
 
 
+def retarget(
+    conn: Conn,
+    approval_id: str,
+    *,
+    tool: str,
+    arguments: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    by: str,
+) -> ApprovalInfo:
+    """Make a pending approval name another tool (one renamed in new code), with ``arguments``.
+
+    The suspended turn, resumed, runs ``tool`` in place of the one the model
+    called; ``parameters`` is the new tool's JSON schema, which ``arguments``
+    (and later edited ones) must fit. The reason says who re-targeted it, from what.
+
+    Raises:
+        NotFoundError: No approval has that id.
+        InvalidDecisionError: It is not pending, or ``tool`` is not a sensible
+            name, or the arguments do not fit. Nothing is written.
+    """
+    decider = _text(by, "by", 200, required=True)
+    name = _text(tool, "tool", 200, required=True)
+    found = one(conn, approval_id)
+    if found is None:
+        msg = (
+            f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
+            "lists them"
+        )
+        raise NotFoundError(msg)
+    if found.status != "pending":
+        msg = (
+            f"approval {approval_id} is {found.status}; only a pending one can be re-targeted; "
+            "nothing was changed"
+        )
+        raise InvalidDecisionError(msg)
+    checked = _checked_arguments(found, arguments, parameters)
+    reason = f"{found.reason or ''} (re-targeted from {found.tool} to {name} by {decider})"
+    conn.execute(
+        """
+        UPDATE approvals SET tool = ?2, arguments = ?3, parameters = ?4, reason = ?5
+         WHERE approval_id = ?1 AND status = 'pending'
+        """,
+        (approval_id, name, checked, dumps(dict(parameters)), reason.strip()),
+    )
+    if conn.changes() != 1:
+        msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
+        raise InvalidDecisionError(msg)
+    changed = one(conn, approval_id)
+    assert changed is not None
+    return changed
+
+
 def _queue_resume(conn: Conn, suspension: Suspension, now: float) -> None:
     alarm_id = resume_id(suspension.agent_id, suspension.conversation, suspension.suspended_in)
     exists = conn.execute(
