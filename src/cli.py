@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)  # a long-running process: it logs, library loggers included
     if args.command == "ui":
         return _ui(args)
+    if args.command in _NEW_CODE and (args.command != "check" or args.agents):
+        return _new_code(args)
     with _library_logs_quiet():
         return _command(args)
 
@@ -213,7 +215,11 @@ def _agents(store: Store, args: argparse.Namespace) -> int:
 
 def _history(store: Store, args: argparse.Namespace) -> int:
     messages = store.history(
-        args.agent, args.version, conversation=args.conversation, include_compacted=args.all
+        args.agent,
+        args.version,
+        conversation=args.conversation,
+        include_compacted=args.all,
+        code_versions=args.json,
     )
     if args.json:
         _print_json(messages)
@@ -286,7 +292,10 @@ def _versions(store: Store, args: argparse.Namespace) -> int:
         "committed_at",
         "detail",
     ]
-    _show(args, store.versions(args.agent), columns)
+    versions = store.versions(args.agent)
+    if not args.json and any(version.code_version for version in versions):
+        columns[-1:-1] = ["code_version"]
+    _show(args, versions, columns)
     return 0
 
 
@@ -712,6 +721,11 @@ def _ui_placeholder(store: Store, args: argparse.Namespace) -> int:
     raise AssertionError(msg)  # pragma: no cover
 
 
+def _new_code_placeholder(store: Store, args: argparse.Namespace) -> int:
+    msg = "the commands that import new code are dispatched before a Store is opened"
+    raise AssertionError(msg)  # pragma: no cover
+
+
 def _run_placeholder(store: Store, args: argparse.Namespace) -> int:
     msg = "run is dispatched before a Store is opened"
     raise AssertionError(msg)  # pragma: no cover
@@ -751,6 +765,27 @@ def _run(args: argparse.Namespace) -> int:
     from .runner.cli import run_command
 
     return run_command(args)
+
+
+# Commands that import the user's new agent code: check (with --agents), and the repairs
+# it names.
+_NEW_CODE = frozenset({"check", "migrate-state", "retarget"})
+
+
+def _new_code(args: argparse.Namespace) -> int:
+    """``check --agents``, ``migrate-state``, ``retarget``: they import effectful's LLM layer."""
+    problem = _unusable(args.db)
+    if problem:
+        return _fail(problem)
+    from .upgrades import cli
+
+    commands = {
+        "check": cli.check_command,
+        "migrate-state": cli.migrate_command,
+        "retarget": cli.retarget_command,
+    }
+    with _library_logs_quiet():
+        return commands[args.command](args)
 
 
 def _json_arguments(args: argparse.Namespace) -> str | None:
@@ -947,7 +982,60 @@ def _parser() -> argparse.ArgumentParser:
     command("workflows", _workflows, "list the workflow journals and their step counts")
     sub = command("steps", _steps, "list a workflow's journal, step by step")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
-    command("check", _check, "check the file and every row's checksum; print quick facts")
+    sub = command(
+        "check",
+        _check,
+        "check the file and every row's checksum; with --agents, what new agent code "
+        "does to every agent in flight",
+    )
+    sub.add_argument(
+        "--agents",
+        metavar="MODULE:FUNC",
+        help="the new code's factory of an agent from its id: check what it cannot carry "
+        "(approvals, alarms, events, fields, memory, histories) instead; exit 3 if anything",
+    )
+    sub.add_argument(
+        "--handlers",
+        metavar="MODULE:FUNC",
+        help="the new code's handler stack, as for run (its PersistenceHandler's code_version)",
+    )
+    sub.add_argument(
+        "--workflow",
+        metavar="MODULE:FUNC",
+        help="runs the workflow's program, given a handler factory; replayed in a dry run",
+    )
+    sub.add_argument(
+        "--code-version", metavar="TEXT", help="the new code's version, for the report"
+    )
+    sub.add_argument(
+        "--report",
+        metavar="FILE",
+        help="with --agents: keep the report here for the page (default: DB.check.json "
+        "beside an SQLite file)",
+    )
+    sub = command(
+        "migrate-state",
+        _new_code_placeholder,
+        "commit agents' fields migrated to their class's __state_version__",
+    )
+    sub.add_argument(
+        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
+    )
+    sub.add_argument("--agent", metavar="AGENT", help="only this agent (default: all)")
+    sub.add_argument("--dry-run", action="store_true", help="say what would be migrated")
+    sub.add_argument("--code-version", metavar="TEXT", help="recorded with each migration")
+    sub = command("retarget", _new_code_placeholder, "make a waiting approval name a renamed tool")
+    sub.add_argument("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)")
+    sub.add_argument("tool", metavar="TOOL", help="the tool's name in the new code")
+    sub.add_argument(
+        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
+    )
+    sub.add_argument(
+        "--arguments",
+        metavar="JSON",
+        help="the call's arguments for the new tool (default: the model's, if they fit)",
+    )
+    sub.add_argument("--by", metavar="NAME", help="who re-targets it (default: your user name)")
     sub = command("sql", _sql, "run a read-only query on an agent's own SQL tables")
     agent(sub)
     sub.add_argument("query", metavar="QUERY", help="one SELECT statement")

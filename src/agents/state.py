@@ -266,10 +266,18 @@ def state_problems(cls: type, state: str, *, per_conversation: bool = False) -> 
                     name,
                     "no_longer_fits",
                     f"the stored value {_one_line_value(value)} no longer fits "
-                    f"{cls.__qualname__}.{name} ({_one_line(error)})",
+                    f"{cls.__qualname__}.{name} ({_first_error(error)})",
                 )
             )
     return problems
+
+
+def _first_error(error: pydantic.ValidationError) -> str:
+    """The first of pydantic's errors, short: where, and what it says."""
+    first = error.errors(include_url=False)[0]
+    where = "".join(f"[{part!r}]" for part in first["loc"])
+    more = f"; {error.error_count() - 1} more" if error.error_count() > 1 else ""
+    return f"{where or 'the value'}: {first['msg']}{more}"
 
 
 def _one_line_value(value: Any) -> str:

@@ -213,6 +213,14 @@ class StoreReads(StoreBase):
             ).fetchone()
         return trace_in(row[0]) if row else None
 
+    def agent_count(self) -> int:
+        """How many agents the database holds: one read.
+
+        .. versionadded:: 0.3.0
+        """
+        with self._reading() as conn:
+            return int(conn.execute("SELECT count(*) FROM agents").get)
+
     def agent_ids(self, *, after: str | None = None, limit: int = 500) -> list[str]:
         """A page of agent ids, in order: those after ``after`` (from the start if None).
 

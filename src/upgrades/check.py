@@ -1,0 +1,189 @@
+"""check_upgrade: read every agent's in-flight work a page at a time, ask the new code
+whether it carries it, dry-run the workflows, and say what it found. Writes nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from ..agents.persistent import PersistentAgent
+from ..store import Store
+from ..store.engine.seam import redacted
+from ..store.ids import DEFAULT_CONVERSATION
+from ..store.records import ApprovalInfo
+from .agent_checks import Shape, StoredAgent, StoredConversation, check_agent
+from .dry_run import DryRunHandler, dry_run
+from .report import Break, UpgradeReport
+
+#: Agents read and checked per page.
+PAGE = 500
+
+type Progress = Callable[[int, int], None]
+type WorkflowProgram = Callable[[Callable[..., DryRunHandler]], Any]
+
+
+def check_upgrade(
+    db: str | os.PathLike[str] | Store,
+    *,
+    agents: Callable[[str], PersistentAgent],
+    workflow: WorkflowProgram | None = None,
+    code_version: str | None = None,
+    page: int = PAGE,
+    progress: Progress | None = None,
+) -> UpgradeReport:
+    """Check what new agent code will do to every agent in flight, before it runs.
+
+    Calls no model and no tool and writes nothing: the database is opened
+    read-only (an open Store is only read). For each agent, built by
+    ``agents(agent_id)`` from the new code, it reports each piece of in-flight
+    work the new code cannot carry: approvals whose tool is gone or whose
+    arguments no longer fit; alarms and events whose callback is gone or no
+    longer takes them; stored fields that no longer load (or that the new class
+    drops); memory the agent can no longer reach; tool calls in the context its
+    model will see that name tools it no longer has, or that have no result.
+    ``workflow(persistence)``, if given, runs the workflow's program in a dry run:
+    it must call ``persistence(workflow="name")`` where it would build
+    ``PersistenceHandler(db, workflow="name")``, and install the result as it
+    would install that; every recorded step is answered from the journal, and
+    the first step that would go live stops the run::
+
+        def program(persistence):
+            with handler(LiteLLMProvider()), handler(persistence(workflow="nightly")):
+                nightly_report(make_team())
+
+        report = check_upgrade("state.db", agents=make_agent, workflow=program)
+        for problem in report.breaks:
+            print(problem.agent_id, problem.problem, "->", problem.way_forward)
+
+    Args:
+        db: The database (file or ``postgresql://`` URL), or an open Store.
+        agents: Builds an agent of the new code from its id.
+        workflow: Runs the workflow's program with the dry run's handler.
+        code_version: The new code's version, for the report.
+        page: How many agents are read per page.
+        progress: Called with (agents checked, agents in all) after each page.
+
+    Returns:
+        The report; ``report.ok`` when everything carries over.
+
+    Raises:
+        DurableError: The database cannot be read (see :class:`~effectful_durable.Store`).
+
+    .. versionadded:: 0.3.0
+    """
+    started = time.monotonic()
+    store = db if isinstance(db, Store) else Store(db, readonly=True)
+    try:
+        total = store.agent_count()
+        waiting = _Waiting(store)
+        breaks: list[Break] = []
+        counts: Counter[str] = Counter()
+        versions: Counter[str] = Counter()
+        shapes: dict[type, Shape] = {}
+        checked, after = 0, None
+        while ids := store.agent_ids(after=after, limit=page):
+            versions.update(code or "(not recorded)" for code in store.code_versions(ids).values())
+            for agent_id in ids:
+                breaks += _check_one(store, agents, agent_id, waiting, shapes, counts)
+            checked, after = checked + len(ids), ids[-1]
+            if progress is not None:
+                progress(checked, max(total, checked))
+        runs = tuple(dry_run(store, workflow)) if workflow is not None else ()
+        counts["agents"] = checked
+        counts["workflows"] = len(runs)
+        for key in ("approvals", "alarms", "events"):
+            counts[key] = waiting.counts[key]
+        return UpgradeReport(
+            database=redacted(str(store.path)),
+            checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            code_version=code_version,
+            in_flight=dict(sorted(counts.items())),
+            code_versions=dict(versions.most_common()),
+            breaks=tuple(breaks),
+            workflows=runs,
+            seconds=time.monotonic() - started,
+        )
+    finally:
+        if store is not db:
+            store.close()
+
+
+class _Waiting:
+    """The database's open approvals, alarms and events, by agent: three reads in all."""
+
+    def __init__(self, store: Store) -> None:
+        approvals: list[ApprovalInfo] = [
+            a
+            for status in ("pending", "approved", "denied")
+            for a in store.approvals(status=status)
+            if a.ended_in is None
+        ]
+        alarms = store.alarms()
+        events = store.events()
+        self.approvals = _by_agent(approvals)
+        self.alarms = _by_agent(alarms)
+        self.events = _by_agent(events)
+        self.counts = {"approvals": len(approvals), "alarms": len(alarms), "events": len(events)}
+
+
+def _by_agent[T](items: Iterable[T]) -> dict[str, list[T]]:
+    grouped: dict[str, list[T]] = defaultdict(list)
+    for item in items:
+        grouped[item.agent_id].append(item)  # type: ignore[attr-defined]
+    return grouped
+
+
+def _check_one(
+    store: Store,
+    agents: Callable[[str], PersistentAgent],
+    agent_id: str,
+    waiting: _Waiting,
+    shapes: dict[type, Shape],
+    counts: Counter[str],
+) -> list[Break]:
+    try:
+        agent = agents(agent_id)
+        if not isinstance(agent, PersistentAgent):
+            msg = f"the factory returned a {type(agent).__name__}, not a PersistentAgent"
+            raise TypeError(msg)
+    except Exception as error:
+        return [
+            Break(
+                "agent",
+                agent_id,
+                agent_id,
+                f"the new code cannot build it: {type(error).__name__}: {error}",
+                "make the --agents factory build every agent id the database holds",
+            )
+        ]
+    shape = shapes.get(type(agent))
+    if shape is None:
+        shape = shapes[type(agent)] = Shape.of(agent)
+    stored = _stored(store, agent_id, waiting)
+    counts["conversations"] += len(stored.conversations)
+    return check_agent(agent, shape, stored)
+
+
+def _stored(store: Store, agent_id: str, waiting: _Waiting) -> StoredAgent:
+    names = [c.conversation for c in store.conversations(agent_id)] or [DEFAULT_CONVERSATION]
+    conversations: list[StoredConversation] = []
+    state = None
+    for name in names:
+        loaded = store.load_agent(agent_id, name)
+        state = loaded.state
+        conversations.append(
+            StoredConversation(name, loaded.history.messages, loaded.conversation_state)
+        )
+    return StoredAgent(
+        agent_id,
+        state,
+        conversations,
+        store.memory(agent_id),
+        waiting.approvals.get(agent_id, []),
+        waiting.alarms.get(agent_id, []),
+        waiting.events.get(agent_id, []),
+    )
