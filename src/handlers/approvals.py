@@ -109,7 +109,11 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
                 return fwd()
             replay = turn.resuming
             if replay is not None and replay.assistants:
-                message = _retargeted(replay.assistants.pop(0), replay.decisions)
+                recorded = replay.assistants.pop(0)
+                message = _retargeted(recorded, replay.decisions)
+                history = active_history()
+                if message is not recorded and history is not None and message["id"] in history:
+                    history[message["id"]] = message  # committed so, by the resumed turn
                 return message, decode_tool_calls(env, message), None
             if turn.asked:
                 history = active_history()
