@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return _ui(args)
     if args.command in _NEW_CODE and (args.command != "check" or args.agents):
         return _new_code(args)
+    if args.command == "check" and (args.handlers or args.workflow or args.report):
+        return _fail("check takes --handlers, --workflow and --report only with --agents", code=2)
     with _library_logs_quiet():
         return _command(args)
 

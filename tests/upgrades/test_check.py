@@ -23,6 +23,7 @@ REFUNDS = EXAMPLES / "approvals" / "refunds.py"
 PLANTS = EXAMPLES / "alarms" / "checkback.py"
 TEAM = EXAMPLES / "multi_agent" / "workflow.py"
 _names = itertools.count()
+REFUND_CALL = ToolCall("refund", {"order": "A-1002", "amount": 250})
 RENAME_REFUND = (
     "def refund(self, order: str, amount: float)",
     "def pay_refund(self, order: str, amount: float)",
@@ -87,7 +88,7 @@ def kinds(report: Any) -> list[tuple[str, str | None, str]]:
 def refund_waits(store_url: str, tmp_path: Path) -> str:
     """support-ann's turn suspended: its model asked for a 250 EUR refund."""
     shop = edited(REFUNDS, tmp_path)
-    model = FakeLLM([ToolCall("refund", {"order": "A-1002", "amount": 250})])
+    model = FakeLLM([REFUND_CALL])
     with persisted(store_url, model), pytest.raises(TurnSuspended):
         shop.SupportAgent(agent_id="support-ann").on_event("refund_request", '{"text": "250"}')
     return store_url
