@@ -46,7 +46,7 @@ def migrates_state(agent_class: type, *, from_version: int) -> Callable[[_M], _M
     Raises:
         ValueError: ``from_version`` is not an int >= 1, or is taken already.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
     if isinstance(from_version, bool) or not isinstance(from_version, int) or from_version < 1:
         msg = f"from_version must be an int >= 1, not {from_version!r}"

@@ -177,7 +177,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     .. versionchanged:: 0.2.0
        ``tracing``, ``trace_tool_arguments`` and ``statement_timeout``.
 
-    .. versionchanged:: 0.3.0
+    .. versionchanged:: 0.2.0
        ``code_version``.
     """
 

@@ -69,7 +69,7 @@ class StoreReads(StoreBase):
         .. versionchanged:: 0.2.0
            ``conversation``.
 
-        .. versionchanged:: 0.3.0
+        .. versionchanged:: 0.2.0
            ``code_versions``.
         """
         with self._reading() as conn:
@@ -216,7 +216,7 @@ class StoreReads(StoreBase):
     def agent_count(self) -> int:
         """How many agents the database holds: one read.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         with self._reading() as conn:
             return int(conn.execute("SELECT count(*) FROM agents").get)
@@ -227,7 +227,7 @@ class StoreReads(StoreBase):
         Read the next page with ``after`` set to the last id of this one; each page
         is one indexed read, however many agents the database holds.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             msg = f"limit must be an int >= 1, not {limit!r}"
@@ -250,7 +250,7 @@ class StoreReads(StoreBase):
 
         One read for all of ``agent_ids`` (see ``PersistenceHandler(code_version=...)``).
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         found: dict[str, str | None] = dict.fromkeys(agent_ids)
         for start in range(0, len(agent_ids), _IN_LIST):

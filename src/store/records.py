@@ -49,7 +49,7 @@ class VersionInfo:
     def code_version(self) -> str | None:
         """The code version the turn was committed with (``PersistenceHandler(code_version=...)``).
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         found = (self.detail or {}).get("code_version")
         return found if isinstance(found, str) else None

@@ -173,7 +173,7 @@ class WaitingMethods(StoreBase):
             InvalidDecisionError: It is not pending, or ``arguments`` do not fit
                 ``parameters``. Nothing was changed.
 
-        .. versionadded:: 0.3.0
+        .. versionadded:: 0.2.0
         """
         with self._writing() as conn:
             found = _approvals.one(conn, approval_id)

@@ -73,7 +73,7 @@ def check_upgrade(
     Raises:
         DurableError: The database cannot be read (see :class:`~effectful_durable.Store`).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
     started = time.monotonic()
     store = db if isinstance(db, Store) else Store(db, readonly=True)

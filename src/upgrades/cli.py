@@ -94,7 +94,7 @@ def _save(path: str, report: UpgradeReport) -> None:
 
 def _print_report(report: UpgradeReport, saved: str | None) -> None:
     counts = report.in_flight
-    looked = ", ".join(f"{counts.get(key, 0):,} {key}" for key in _COUNTED)
+    looked = ", ".join(_counted(counts.get(key, 0), key) for key in _COUNTED)
     print(f"{report.database}: checked {looked} in {report.seconds:.1f} s")
     versions = ", ".join(f"{code} ({n:,})" for code, n in report.code_versions.items())
     print(f"code versions in flight: {versions or 'none'}")
@@ -116,6 +116,10 @@ def _print_report(report: UpgradeReport, saved: str | None) -> None:
         print(f"{broken} problem(s): nothing was written; fix them before the new code runs")
     if saved is not None:
         print(f"report saved to {saved} (the page shows it)")
+
+
+def _counted(number: int, plural: str) -> str:
+    return f"{number:,} {plural if number != 1 else plural.removesuffix('s')}"
 
 
 _COUNTED = ("agents", "conversations", "approvals", "alarms", "events", "workflows")

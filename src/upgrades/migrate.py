@@ -24,7 +24,7 @@ class MigratedAgent:
 
     ``version`` is the version the migration committed (None in a dry run).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     agent_id: str
@@ -61,7 +61,7 @@ def migrate_states(
         StateSerializationError: The migrated fields do not fit the class.
         AgentInUseError: A turn of the agent is running.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
     store = db if isinstance(db, Store) else Store(db)
     try:

@@ -25,7 +25,7 @@ class Break:
     alarm id, a field, a conversation, a step); ``problem`` says what the new
     code would do to it, and ``way_forward`` what to do about it.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     kind: BreakKind
@@ -45,7 +45,7 @@ class WorkflowRun:
     for something else than the journal recorded, with both; ``error`` what
     stopped the program otherwise.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     workflow: str
@@ -98,7 +98,7 @@ class UpgradeReport:
     each code version committed (``None``: not said); ``code_version`` the new
     code's own, if known.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     database: str
