@@ -747,6 +747,7 @@ def _ui(args: argparse.Namespace) -> int:
     problem = _unusable(args.db)
     if problem:
         return _fail(problem)
+    args.check_report = check_report_path(args.db, args.check_report)
     with _library_logs_quiet():
         try:
             return serve(args)
@@ -779,6 +780,8 @@ def _new_code(args: argparse.Namespace) -> int:
     problem = _unusable(args.db)
     if problem:
         return _fail(problem)
+    if args.command == "check":
+        args.report = check_report_path(args.db, args.report)
     from .upgrades import cli
 
     commands = {
@@ -788,6 +791,14 @@ def _new_code(args: argparse.Namespace) -> int:
     }
     with _library_logs_quiet():
         return commands[args.command](args)
+
+
+def check_report_path(db: str, chosen: str | None) -> str | None:
+    """Where the report of ``check --agents`` is kept for the page: the path chosen, else
+    ``DB.check.json`` beside an SQLite file (a PostgreSQL database has no beside)."""
+    if chosen is not None:
+        return chosen
+    return None if is_postgres_url(db) else f"{db}.check.json"
 
 
 def _json_arguments(args: argparse.Namespace) -> str | None:
@@ -1147,6 +1158,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--read-only", action="store_true", help="offer no action, refuse any")
     sub.add_argument(
         "--by", metavar="NAME", help="who decides in the page (default: your user name)"
+    )
+    sub.add_argument(
+        "--check-report",
+        metavar="FILE",
+        help="the report of `check --agents` to show (default: DB.check.json beside an "
+        "SQLite file)",
     )
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")

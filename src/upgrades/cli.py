@@ -15,7 +15,7 @@ from ..handlers.effectful_hooks import tool_parameters
 from ..runner.cli import load
 from ..runner.config import RunnerConfig
 from ..store import Store
-from ..store.engine.seam import is_postgres_url, redacted
+from ..store.engine.seam import redacted
 from ..store.rows import typed_json
 from .agent_checks import Shape, tool_call_problem
 from .check import check_upgrade
@@ -23,13 +23,6 @@ from .migrate import migrate_states
 from .report import UpgradeReport
 
 PROG = "effectful-durable"
-
-
-def report_path(db: str, chosen: str | None) -> str | None:
-    """Where the check's report is kept: ``--report``, else beside an SQLite file."""
-    if chosen is not None:
-        return chosen
-    return None if is_postgres_url(db) else f"{db}.check.json"
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -48,7 +41,7 @@ def check_command(args: argparse.Namespace) -> int:
         return _fail(str(error))
     except KeyboardInterrupt:
         return 130
-    saved = report_path(args.db, args.report)
+    saved = args.report
     if saved is not None:
         _save(saved, report)
     if args.json:
