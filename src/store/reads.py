@@ -11,6 +11,7 @@ from .base import StoreBase
 from .browse import VERSION_SELECT, version_info
 from .engine.seam import Conn
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
+from .inflight import AgentInFlight, read_in_flight
 from .parts import conversation_fields
 from .parts import conversations as _conversations
 from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
@@ -245,6 +246,24 @@ class StoreReads(StoreBase):
                 )
             return [agent_id for (agent_id,) in rows]
 
+    def in_flight(self, agent_ids: list[str]) -> list[AgentInFlight]:
+        """What the agents ``agent_ids`` hold at their latest versions, as a check reads it:
+        their fields, their conversations' tool calls and results, their memory's keys.
+
+        A few set-wise reads for all of them (at most 1,000 ids a call), whatever
+        their number: see :func:`~effectful_durable.store.inflight.read_in_flight`.
+        Agents the database does not hold are left out.
+
+        .. versionadded:: 0.2.0
+        """
+        if len(agent_ids) > _IN_LIST:
+            msg = f"in_flight reads at most {_IN_LIST} agents a call, not {len(agent_ids)}"
+            raise ValueError(msg)
+        if not agent_ids:
+            return []
+        with self._reading() as conn:
+            return read_in_flight(conn, agent_ids)
+
     def code_versions(self, agent_ids: list[str]) -> dict[str, str | None]:
         """The ``code_version`` each agent's latest turn was committed with (None: not said).
 
@@ -259,10 +278,10 @@ class StoreReads(StoreBase):
             with self._reading() as conn:
                 rows = conn.execute(
                     f"""
-                    SELECT v.agent_id, v.detail FROM checked_versions AS v
-                     WHERE v.agent_id IN ({marks})
-                       AND v.version = (SELECT max(w.version) FROM versions AS w
-                                         WHERE w.agent_id = v.agent_id AND w.kind = 'turn')
+                    SELECT agent_id, detail FROM checked_versions
+                     WHERE (agent_id, version) IN (
+                        SELECT agent_id, max(version) FROM versions
+                         WHERE agent_id IN ({marks}) AND kind = 'turn' GROUP BY agent_id)
                     """,
                     chunk,
                 ).fetchall()

@@ -17,6 +17,7 @@ from effectful.handlers.llm import Template, Tool
 from ..agents.memory import MemoryLimits, StateTools
 from ..agents.persistent import PersistentAgent
 from ..agents.state import FieldProblem, state_problems
+from ..store.inflight import AgentInFlight
 from ..store.parts.alarms import AlarmInfo
 from ..store.parts.events import EventInfo
 from ..store.records import ApprovalInfo
@@ -27,25 +28,17 @@ _METHOD = "self__"
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredConversation:
-    """One conversation as the store holds it: its active messages and own fields."""
-
-    conversation: str
-    messages: list[dict[str, Any]]
-    fields: str | None
-
-
-@dataclasses.dataclass(frozen=True)
 class StoredAgent:
     """An agent's in-flight work, as the store holds it."""
 
-    agent_id: str
-    state: str | None
-    conversations: Sequence[StoredConversation]
-    memory: dict[str, Any]
+    held: AgentInFlight
     approvals: Sequence[ApprovalInfo]
     alarms: Sequence[AlarmInfo]
     events: Sequence[EventInfo]
+
+    @property
+    def agent_id(self) -> str:
+        return self.held.agent_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,9 +242,9 @@ def _fields(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
     cls = type(agent)
     found: list[Break] = []
     problems: list[tuple[str | None, FieldProblem]] = []
-    if stored.state:
-        problems += [(None, problem) for problem in state_problems(cls, stored.state)]
-    for held in stored.conversations:
+    if stored.held.state:
+        problems += [(None, problem) for problem in state_problems(cls, stored.held.state)]
+    for held in stored.held.conversations:
         if held.fields:
             problems += [
                 (held.conversation, problem)
@@ -276,7 +269,8 @@ def _fields(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
 
 
 def _memory(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
-    if not stored.memory:
+    memory = stored.held.memory
+    if not memory:
         return []
     name = type(agent).__name__
     if not isinstance(agent, StateTools):
@@ -285,7 +279,7 @@ def _memory(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
                 "memory",
                 stored.agent_id,
                 "StateTools",
-                f"the agent's memory holds {len(stored.memory)} keys, but {name} no longer "
+                f"the agent's memory holds {len(memory)} keys, but {name} no longer "
                 "mixes in StateTools: its model can no longer read or change them",
                 "mix StateTools back in; the keys stay in the database either way "
                 "(`effectful-durable memory`)",
@@ -293,18 +287,18 @@ def _memory(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
         ]
     limits = getattr(agent, "__memory_limits__", None) or MemoryLimits()
     found: list[Break] = []
-    if len(stored.memory) > limits.keys:
+    if len(memory) > limits.keys:
         found.append(
             Break(
                 "memory",
                 stored.agent_id,
                 "keys",
-                f"the memory holds {len(stored.memory)} keys, more than {name}'s new limit of "
+                f"the memory holds {len(memory)} keys, more than {name}'s new limit of "
                 f"{limits.keys}: every new key will be refused",
                 "raise __memory_limits__ keys, or delete keys first",
             )
         )
-    for key, value in stored.memory.items():
+    for key, value in memory.items():
         size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
         if len(key) > limits.key_chars or size > limits.value_bytes:
             found.append(
@@ -327,18 +321,11 @@ def _memory(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
 def _histories(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
     found: list[Break] = []
     waiting = {(a.conversation, a.tool_call_id) for a in stored.approvals}
-    for conversation in stored.conversations:
-        gone: Counter[str] = Counter()
-        calls: dict[str, str] = {}
-        answered: set[str] = set()
-        for message in conversation.messages:
-            if message.get("role") == "tool":
-                answered.add(str(message.get("tool_call_id")))
-            for call in message.get("tool_calls") or []:
-                name = str((call.get("function") or {}).get("name"))
-                calls[str(call.get("id"))] = name
-                if name not in shape.tools:
-                    gone[name.removeprefix(_METHOD)] += 1
+    for conversation in stored.held.conversations:
+        calls = dict(conversation.calls)
+        gone = Counter(
+            name.removeprefix(_METHOD) for _, name in conversation.calls if name not in shape.tools
+        )
         where = f"conversation {conversation.conversation!r}"
         if gone:
             listed = ", ".join(f"{name} ({count}x)" for name, count in sorted(gone.items()))
@@ -356,7 +343,8 @@ def _histories(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> lis
         unanswered = [
             call_id
             for call_id in calls
-            if call_id not in answered and (conversation.conversation, call_id) not in waiting
+            if call_id not in conversation.answered
+            and (conversation.conversation, call_id) not in waiting
         ]
         if unanswered:
             found.append(

@@ -13,14 +13,14 @@ from typing import Any
 from ..agents.persistent import PersistentAgent
 from ..store import Store
 from ..store.engine.seam import redacted
-from ..store.ids import DEFAULT_CONVERSATION
+from ..store.inflight import AgentInFlight
 from ..store.records import ApprovalInfo
-from .agent_checks import Shape, StoredAgent, StoredConversation, check_agent
+from .agent_checks import Shape, StoredAgent, check_agent
 from .dry_run import DryRunHandler, dry_run
 from .report import Break, UpgradeReport
 
-#: Agents read and checked per page.
-PAGE = 500
+#: Agents read and checked per page (at most 1,000: Store.in_flight's limit).
+PAGE = 1000
 
 type Progress = Callable[[int, int], None]
 type WorkflowProgram = Callable[[Callable[..., DryRunHandler]], Any]
@@ -87,8 +87,9 @@ def check_upgrade(
         checked, after = 0, None
         while ids := store.agent_ids(after=after, limit=page):
             versions.update(code or "(not recorded)" for code in store.code_versions(ids).values())
-            for agent_id in ids:
-                breaks += _check_one(store, agents, agent_id, waiting, shapes, counts)
+            for held in store.in_flight(ids):
+                counts["conversations"] += len(held.conversations)
+                breaks += _check_one(agents, held, waiting, shapes)
             checked, after = checked + len(ids), ids[-1]
             if progress is not None:
                 progress(checked, max(total, checked))
@@ -138,13 +139,12 @@ def _by_agent[T](items: Iterable[T]) -> dict[str, list[T]]:
 
 
 def _check_one(
-    store: Store,
     agents: Callable[[str], PersistentAgent],
-    agent_id: str,
+    held: AgentInFlight,
     waiting: _Waiting,
     shapes: dict[type, Shape],
-    counts: Counter[str],
 ) -> list[Break]:
+    agent_id = held.agent_id
     try:
         agent = agents(agent_id)
         if not isinstance(agent, PersistentAgent):
@@ -163,27 +163,10 @@ def _check_one(
     shape = shapes.get(type(agent))
     if shape is None:
         shape = shapes[type(agent)] = Shape.of(agent)
-    stored = _stored(store, agent_id, waiting)
-    counts["conversations"] += len(stored.conversations)
-    return check_agent(agent, shape, stored)
-
-
-def _stored(store: Store, agent_id: str, waiting: _Waiting) -> StoredAgent:
-    names = [c.conversation for c in store.conversations(agent_id)] or [DEFAULT_CONVERSATION]
-    conversations: list[StoredConversation] = []
-    state = None
-    for name in names:
-        loaded = store.load_agent(agent_id, name)
-        state = loaded.state
-        conversations.append(
-            StoredConversation(name, loaded.history.messages, loaded.conversation_state)
-        )
-    return StoredAgent(
-        agent_id,
-        state,
-        conversations,
-        store.memory(agent_id),
+    stored = StoredAgent(
+        held,
         waiting.approvals.get(agent_id, []),
         waiting.alarms.get(agent_id, []),
         waiting.events.get(agent_id, []),
     )
+    return check_agent(agent, shape, stored)

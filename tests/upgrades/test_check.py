@@ -286,3 +286,44 @@ class TestWorkflows:
         assert run.diverged is not None and run.diverged["key"] == "coder-1#0"
         assert '"slugify"' in run.diverged["recorded"] and '"redact"' in run.diverged["asked"]
         assert "diverges at step" in run.summary
+
+
+# -- the store's reads for a check -------------------------------------------------------
+
+
+class TestInFlight:
+    def test_long_results_and_unanswered_calls(self, store_url: str) -> None:
+        """Tool results are matched to their calls however long they are, and wherever
+        they name the call; a call left without a result is found."""
+        from helpers import commit_message
+
+        from effectful_durable.store.history import HistoryChange
+
+        def call(call_id: str) -> dict[str, Any]:
+            function = {"name": "self__lookup", "arguments": "{}"}
+            return {"id": f"m-{call_id}", "role": "assistant", "tool_calls": [
+                {"id": call_id, "type": "function", "function": function}
+            ]}  # fmt: skip
+
+        long = "x" * 5000
+        messages = [
+            call("c1"),
+            {"role": "tool", "content": long, "tool_call_id": "c1", "id": "r1"},
+            call("c2"),
+            {"role": "tool", "content": long, "id": "r2", "tool_call_id": "c2", "more": long},
+            call("c3"),
+            {"role": "tool", "tool_call_id": "c3", "content": "short", "id": "r3"},
+            call("c4"),
+        ]
+        with Store(store_url) as store:
+            commit_message(store, "bot")
+            start = store.begin_turn("bot", template="t", arguments={})
+            change = HistoryChange([(10.0 + i, m) for i, m in enumerate(messages)], [], 0)
+            store.commit_turn(
+                "bot", base_version=start.version, template="t", change=change, state="{}"
+            )
+            [held] = store.in_flight(["bot", "nobody"])
+        [conversation] = held.conversations
+        assert [c for c, _ in conversation.calls] == ["c1", "c2", "c3", "c4"]
+        assert conversation.answered == {"c1", "c2", "c3"}
+        assert (held.version, held.state) == (2, "{}")
