@@ -11,7 +11,7 @@ its own that a rollback undoes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import StateMigrationError
 
@@ -19,12 +19,15 @@ from ..errors import StateMigrationError
 STATE_VERSION_KEY = "__state_version__"
 
 type Migration = Callable[[dict[str, Any]], dict[str, Any]]
-_M = TypeVar("_M", bound=Migration)
 
 _MIGRATIONS: dict[tuple[type, int], Migration] = {}
 
 
-def migrates_state(agent_class: type, *, from_version: int) -> Callable[[_M], _M]:
+def migrates_state(
+    agent_class: type, *, from_version: int
+) -> Callable[
+    [Callable[[dict[str, Any]], dict[str, Any]]], Callable[[dict[str, Any]], dict[str, Any]]
+]:
     """Register a function that turns ``agent_class``'s stored fields of ``from_version``
     into those of ``from_version + 1``.
 
@@ -52,7 +55,7 @@ def migrates_state(agent_class: type, *, from_version: int) -> Callable[[_M], _M
         msg = f"from_version must be an int >= 1, not {from_version!r}"
         raise ValueError(msg)
 
-    def register(migration: _M) -> _M:
+    def register(migration: Migration) -> Migration:
         taken = _MIGRATIONS.get((agent_class, from_version))
         if taken is not None and taken is not migration:
             msg = (

@@ -250,9 +250,10 @@ class StoreReads(StoreBase):
         """What the agents ``agent_ids`` hold at their latest versions, as a check reads it:
         their fields, their conversations' tool calls and results, their memory's keys.
 
-        A few set-wise reads for all of them (at most 1,000 ids a call), whatever
-        their number: see :func:`~effectful_durable.store.inflight.read_in_flight`.
-        Agents the database does not hold are left out.
+        Seven set-wise reads for all of them (at most 1,000 ids a call), however
+        long their histories: only the tool calls of their active messages, and the
+        first and last 400 characters of each tool result. Agents the database does
+        not hold are left out.
 
         .. versionadded:: 0.2.0
         """

@@ -16,24 +16,21 @@ from ..store.engine.seam import redacted
 from ..store.inflight import AgentInFlight
 from ..store.records import ApprovalInfo
 from .agent_checks import Shape, StoredAgent, check_agent
-from .dry_run import DryRunHandler, dry_run
+from .dry_run import dry_run
 from .report import Break, UpgradeReport
 
 #: Agents read and checked per page (at most 1,000: Store.in_flight's limit).
 PAGE = 1000
-
-type Progress = Callable[[int, int], None]
-type WorkflowProgram = Callable[[Callable[..., DryRunHandler]], Any]
 
 
 def check_upgrade(
     db: str | os.PathLike[str] | Store,
     *,
     agents: Callable[[str], PersistentAgent],
-    workflow: WorkflowProgram | None = None,
+    workflow: Callable[[Callable[..., Any]], Any] | None = None,
     code_version: str | None = None,
     page: int = PAGE,
-    progress: Progress | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> UpgradeReport:
     """Check what new agent code will do to every agent in flight, before it runs.
 

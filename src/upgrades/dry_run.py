@@ -123,9 +123,7 @@ class DryRunHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
         raise _Stopped
 
 
-def dry_run(
-    store: Store, program: Callable[[Callable[..., DryRunHandler]], Any]
-) -> list[WorkflowRun]:
+def dry_run(store: Store, program: Callable[[Callable[..., Any]], Any]) -> list[WorkflowRun]:
     """Run ``program`` with a :class:`DryRunHandler` wherever it asks for its handler.
 
     ``program(persistence)`` calls ``persistence(workflow="name", ...)`` where it

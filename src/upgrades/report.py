@@ -7,10 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-type BreakKind = Literal[
-    "agent", "approval", "alarm", "event", "state", "memory", "history", "workflow"
-]
-
 #: The exit status of ``effectful-durable check --agents`` when something would break.
 BREAKS_EXIT_STATUS = 3
 
@@ -28,7 +24,7 @@ class Break:
     .. versionadded:: 0.2.0
     """
 
-    kind: BreakKind
+    kind: Literal["agent", "approval", "alarm", "event", "state", "memory", "history", "workflow"]
     agent_id: str | None
     subject: str
     problem: str
@@ -56,12 +52,12 @@ class WorkflowRun:
 
     @property
     def carries_over(self) -> bool:
-        """Whether the new program resumes this workflow: no divergence, no error."""
+        """Whether the new program resumes this workflow (no divergence, no error)."""
         return self.diverged is None and self.error is None
 
     @property
     def summary(self) -> str:
-        """One line: ``replays steps 1–7, goes live at 8 (coder-1#2 fix_module)``."""
+        """The dry run in one line, such as ``replays steps 1–7, goes live at 8 (...)``."""
         replayed = _steps(self.replayed)
         if self.diverged is not None:
             where = self.diverged
@@ -117,7 +113,7 @@ class UpgradeReport:
 
     @property
     def exit_status(self) -> int:
-        """0 when everything carries over, else :data:`BREAKS_EXIT_STATUS` (3)."""
+        """The command's exit status, 0 when everything carries over, else 3."""
         return 0 if self.ok else BREAKS_EXIT_STATUS
 
     def to_json(self) -> dict[str, Any]:
