@@ -327,3 +327,46 @@ class TestInFlight:
         assert [c for c, _ in conversation.calls] == ["c1", "c2", "c3", "c4"]
         assert conversation.answered == {"c1", "c2", "c3"}
         assert (held.version, held.state) == (2, "{}")
+
+
+class TestMigrationOnLoad:
+    def test_next_turn_commits_migrated_fields(self, plants: str, tmp_path: Path) -> None:
+        """Loaded by the new code, older fields are migrated in memory, and the agent's next
+        turn commits them with their state version."""
+        code = edited(
+            PLANTS,
+            tmp_path,
+            ("    notes_sent: list[str]", "    __state_version__ = 2\n    notes: list[str]"),
+            ("self.notes_sent.append", "self.notes.append"),
+        )
+
+        @migrates_state(code.PlantCarer, from_version=1)
+        def rename(fields: dict[str, Any]) -> dict[str, Any]:
+            fields["notes"] = fields.pop("notes_sent")
+            return fields
+
+        carer = code.PlantCarer(agent_id="basil-carer")
+        with persisted(plants, FakeLLM(["fine"])):
+            carer.ask("How is the basil?")
+        assert carer.notes == ["Water the basil."]
+        with Store(plants, readonly=True) as store:
+            assert store.state("basil-carer") == {
+                "__state_version__": 2,
+                "notes": ["Water the basil."],
+            }
+
+    def test_missing_migration_is_said(self, plants: str, tmp_path: Path) -> None:
+        """A class a version ahead without a migration for it: the check names the step
+        to register, and the agent's turn refuses to load rather than lose the fields."""
+        from effectful_durable import StateMigrationError
+
+        code = edited(
+            PLANTS,
+            tmp_path,
+            ("    notes_sent: list[str]", "    __state_version__ = 2\n    notes_sent: list[str]"),
+        )
+        report = checked(plants, lambda i: code.PlantCarer(agent_id=i))
+        [problem] = report.breaks
+        assert problem.kind == "state" and "from_version=1" in problem.problem
+        with persisted(plants, FakeLLM(["fine"])), pytest.raises(StateMigrationError):
+            code.PlantCarer(agent_id="basil-carer").ask("How is the basil?")
