@@ -130,7 +130,7 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
     conversations: dict[str, set[str]] = defaultdict(set)
     for agent_id, conversation in conn.execute(
         f"""
-        SELECT DISTINCT agent_id, conversation FROM messages
+        SELECT agent_id, conversation FROM checked_conversations
          WHERE agent_id IN ({marks}) AND removed_in IS NULL
         """,
         ids,

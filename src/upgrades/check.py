@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -81,13 +82,13 @@ def check_upgrade(
         counts: Counter[str] = Counter()
         versions: Counter[str] = Counter()
         shapes: dict[type, Shape] = {}
-        checked, after = 0, None
-        while ids := store.agent_ids(after=after, limit=page):
-            versions.update(code or "(not recorded)" for code in store.code_versions(ids).values())
-            for held in store.in_flight(ids):
+        checked = 0
+        for ids, codes, held_page in _pages(store, page):
+            versions.update(code or "(not recorded)" for code in codes.values())
+            for held in held_page:
                 counts["conversations"] += len(held.conversations)
                 breaks += _check_one(agents, held, waiting, shapes)
-            checked, after = checked + len(ids), ids[-1]
+            checked += len(ids)
             if progress is not None:
                 progress(checked, max(total, checked))
         runs = tuple(dry_run(store, workflow)) if workflow is not None else ()
@@ -108,6 +109,35 @@ def check_upgrade(
     finally:
         if store is not db:
             store.close()
+
+
+type _Page = tuple[list[str], dict[str, str | None], list[AgentInFlight]]
+
+
+def _pages(store: Store, size: int) -> Iterator[_Page]:
+    """Every agent a page at a time, in order. Two pages ahead are read meanwhile, each
+    in a thread of its own, so that the database's time and the check's overlap."""
+
+    def read(ids: list[str]) -> _Page:
+        return ids, store.code_versions(ids), store.in_flight(ids)
+
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="effectful-durable-check") as readers:
+        ahead: deque[Future[_Page]] = deque()
+        after: str | None = None
+        more = True
+        while more or ahead:
+            while more and len(ahead) <= _READERS:
+                ids = store.agent_ids(after=after, limit=size)
+                more = bool(ids)
+                if more:
+                    ahead.append(readers.submit(read, ids))
+                    after = ids[-1]
+            if ahead:
+                yield ahead.popleft().result()
+
+
+#: Pages read at once, besides the one being checked.
+_READERS = 2
 
 
 class _Waiting:

@@ -370,3 +370,26 @@ class TestMigrationOnLoad:
         assert problem.kind == "state" and "from_version=1" in problem.problem
         with persisted(plants, FakeLLM(["fine"])), pytest.raises(StateMigrationError):
             code.PlantCarer(agent_id="basil-carer").ask("How is the basil?")
+
+
+class TestPages:
+    def test_every_page_is_read_and_checked(self, plants: str, tmp_path: Path) -> None:
+        """Read two agents a page, the check sees every agent once, in order, and says
+        how far it got after each page."""
+        from helpers import commit_message
+
+        with Store(plants) as store:
+            for n in range(4):
+                commit_message(store, f"plant-{n}")
+        code = edited(PLANTS, tmp_path, ("class PlantCarer(PersistentAgent, AlarmTools):",
+                                         "class PlantCarer(PersistentAgent):"))  # fmt: skip
+        seen: list[tuple[int, int]] = []
+        report = checked(
+            plants,
+            lambda i: code.PlantCarer(agent_id=i),
+            page=2,
+            progress=lambda done, total: seen.append((done, total)),
+        )
+        assert seen == [(2, 5), (4, 5), (5, 5)]
+        assert report.in_flight["agents"] == 5
+        assert [(b.kind, b.agent_id) for b in report.breaks] == [("alarm", "basil-carer")]
