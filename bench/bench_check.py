@@ -49,7 +49,7 @@ from effectful_durable.store.copy import copy_store
 
 
 @dataclasses.dataclass
-class Desk(PersistentAgent, AlarmTools, OnEvent):
+class Customer(PersistentAgent, AlarmTools, OnEvent):
     """You answer customers about their orders."""
 
     customer: str = ""
@@ -58,12 +58,6 @@ class Desk(PersistentAgent, AlarmTools, OnEvent):
     @Tool.define
     def lookup(self, order: str) -> str:
         """Look an order up."""
-        return order
-
-    @Tool.define
-    @requires_approval(reason="a refund")
-    def refund(self, order: str) -> str:
-        """Refund an order."""
         return order
 
     @Template.define
@@ -73,27 +67,25 @@ class Desk(PersistentAgent, AlarmTools, OnEvent):
 
 
 @dataclasses.dataclass
-class RenamedDesk(PersistentAgent, AlarmTools, OnEvent):
+class Desk(Customer):
     """You answer customers about their orders."""
 
-    customer: str = ""
-    topic: str = ""
-
     @Tool.define
-    def lookup(self, order: str) -> str:
-        """Look an order up."""
+    @requires_approval(reason="a refund")
+    def refund(self, order: str) -> str:
+        """Refund an order."""
         return order
+
+
+@dataclasses.dataclass
+class RenamedDesk(Customer):
+    """You answer customers about their orders."""
 
     @Tool.define
     @requires_approval(reason="a refund")
     def pay_refund(self, order: str) -> str:
         """Refund an order."""
         return order
-
-    @Template.define
-    def ask(self, question: str) -> str:
-        """{question}"""
-        raise NotHandled
 
 
 def timed(db: str, what: str, agent_class: type[Any]) -> None:

@@ -961,6 +961,11 @@ def _parser() -> argparse.ArgumentParser:
     def agent(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("agent", metavar="AGENT", help="the agent id")
 
+    def agents_factory(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
+        )
+
     def at_version(sub: argparse.ArgumentParser, what: str) -> None:
         sub.add_argument("--version", type=int, metavar="N", help=f"{what} (default: latest)")
 
@@ -1031,18 +1036,14 @@ def _parser() -> argparse.ArgumentParser:
         _new_code_placeholder,
         "commit agents' fields migrated to their class's __state_version__",
     )
-    sub.add_argument(
-        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
-    )
+    agents_factory(sub)
     sub.add_argument("--agent", metavar="AGENT", help="only this agent (default: all)")
     sub.add_argument("--dry-run", action="store_true", help="say what would be migrated")
     sub.add_argument("--code-version", metavar="TEXT", help="recorded with each migration")
     sub = command("retarget", _new_code_placeholder, "make a waiting approval name a renamed tool")
     sub.add_argument("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)")
     sub.add_argument("tool", metavar="TOOL", help="the tool's name in the new code")
-    sub.add_argument(
-        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
-    )
+    agents_factory(sub)
     sub.add_argument(
         "--arguments",
         metavar="JSON",
@@ -1117,9 +1118,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--agent", metavar="AGENT", help="only this agent's events")
     sub.add_argument("--all", action="store_true", help="include delivered ones")
     sub = command("run", _run_placeholder, "deliver alarms as agent turns until stopped")
-    sub.add_argument(
-        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
-    )
+    agents_factory(sub)
     sub.add_argument(
         "--handlers",
         metavar="MODULE:FUNC",

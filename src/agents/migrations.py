@@ -34,7 +34,9 @@ def migrates_state(
     The function takes the stored fields as a dict of JSON values (the field
     names as keys) and returns the new dict; it must not depend on anything but
     its argument, since ``effectful-durable check`` runs it too, to see that the
-    result loads. A subclass inherits its bases' migrations::
+    result loads. Migrations see the agent's shared fields; those declared
+    :func:`~effectful_durable.per_conversation` are stored apart, and not
+    migrated. A subclass inherits its bases' migrations::
 
         @dataclasses.dataclass
         class Coder(PersistentAgent):

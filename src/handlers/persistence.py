@@ -175,10 +175,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     .. versionadded:: 0.1.0
 
     .. versionchanged:: 0.2.0
-       ``tracing``, ``trace_tool_arguments`` and ``statement_timeout``.
-
-    .. versionchanged:: 0.2.0
-       ``code_version``.
+       ``tracing``, ``trace_tool_arguments``, ``statement_timeout`` and ``code_version``.
     """
 
     def __init__(

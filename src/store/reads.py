@@ -68,10 +68,7 @@ class StoreReads(StoreBase):
                 that version.
 
         .. versionchanged:: 0.2.0
-           ``conversation``.
-
-        .. versionchanged:: 0.2.0
-           ``code_versions``.
+           ``conversation`` and ``code_versions``.
         """
         with self._reading() as conn:
             version = self._checked_rows_of(

@@ -217,18 +217,7 @@ class TestFieldsAndAlarms:
     def test_migration_carries_a_renamed_field(self, plants: str, tmp_path: Path) -> None:
         """A registered migration carries a renamed field; migrate-state commits it as a
         version of its own, which a rollback undoes."""
-        code = edited(
-            PLANTS,
-            tmp_path,
-            ("    notes_sent: list[str]", "    __state_version__ = 2\n    notes: list[str]"),
-            ("self.notes_sent.append", "self.notes.append"),
-        )
-
-        @migrates_state(code.PlantCarer, from_version=1)
-        def rename(fields: dict[str, Any]) -> dict[str, Any]:
-            fields["notes"] = fields.pop("notes_sent")
-            return fields
-
+        code = notes_renamed(tmp_path)
         factory = lambda i: code.PlantCarer(agent_id=i)  # noqa: E731
         assert checked(plants, factory).ok
         [migrated] = migrate_states(plants, agents=factory)
@@ -241,6 +230,23 @@ class TestFieldsAndAlarms:
             assert store.versions("basil-carer")[-1].template == "migrate_state"
             store.rollback("basil-carer", migrated.version - 1)  # type: ignore[operator]
             assert store.state("basil-carer") == {"notes_sent": ["Water the basil."]}
+
+
+def notes_renamed(folder: Path) -> ModuleType:
+    """The plant carer at state version 2: ``notes_sent`` renamed ``notes``, migrated."""
+    code = edited(
+        PLANTS,
+        folder,
+        ("    notes_sent: list[str]", "    __state_version__ = 2\n    notes: list[str]"),
+        ("self.notes_sent.append", "self.notes.append"),
+    )
+
+    @migrates_state(code.PlantCarer, from_version=1)
+    def rename(fields: dict[str, Any]) -> dict[str, Any]:
+        fields["notes"] = fields.pop("notes_sent")
+        return fields
+
+    return code
 
 
 # -- workflows: examples/multi_agent/workflow.py -----------------------------------------
@@ -333,18 +339,7 @@ class TestMigrationOnLoad:
     def test_next_turn_commits_migrated_fields(self, plants: str, tmp_path: Path) -> None:
         """Loaded by the new code, older fields are migrated in memory, and the agent's next
         turn commits them with their state version."""
-        code = edited(
-            PLANTS,
-            tmp_path,
-            ("    notes_sent: list[str]", "    __state_version__ = 2\n    notes: list[str]"),
-            ("self.notes_sent.append", "self.notes.append"),
-        )
-
-        @migrates_state(code.PlantCarer, from_version=1)
-        def rename(fields: dict[str, Any]) -> dict[str, Any]:
-            fields["notes"] = fields.pop("notes_sent")
-            return fields
-
+        code = notes_renamed(tmp_path)
         carer = code.PlantCarer(agent_id="basil-carer")
         with persisted(plants, FakeLLM(["fine"])):
             carer.ask("How is the basil?")

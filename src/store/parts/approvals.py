@@ -361,11 +361,7 @@ def decide(
     note = _text(note, "reason" if not approve else "note", MAX_NOTE, required=not approve)
     found = one(conn, approval_id)
     if found is None:
-        msg = (
-            f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
-            "lists them"
-        )
-        raise NotFoundError(msg)
+        raise _no_approval(approval_id)
     if found.status != "pending":
         when = f" at {found.decided_at:%Y-%m-%d %H:%M:%S} UTC" if found.decided_at else ""
         who = f" by {found.decided_by}" if found.decided_by else ""
@@ -421,11 +417,7 @@ def retarget(
     name = _text(tool, "tool", 200, required=True)
     found = one(conn, approval_id)
     if found is None:
-        msg = (
-            f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
-            "lists them"
-        )
-        raise NotFoundError(msg)
+        raise _no_approval(approval_id)
     if found.status != "pending":
         msg = (
             f"approval {approval_id} is {found.status}; only a pending one can be re-targeted; "
@@ -447,6 +439,14 @@ def retarget(
     changed = one(conn, approval_id)
     assert changed is not None
     return changed
+
+
+def _no_approval(approval_id: str) -> NotFoundError:
+    msg = (
+        f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
+        "lists them"
+    )
+    return NotFoundError(msg)
 
 
 def _queue_resume(conn: Conn, suspension: Suspension, now: float) -> None:
