@@ -94,7 +94,7 @@ def _print_report(report: UpgradeReport, saved: str | None) -> None:
     if report.code_version is not None:
         print(f"new code: {report.code_version}")
     for run in report.workflows:
-        print(f"workflow {run.workflow}: {run.summary}")
+        print(f"workflow {run.workflow or '(none named)'}: {run.summary}")
     if report.breaks:
         print(f"\n{len(report.breaks)} piece(s) of in-flight work the new code cannot carry:")
         for problem in report.breaks:

@@ -71,6 +71,8 @@ class WorkflowRun:
         if self.live_at is None:
             return f"{replayed}, and ends: nothing goes live"
         live = self.live_at
+        if live["number"] is None:  # the program installed the handler without a workflow
+            return f"{replayed}, goes live at once ({live['template']}): no workflow named"
         return f"{replayed}, goes live at {live['number']} ({live['key']} {live['template']})"
 
 
