@@ -15,7 +15,15 @@ from .inflight import AgentInFlight, read_in_flight
 from .parts import conversation_fields
 from .parts import conversations as _conversations
 from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
-from .rows import current_version, decode_messages, state_at, storable, trace_in, utc
+from .rows import (
+    code_version_in,
+    current_version,
+    decode_messages,
+    state_at,
+    storable,
+    trace_in,
+    utc,
+)
 from .turns import HANDOFF_SELECT, handoff_of
 
 
@@ -245,9 +253,11 @@ class StoreReads(StoreBase):
 
     def in_flight(self, agent_ids: list[str]) -> list[AgentInFlight]:
         """What the agents ``agent_ids`` hold at their latest versions, as a check reads it:
-        their fields, their conversations' tool calls and results, their memory's keys.
+        their fields, their conversations' tool calls and results, their memory's keys,
+        their code version. Pass a page of :meth:`agent_ids`: each read takes the range
+        from the first id to the last.
 
-        Seven set-wise reads for all of them (at most 1,000 ids a call), however
+        Eight set-wise reads for all of them (at most 1,000 ids a call), however
         long their histories: only the tool calls of their active messages, and the
         first and last 400 characters of each tool result. Agents the database does
         not hold are left out.
@@ -365,14 +375,6 @@ _IN_LIST = 1000
 def _mark_code_version(message: dict[str, Any], code_version: str | None) -> None:
     if code_version is not None:
         message["durable"] = {**message.get("durable", {}), "code_version": code_version}
-
-
-def code_version_in(detail: str | None) -> str | None:
-    """The ``code_version`` a version's ``detail`` JSON names, if any."""
-    if not detail:
-        return None
-    found = json.loads(detail).get("code_version")
-    return found if isinstance(found, str) else None
 
 
 def no_conversation(agent_id: str, conversation: str, version: int) -> str:

@@ -83,12 +83,12 @@ def check_upgrade(
         versions: Counter[str] = Counter()
         shapes: dict[type, Shape] = {}
         checked = 0
-        for ids, codes, held_page in _pages(store, page):
-            versions.update(code or "(not recorded)" for code in codes.values())
+        for held_page in _pages(store, page):
             for held in held_page:
+                versions[held.code_version or "(not recorded)"] += 1
                 counts["conversations"] += len(held.conversations)
                 breaks += _check_one(agents, held, waiting, shapes)
-            checked += len(ids)
+            checked += len(held_page)
             if progress is not None:
                 progress(checked, max(total, checked))
         runs = tuple(dry_run(store, workflow)) if workflow is not None else ()
@@ -111,7 +111,7 @@ def check_upgrade(
             store.close()
 
 
-type _Page = tuple[list[str], dict[str, str | None], list[AgentInFlight]]
+type _Page = list[AgentInFlight]
 
 
 def _pages(store: Store, size: int) -> Iterator[_Page]:
@@ -119,7 +119,7 @@ def _pages(store: Store, size: int) -> Iterator[_Page]:
     in a thread of its own, so that the database's time and the check's overlap."""
 
     def read(ids: list[str]) -> _Page:
-        return ids, store.code_versions(ids), store.in_flight(ids)
+        return store.in_flight(ids)
 
     with ThreadPoolExecutor(_READERS, thread_name_prefix="effectful-durable-check") as readers:
         ahead: deque[Future[_Page]] = deque()
