@@ -103,7 +103,7 @@ def timed(db: str, what: str, agent_class: type[Any]) -> None:
         kinds[problem.kind] = kinds.get(problem.kind, 0) + 1
     counts = report.in_flight
     print(
-        f"{what:<18} {seconds:7.1f} s  {counts['agents'] / seconds:8,.0f} agents/s  "
+        f"{what:<20} {seconds:7.1f} s  {counts['agents'] / seconds:8,.0f} agents/s  "
         f"{counts['agents']:,} agents, {counts['conversations']:,} conversations, "
         f"{counts['approvals']:,} approvals, {counts['alarms']:,} alarms, "
         f"{counts['events']:,} events; breaks: {kinds or 'none'}",

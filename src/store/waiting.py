@@ -33,6 +33,15 @@ class WaitingMethods(StoreBase):
         with self._reading() as conn:
             return _approvals.listed(conn, agent_id=agent_id, status=status)
 
+    def unresumed_approvals(self) -> list[ApprovalInfo]:
+        """Every approval whose suspended turn has not resumed yet, decided or not, oldest
+        first: one indexed read (what ``effectful-durable check --agents`` looks at).
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return _approvals.unresumed(conn)
+
     def approval(self, approval_id: str) -> ApprovalInfo:
         """One approval, by its id.
 

@@ -15,7 +15,6 @@ from ..agents.persistent import PersistentAgent
 from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.inflight import AgentInFlight
-from ..store.records import ApprovalInfo
 from .agent_checks import Shape, StoredAgent, check_agent
 from .dry_run import dry_run
 from .report import Break, UpgradeReport
@@ -144,12 +143,7 @@ class _Waiting:
     """The database's open approvals, alarms and events, by agent: three reads in all."""
 
     def __init__(self, store: Store) -> None:
-        approvals: list[ApprovalInfo] = [
-            a
-            for status in ("pending", "approved", "denied")
-            for a in store.approvals(status=status)
-            if a.ended_in is None
-        ]
+        approvals = store.unresumed_approvals()
         alarms = store.alarms()
         events = store.events()
         self.approvals = _by_agent(approvals)

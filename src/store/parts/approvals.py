@@ -246,6 +246,13 @@ def listed(
     return [_info(row) for row in rows]
 
 
+def unresumed(conn: Conn) -> list[ApprovalInfo]:
+    """Every approval whose suspended turn has not resumed: pending, or decided and
+    waiting for the resumption (``ended_in`` NULL), oldest first."""
+    rows = conn.execute(f"{_SELECT} WHERE ended_in IS NULL ORDER BY asked_at, approval_id")
+    return [_info(row) for row in rows.fetchall()]
+
+
 def between(conn: Conn, agent_id: str, low: int, high: int) -> list[ApprovalInfo]:
     """The approvals of ``agent_id`` asked or resumed by a version after ``low`` up to
     ``high``, oldest first."""
