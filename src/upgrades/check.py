@@ -61,7 +61,7 @@ def check_upgrade(
         agents: Builds an agent of the new code from its id.
         workflow: Runs the workflow's program with the dry run's handler.
         code_version: The new code's version, for the report.
-        page: How many agents are read per page.
+        page: How many agents are read per page (1 to 1,000).
         progress: Called with (agents checked, agents in all) after each page.
 
     Returns:
@@ -69,9 +69,13 @@ def check_upgrade(
 
     Raises:
         DurableError: The database cannot be read (see :class:`~effectful_durable.Store`).
+        ValueError: ``page`` is out of range.
 
     .. versionadded:: 0.2.0
     """
+    if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= PAGE:
+        msg = f"page must be an int from 1 to {PAGE}, not {page!r}"
+        raise ValueError(msg)
     started = time.monotonic()
     store = db if isinstance(db, Store) else Store(db, readonly=True)
     try:

@@ -7,7 +7,7 @@ import contextlib
 import io
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from effectful.handlers.llm import Template
 from effectful.ops.syntax import ObjectInterpretation, implements
@@ -52,7 +52,6 @@ class DryRunHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
         name = getattr(template, "__name__", type(template).__name__)
         if self.journal is None:
             self._go_live({"number": None, "key": name, "template": name})
-        assert self.journal is not None
         arguments = step_arguments(template, args, kwargs)
         agent_id = agent.agent_id if agent is not None else None
         conversation = current_conversation(agent) if agent is not None else None
@@ -63,7 +62,6 @@ class DryRunHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
     def _wait_for_event(self, agent: Any, name: str, *, timeout: float) -> Any:
         if self.journal is None:
             self._go_live({"number": None, "key": name, "template": f"wait_for_event {name}"})
-        assert self.journal is not None
         agent_id = agent.agent_id if isinstance(agent, PersistentAgent) else agent
         conversation = current_conversation(agent) if isinstance(agent, PersistentAgent) else None
         step = self.journal.next_wait(name, timeout, agent_id, None, conversation)
@@ -75,7 +73,6 @@ class DryRunHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
             self._go_live(
                 {"number": self._new_number(), "key": step.key, "template": step.template}
             )
-        assert recorded is not None
         if (recorded.template, recorded.arguments) != (step.template, step.arguments):
             with self._lock:
                 self.diverged.append(
@@ -117,7 +114,7 @@ class DryRunHandler(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
     def _has_journal(self) -> bool:
         return any(info.workflow == self.workflow for info in self.store.workflows())
 
-    def _go_live(self, step: dict[str, Any]) -> None:
+    def _go_live(self, step: dict[str, Any]) -> NoReturn:
         with self._lock:
             self.live.append(step)
         raise _Stopped
