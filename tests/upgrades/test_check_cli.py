@@ -194,3 +194,39 @@ class TestCodeVersion:
 
         with pytest.raises(ValueError, match="code_version must be"):
             PersistenceHandler(str(tmp_path / "x.db"), code_version="")
+
+
+def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal the check draws its progress, redrawn in place, and ends the line."""
+    import pty
+
+    db = str(tmp_path / "state.db")
+    suspended_refund(db, tmp_path)
+    same = factory_module(tmp_path, "shop_tty")
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "effectful_durable", "check", db, "--agents", same],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=120,
+        )
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal's other end is closed: all was read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0, done.stdout
+    assert b"\rchecking [##############################] 1/1 agents" in drawn
+    assert drawn.endswith(b"\r\n")
+    assert "checking" not in done.stdout  # the bar is on the terminal, the report on stdout
