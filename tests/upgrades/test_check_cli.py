@@ -230,3 +230,20 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     assert b"\rchecking [##############################] 1/1 agents" in drawn
     assert drawn.endswith(b"\r\n")
     assert "checking" not in done.stdout  # the bar is on the terminal, the report on stdout
+
+
+def test_handlers_name_the_new_code_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--handlers: the code version of the stack's PersistenceHandler is the new code's."""
+    monkeypatch.chdir(tmp_path)
+    db = str(tmp_path / "state.db")
+    suspended_refund(db, tmp_path, code_version="v1")
+    same = factory_module(tmp_path, "shop_stack")
+    (tmp_path / "stack.py").write_text(
+        "from effectful_durable import PersistenceHandler\n\n\n"
+        f"def handlers(config):\n    return [PersistenceHandler({db!r}, code_version='v2')]\n"
+    )
+    assert main(["check", db, "--agents", same, "--handlers", "stack:handlers", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["code_version"], report["code_versions"]) == ("v2", {"v1": 1})
