@@ -43,7 +43,11 @@ def check_command(args: argparse.Namespace) -> int:
         return 130
     saved = args.report
     if saved is not None:
-        _save(saved, report)
+        try:
+            _save(saved, report)
+        except OSError as error:  # the report still prints; the page shows an older one
+            print(f"{PROG}: warning: cannot keep the report in {saved}: {error}", file=sys.stderr)
+            saved = None
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:
@@ -57,8 +61,15 @@ def _handlers_code_version(spec: str | None) -> str | None:
         return None
     from ..handlers.persistence import PersistenceHandler
 
+    try:
+        stack = list(load(spec, "--handlers")(RunnerConfig()))
+    except DurableError:
+        raise
+    except Exception as error:  # the user's factory: say so, with what it raised
+        msg = f"the --handlers factory {spec!r} failed: {type(error).__name__}: {error}"
+        raise DurableError(msg) from error
     found = None
-    for part in load(spec, "--handlers")(RunnerConfig()):
+    for part in stack:
         if isinstance(part, PersistenceHandler):
             found = found or part.code_version
             part.close()
