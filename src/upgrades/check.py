@@ -19,6 +19,9 @@ from .agent_checks import Shape, StoredAgent, check_agent
 from .dry_run import dry_run
 from .report import Break, UpgradeReport
 
+#: What a report counts, in the order it says it.
+IN_FLIGHT = ("agents", "conversations", "approvals", "alarms", "events", "workflows")
+
 #: Agents read and checked per page (at most 1,000: Store.in_flight's limit).
 PAGE = 1000
 
@@ -103,7 +106,7 @@ def check_upgrade(
             database=redacted(str(store.path)),
             checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
             code_version=code_version,
-            in_flight=dict(sorted(counts.items())),
+            in_flight={key: counts[key] for key in IN_FLIGHT},
             code_versions=dict(versions.most_common()),
             breaks=tuple(breaks),
             workflows=runs,

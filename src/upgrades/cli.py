@@ -98,7 +98,7 @@ def _save(path: str, report: UpgradeReport) -> None:
 
 def _print_report(report: UpgradeReport, saved: str | None) -> None:
     counts = report.in_flight
-    looked = ", ".join(_counted(counts.get(key, 0), key) for key in _COUNTED)
+    looked = ", ".join(_counted(number, key) for key, number in counts.items())
     print(f"{report.database}: checked {looked} in {report.seconds:.1f} s")
     versions = ", ".join(f"{code} ({n:,})" for code, n in report.code_versions.items())
     print(f"code versions in flight: {versions or 'none'}")
@@ -124,9 +124,6 @@ def _print_report(report: UpgradeReport, saved: str | None) -> None:
 
 def _counted(number: int, plural: str) -> str:
     return f"{number:,} {plural if number != 1 else plural.removesuffix('s')}"
-
-
-_COUNTED = ("agents", "conversations", "approvals", "alarms", "events", "workflows")
 
 
 def migrate_command(args: argparse.Namespace) -> int:
