@@ -16,6 +16,7 @@ from .agents import (
     requires_approval,
     wait_for_event,
 )
+from .agents.migrations import migrates_state
 from .errors import (
     AgentInUseError,
     AlarmLeaseLostError,
@@ -39,6 +40,7 @@ from .errors import (
     NotSupportedError,
     SchemaTooNewError,
     SQLWorkspaceError,
+    StateMigrationError,
     StateSerializationError,
     StorageError,
     TurnSuspended,
@@ -64,6 +66,7 @@ from .store.parts.events import EventInfo
 from .store.records import ApprovalInfo, Suspension
 from .store.workspace.sandbox import SQLLimits
 from .store.workspace.workspace import SQLResult
+from .upgrades import Break, UpgradeReport, WorkflowRun, check_upgrade, migrate_states
 
 __all__ = [
     "AgentInUseError",
@@ -74,6 +77,7 @@ __all__ = [
     "AlarmLeaseLostError",
     "AlarmTools",
     "ApprovalInfo",
+    "Break",
     "CommitUnknownError",
     "CompactionHandler",
     "ConversationInfo",
@@ -113,18 +117,24 @@ __all__ = [
     "RunnerConfig",
     "SchemaTooNewError",
     "StateTools",
+    "StateMigrationError",
     "StateSerializationError",
     "StepInfo",
     "StorageError",
     "Store",
     "Suspension",
     "TurnSuspended",
+    "UpgradeReport",
     "VersionInfo",
     "WorkflowDivergedError",
     "WorkflowInfo",
     "WorkflowReset",
+    "WorkflowRun",
+    "check_upgrade",
     "current_approval",
     "ephemeral",
+    "migrate_states",
+    "migrates_state",
     "per_conversation",
     "requires_approval",
     "summarize_context",

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)  # a long-running process: it logs, library loggers included
     if args.command == "ui":
         return _ui(args)
+    if args.command in _NEW_CODE and (args.command != "check" or args.agents):
+        return _new_code(args)
+    if args.command == "check" and (args.handlers or args.workflow or args.report):
+        return _fail("check takes --handlers, --workflow and --report only with --agents", code=2)
     with _library_logs_quiet():
         return _command(args)
 
@@ -213,7 +217,11 @@ def _agents(store: Store, args: argparse.Namespace) -> int:
 
 def _history(store: Store, args: argparse.Namespace) -> int:
     messages = store.history(
-        args.agent, args.version, conversation=args.conversation, include_compacted=args.all
+        args.agent,
+        args.version,
+        conversation=args.conversation,
+        include_compacted=args.all,
+        code_versions=args.json,
     )
     if args.json:
         _print_json(messages)
@@ -286,7 +294,10 @@ def _versions(store: Store, args: argparse.Namespace) -> int:
         "committed_at",
         "detail",
     ]
-    _show(args, store.versions(args.agent), columns)
+    versions = store.versions(args.agent)
+    if not args.json and any(version.code_version for version in versions):
+        columns[-1:-1] = ["code_version"]
+    _show(args, versions, columns)
     return 0
 
 
@@ -712,6 +723,11 @@ def _ui_placeholder(store: Store, args: argparse.Namespace) -> int:
     raise AssertionError(msg)  # pragma: no cover
 
 
+def _new_code_placeholder(store: Store, args: argparse.Namespace) -> int:
+    msg = "the commands that import new code are dispatched before a Store is opened"
+    raise AssertionError(msg)  # pragma: no cover
+
+
 def _run_placeholder(store: Store, args: argparse.Namespace) -> int:
     msg = "run is dispatched before a Store is opened"
     raise AssertionError(msg)  # pragma: no cover
@@ -731,6 +747,7 @@ def _ui(args: argparse.Namespace) -> int:
     problem = _unusable(args.db)
     if problem:
         return _fail(problem)
+    args.check_report = check_report_path(args.db, args.check_report)
     with _library_logs_quiet():
         try:
             return serve(args)
@@ -751,6 +768,37 @@ def _run(args: argparse.Namespace) -> int:
     from .runner.cli import run_command
 
     return run_command(args)
+
+
+# Commands that import the user's new agent code: check (with --agents), and the repairs
+# it names.
+_NEW_CODE = frozenset({"check", "migrate-state", "retarget"})
+
+
+def _new_code(args: argparse.Namespace) -> int:
+    """``check --agents``, ``migrate-state``, ``retarget``: they import effectful's LLM layer."""
+    problem = _unusable(args.db)
+    if problem:
+        return _fail(problem)
+    if args.command == "check":
+        args.report = check_report_path(args.db, args.report)
+    from .upgrades import cli
+
+    commands = {
+        "check": cli.check_command,
+        "migrate-state": cli.migrate_command,
+        "retarget": cli.retarget_command,
+    }
+    with _library_logs_quiet():
+        return commands[args.command](args)
+
+
+def check_report_path(db: str, chosen: str | None) -> str | None:
+    """Where the report of ``check --agents`` is kept for the page: the path chosen, else
+    ``DB.check.json`` beside an SQLite file (a PostgreSQL database has no beside)."""
+    if chosen is not None:
+        return chosen
+    return None if is_postgres_url(db) else f"{db}.check.json"
 
 
 def _json_arguments(args: argparse.Namespace) -> str | None:
@@ -913,6 +961,11 @@ def _parser() -> argparse.ArgumentParser:
     def agent(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("agent", metavar="AGENT", help="the agent id")
 
+    def agents_factory(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
+        )
+
     def at_version(sub: argparse.ArgumentParser, what: str) -> None:
         sub.add_argument("--version", type=int, metavar="N", help=f"{what} (default: latest)")
 
@@ -947,7 +1000,56 @@ def _parser() -> argparse.ArgumentParser:
     command("workflows", _workflows, "list the workflow journals and their step counts")
     sub = command("steps", _steps, "list a workflow's journal, step by step")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
-    command("check", _check, "check the file and every row's checksum; print quick facts")
+    sub = command(
+        "check",
+        _check,
+        "check the file and every row's checksum; with --agents, what new agent code "
+        "does to every agent in flight",
+    )
+    sub.add_argument(
+        "--agents",
+        metavar="MODULE:FUNC",
+        help="the new code's factory of an agent from its id: check what it cannot carry "
+        "(approvals, alarms, events, fields, memory, histories) instead; exit 3 if anything",
+    )
+    sub.add_argument(
+        "--handlers",
+        metavar="MODULE:FUNC",
+        help="the new code's handler stack, as for run (its PersistenceHandler's code_version)",
+    )
+    sub.add_argument(
+        "--workflow",
+        metavar="MODULE:FUNC",
+        help="runs the workflow's program, given a handler factory; replayed in a dry run",
+    )
+    sub.add_argument(
+        "--code-version", metavar="TEXT", help="the new code's version, for the report"
+    )
+    sub.add_argument(
+        "--report",
+        metavar="FILE",
+        help="with --agents: keep the report here for the page (default: DB.check.json "
+        "beside an SQLite file)",
+    )
+    sub = command(
+        "migrate-state",
+        _new_code_placeholder,
+        "commit agents' fields migrated to their class's __state_version__",
+    )
+    agents_factory(sub)
+    sub.add_argument("--agent", metavar="AGENT", help="only this agent (default: all)")
+    sub.add_argument("--dry-run", action="store_true", help="say what would be migrated")
+    sub.add_argument("--code-version", metavar="TEXT", help="recorded with each migration")
+    sub = command("retarget", _new_code_placeholder, "make a waiting approval name a renamed tool")
+    sub.add_argument("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)")
+    sub.add_argument("tool", metavar="TOOL", help="the tool's name in the new code")
+    agents_factory(sub)
+    sub.add_argument(
+        "--arguments",
+        metavar="JSON",
+        help="the call's arguments for the new tool (default: the model's, if they fit)",
+    )
+    sub.add_argument("--by", metavar="NAME", help="who re-targets it (default: your user name)")
     sub = command("sql", _sql, "run a read-only query on an agent's own SQL tables")
     agent(sub)
     sub.add_argument("query", metavar="QUERY", help="one SELECT statement")
@@ -1016,9 +1118,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--agent", metavar="AGENT", help="only this agent's events")
     sub.add_argument("--all", action="store_true", help="include delivered ones")
     sub = command("run", _run_placeholder, "deliver alarms as agent turns until stopped")
-    sub.add_argument(
-        "--agents", required=True, metavar="MODULE:FUNC", help="builds an agent from its id"
-    )
+    agents_factory(sub)
     sub.add_argument(
         "--handlers",
         metavar="MODULE:FUNC",
@@ -1057,6 +1157,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--read-only", action="store_true", help="offer no action, refuse any")
     sub.add_argument(
         "--by", metavar="NAME", help="who decides in the page (default: your user name)"
+    )
+    sub.add_argument(
+        "--check-report",
+        metavar="FILE",
+        help="the report of `check --agents` to show (default: DB.check.json beside an "
+        "SQLite file)",
     )
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")

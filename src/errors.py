@@ -238,6 +238,25 @@ class StateSerializationError(DurableError, TypeError):
         super().__init__(msg)
 
 
+class StateMigrationError(DurableError):
+    """An agent's stored fields cannot be brought up to its class's state version.
+
+    ``.agent_class`` names the class, ``.found`` the version the stored fields
+    were written at, ``.expected`` the class's ``__state_version__``. Nothing
+    was written.
+    """
+
+    def __init__(self, agent_class: str, found: int, expected: int, reason: str) -> None:
+        self.agent_class = agent_class
+        self.found = found
+        self.expected = expected
+        msg = (
+            f"cannot load the stored fields of a {agent_class} (state version {found}) "
+            f"as state version {expected}: {reason}. Nothing was written."
+        )
+        super().__init__(msg)
+
+
 class NotFoundError(DurableError, LookupError):
     """The database holds no such agent, or no such version of it."""
 

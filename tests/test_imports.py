@@ -25,6 +25,7 @@ PACKAGE = "effectful_durable"
 LAYERS: list[list[tuple[str, ...]]] = [
     # what users run and import: the public API, the command, the test helpers
     [("", "__main__", "cli", "testing")],
+    [("upgrades",)],  # check what new agent code does to the agents in flight; its repairs
     [("runner",), ("ui",)],  # AgentRunner: delivers alarms as turns; the page
     [("handlers",)],  # PersistenceHandler, CompactionHandler
     [("agents",)],  # PersistentAgent and the tool mixins

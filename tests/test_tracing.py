@@ -194,6 +194,18 @@ class TestTurn:
         with Store(db_path) as store:
             assert [v.version for v in store.versions("bot")] == [1]
 
+    def test_code_version(self, db_path: Path, spans: Spans) -> None:
+        """A handler's code_version is an attribute of each turn's span, as of its version."""
+        persisted_with = persisted(
+            db_path, FakeLLM(["hello"]), tracing=spans.provider, code_version="3f2c1ab"
+        )
+        with persisted_with:
+            Assistant(agent_id="bot").ask("hi")
+        (turn,) = spans.named("invoke_agent")
+        assert attributes(turn)["effectful_durable.code_version"] == "3f2c1ab"
+        with Store(str(db_path), readonly=True) as store:
+            assert store.versions("bot")[-1].code_version == "3f2c1ab"
+
 
 class TestToolTurn:
     """Each tool call is an execute_tool span; its arguments only when asked for."""

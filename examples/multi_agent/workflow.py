@@ -23,6 +23,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -49,6 +50,7 @@ from effectful_durable import (
 from effectful_durable.testing import FakeLLM
 
 WORKFLOW = "build-textkit"
+CODE_VERSION = "textkit-demo-1"  # recorded with every turn; a deploy would use its git sha
 OUT = Path(__file__).parent / "out"
 MARKER = ".textkit-demo"  # --fresh deletes a project folder only if this program made it
 MAX_REVIEW_ROUNDS = 3
@@ -218,17 +220,20 @@ def make_team(project: Path) -> Team:
 class ModelCalls(ObjectInterpretation):
     """Count this run's model requests, and refuse new ones once the run is stopping."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_after: int | None = None) -> None:
         super().__init__()
         self.count = 0
+        self.stop_after = stop_after  # --stop-after: Ctrl-C, pressed by the program
         self.stopping = threading.Event()
         self._lock = threading.Lock()
 
     @implements(completion)
     def _completion(self, *args: Any, **kwargs: Any) -> Any:
-        if self.stopping.is_set():  # Ctrl-C in another thread: stop here too
-            raise KeyboardInterrupt
         with self._lock:
+            if self.stop_after is not None and self.count >= self.stop_after:
+                self.stopping.set()
+            if self.stopping.is_set():  # Ctrl-C in another thread: stop here too
+                raise KeyboardInterrupt
             self.count += 1
         return fwd()
 
@@ -338,6 +343,23 @@ def fix_modules(coder: Coder, modules: list[ModuleSpec], reviews: dict[str, Revi
     """One coder's thread: fix the modules the reviewer sent back."""
     for module in modules:
         say(coder.agent_id, coder.fix_module(module, reviews[module.name].comments))
+
+
+# -- Before a restart with changed code: what `effectful-durable check` runs -------------
+def agent(agent_id: str) -> PersistentAgent:
+    """The team's agent ``agent_id`` (``check --agents workflow:agent``)."""
+    team = make_team(Path(tempfile.gettempdir()))  # the check runs no tool: no folder needed
+    found = {a.agent_id: a for a in (team.architect, *team.coders, team.reviewer)}
+    return found[agent_id]
+
+
+def program(persistence: Callable[..., Any]) -> None:
+    """The workflow, under the handler the check hands over (``check --workflow
+    workflow:program``): where main() builds PersistenceHandler, it calls ``persistence``."""
+    with tempfile.TemporaryDirectory() as folder:
+        run = Run(None, persistence(workflow=WORKFLOW), ModelCalls(), None)
+        with run.handlers():
+            build(make_team(Path(folder)), run)
 
 
 # -- Showing progress: the journal's log, and what each agent produced --------------------
@@ -451,6 +473,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--slow", type=float, default=0.0, metavar="SECONDS", help="offline model delay per call"
     )
+    parser.add_argument(
+        "--stop-after", type=int, metavar="N", help="stop as Ctrl-C does, after N model calls"
+    )
     return parser.parse_args(argv)
 
 
@@ -481,9 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / MARKER).touch()
     show_journal()
 
-    calls = ModelCalls()
+    calls = ModelCalls(stop_after=args.stop_after)
     offline = None if args.model else scripted_model(delay=args.slow, stopping=calls.stopping)
-    persistence = PersistenceHandler(args.db, workflow=WORKFLOW)
+    persistence = PersistenceHandler(args.db, workflow=WORKFLOW, code_version=CODE_VERSION)
     run = Run(args.model, persistence, calls, offline)
     model = args.model or "the offline model"
     print(f"workflow {WORKFLOW!r} with {model}, journal in {shown(args.db)}")

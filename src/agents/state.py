@@ -12,8 +12,9 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from ..errors import StateSerializationError
+from ..errors import StateMigrationError, StateSerializationError
 from ..store.rows import StorableJSON
+from .migrations import STATE_VERSION_KEY, migrate, state_version
 
 logger = logging.getLogger("effectful_durable.state")
 
@@ -167,6 +168,8 @@ def dump_state(agent: Any, *, per_conversation: bool = False) -> str:
             raise StateSerializationError(
                 _owner(agent), name, type(value).__qualname__, _one_line(e)
             ) from e
+    if not per_conversation and (version := state_version(type(agent))) > 1:
+        values[STATE_VERSION_KEY] = version
     return _STATE_JSON(values)
 
 
@@ -177,14 +180,19 @@ def restore_state(
 
     Fields missing from ``state`` keep their current value (with
     ``per_conversation``: take their default); stored fields the class no
-    longer has are ignored. A stored value that no longer fits its field raises,
-    or with ``on_invalid="default"`` is replaced by the field's default (its
-    current value if it has none) and a warning is logged.
+    longer has are ignored. Fields stored at an older state version are first
+    migrated (:func:`~effectful_durable.migrates_state`). A stored value that
+    no longer fits its field raises, or with ``on_invalid="default"`` is
+    replaced by the field's default (its current value if it has none) and a
+    warning is logged.
 
     Raises:
         StateSerializationError: A stored value no longer fits its field's type.
+        StateMigrationError: The stored fields cannot be migrated.
     """
     stored = json.loads(state)
+    if not per_conversation:
+        stored = _migrated(type(agent), stored)
     for name, annotation in _field_types(type(agent), per_conversation=per_conversation):
         if name not in stored:
             if per_conversation:
@@ -206,6 +214,75 @@ def restore_state(
                 value,
             )
         object.__setattr__(agent, name, value)
+
+
+def _migrated(cls: type, stored: dict[str, Any]) -> dict[str, Any]:
+    if STATE_VERSION_KEY not in stored and state_version(cls) == 1:
+        return stored  # nothing to migrate: the common case costs one lookup
+    return migrate(cls, stored)
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldProblem:
+    """A stored field that the class cannot take as it is: why, in words."""
+
+    field: str
+    kind: typing.Literal["no_longer_fits", "dropped", "migration"]
+    detail: str
+
+
+def state_problems(cls: type, state: str, *, per_conversation: bool = False) -> list[FieldProblem]:
+    """What keeps the stored fields ``state`` (JSON) from loading into ``cls``, unchanged.
+
+    A stored value that no longer fits its field's type; a stored field the class
+    no longer has (the next commit drops its value); fields that cannot be
+    migrated to the class's state version. Nothing is set on any agent.
+    """
+    stored = json.loads(state)
+    if not per_conversation:
+        try:
+            stored = _migrated(cls, stored)
+        except StateMigrationError as error:
+            return [FieldProblem(STATE_VERSION_KEY, "migration", str(error))]
+    fields = dict(_field_types(cls, per_conversation=per_conversation))
+    problems = []
+    for name, value in stored.items():
+        if name not in fields:
+            shown = _one_line_value(value)
+            problems.append(
+                FieldProblem(
+                    name,
+                    "dropped",
+                    f"{cls.__qualname__} has no field {name!r} any more: its stored value "
+                    f"{shown} is dropped by the next commit",
+                )
+            )
+            continue
+        try:
+            _adapter(fields[name]).validate_python(value)
+        except pydantic.ValidationError as error:
+            problems.append(
+                FieldProblem(
+                    name,
+                    "no_longer_fits",
+                    f"the stored value {_one_line_value(value)} no longer fits "
+                    f"{cls.__qualname__}.{name} ({_first_error(error)})",
+                )
+            )
+    return problems
+
+
+def _first_error(error: pydantic.ValidationError) -> str:
+    """The first of pydantic's errors, short: where, and what it says."""
+    first = error.errors(include_url=False)[0]
+    where = "".join(f"[{part!r}]" for part in first["loc"])
+    more = f"; {error.error_count() - 1} more" if error.error_count() > 1 else ""
+    return f"{where or 'the value'}: {first['msg']}{more}"
+
+
+def _one_line_value(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _unloadable(

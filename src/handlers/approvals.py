@@ -109,7 +109,11 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
                 return fwd()
             replay = turn.resuming
             if replay is not None and replay.assistants:
-                message = replay.assistants.pop(0)
+                recorded = replay.assistants.pop(0)
+                message = _retargeted(recorded, replay.decisions)
+                history = active_history()
+                if message is not recorded and history is not None and message["id"] in history:
+                    history[message["id"]] = message  # committed so, by the resumed turn
                 return message, decode_tool_calls(env, message), None
             if turn.asked:
                 history = active_history()
@@ -346,6 +350,32 @@ def _decided(tool_call: Any, decided: ApprovalInfo) -> Any:
         extra={"approval": decided.approval_id, "agent": decided.agent_id},
     )
     return message
+
+
+def _retargeted(message: Any, approvals: Mapping[str, ApprovalInfo]) -> Any:
+    """The recorded assistant ``message`` with each call an approval was re-targeted
+    from (its tool renamed in new code) naming the approval's tool and arguments."""
+    calls = message.get("tool_calls") or []
+    if not any(_moved(call, approvals) for call in calls):
+        return message
+    renamed = []
+    for call in calls:
+        approval = _moved(call, approvals)
+        if approval is not None:
+            # The model named a method tool ``self__name`` (effectful's collect_tools).
+            prefix = "self__" if call["function"]["name"].startswith("self__") else ""
+            name = prefix + approval.tool
+            function = {"name": name, "arguments": json.dumps(approval.arguments)}
+            call = {**call, "function": {**call.get("function", {}), **function}}
+        renamed.append(call)
+    return {**message, "tool_calls": renamed}
+
+
+def _moved(call: Any, approvals: Mapping[str, ApprovalInfo]) -> ApprovalInfo | None:
+    approval = approvals.get(call.get("id"))
+    name = str((call.get("function") or {}).get("name"))
+    moved = approval is not None and approval.tool != name.removeprefix("self__")
+    return approval if moved else None
 
 
 @functools.cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from dataclasses import dataclass
@@ -113,8 +114,8 @@ class Journal:
                 raise WorkflowDivergedError(
                     self.workflow,
                     f"{recorded.number} ({step.key})",
-                    _describe(recorded.template, recorded.arguments),
-                    _describe(step.template, step.arguments),
+                    describe_step(recorded.template, recorded.arguments),
+                    describe_step(step.template, step.arguments),
                 )
             parent_prefix = step.key.rsplit("/", 1)[0] + "/"
             self.store.discard_steps(self.workflow, parent_prefix, recorded.number)
@@ -183,5 +184,21 @@ def _result_type(template: Template[..., Any], name: str) -> pydantic.TypeAdapte
     return adapter
 
 
-def _describe(template: str, arguments: Any) -> str:
+def describe_step(template: str, arguments: Any) -> str:
     return f"{template}({pydantic_core.to_json(arguments).decode()})"
+
+
+def step_arguments(
+    template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """The call's arguments by parameter name, as JSON values: what a step records."""
+    try:
+        # A template keeps its signature (without self, once bound) as effectful
+        # resolved it; inspect.signature() would find the same one, more slowly.
+        signature = getattr(template, "__signature__", None)
+        if not isinstance(signature, inspect.Signature):
+            signature = inspect.signature(template)
+        bound: Any = signature.bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {"args": args, "kwargs": kwargs}
+    return pydantic_core.to_jsonable_python(bound, fallback=repr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import threading
@@ -59,7 +58,7 @@ from .effectful_hooks import (
 )
 from .effects import Compacted, compaction_scope, history_compacted
 from .events import EventHandling
-from .journal import Journal
+from .journal import Journal, step_arguments
 from .memory import MemoryHandling
 from .turn import Committed, Turn
 from .workspace import WorkspaceHandling
@@ -152,6 +151,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             (the default) imports nothing of OpenTelemetry and costs nothing;
             True uses the global TracerProvider; or pass a TracerProvider. Needs
             ``pip install 'effectful-durable[otel]'``.
+        code_version: What code this is, in your words (a git sha, a release
+            tag): recorded with every turn it commits (``detail["code_version"]``
+            of :meth:`Store.versions <effectful_durable.Store.versions>`), shown by
+            ``effectful-durable versions``, the page and the traces, and counted by
+            ``effectful-durable check`` (see :doc:`/upgrades`).
         trace_tool_arguments: Record each tool call's arguments in its span
             (``gen_ai.tool.call.arguments``, cut to at most 1,024 characters),
             and a failing tool's error message in its span and its turn's. They
@@ -171,7 +175,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     .. versionadded:: 0.1.0
 
     .. versionchanged:: 0.2.0
-       ``tracing``, ``trace_tool_arguments`` and ``statement_timeout``.
+       ``tracing``, ``trace_tool_arguments``, ``statement_timeout`` and ``code_version``.
     """
 
     def __init__(
@@ -189,6 +193,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         needs_approval: ApprovalPolicy | None = None,
         tracing: bool | TracerProvider = False,
         trace_tool_arguments: bool = False,
+        code_version: str | None = None,
     ) -> None:
         super().__init__()
         if keep_versions is not None and (
@@ -216,6 +221,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self.keep_versions = keep_versions
         self.on_invalid_state = on_invalid_state
         self.needs_approval = needs_approval
+        self.code_version = _checked_code_version(code_version)
         self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
         self._database = self.store._identity
@@ -264,7 +270,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         if agent is None and journal is None:
             return fwd()  # a free template, and not a workflow step: not ours
         name = getattr(template, "__name__", type(template).__name__)
-        arguments = _arguments(template, args, kwargs)
+        arguments = step_arguments(template, args, kwargs)
         step = None
         if journal is not None:
             parent = turns[-1].step if turns else None
@@ -318,7 +324,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         if self._tracing is None:
             return self._locked_turn(agent, turn, arguments, resume_only=resume_only)
         workflow = self.journal.workflow if self.journal is not None else None
-        with self._tracing.turn(agent, turn, workflow) as span:
+        with self._tracing.turn(agent, turn, workflow, self.code_version) as span:
             turn.span = span
             return self._locked_turn(agent, turn, arguments, resume_only=resume_only)
 
@@ -623,6 +629,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             detail["suspended"] = [asked.approval_id for asked in turn.asked]
         if turn.resuming is not None:
             detail["resumed"] = turn.resuming.suspension.suspended_in
+        if self.code_version is not None:
+            detail["code_version"] = self.code_version
         tracing, stats = self._tracing, None
         if tracing is not None:
             # The turn's trace context, for the alarms it schedules (their deliveries link to it).
@@ -760,17 +768,16 @@ def _set_committed(agent: PersistentAgent, committed: Committed) -> None:
         history.mark_committed()
 
 
-def _arguments(template: Template[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    try:
-        # A template keeps its signature (without self, once bound) as effectful
-        # resolved it; inspect.signature() would find the same one, more slowly.
-        signature = getattr(template, "__signature__", None)
-        if not isinstance(signature, inspect.Signature):
-            signature = inspect.signature(template)
-        bound: Any = signature.bind(*args, **kwargs).arguments
-    except (TypeError, ValueError):
-        bound = {"args": args, "kwargs": kwargs}
-    return pydantic_core.to_jsonable_python(bound, fallback=repr)
+def _checked_code_version(code_version: str | None) -> str | None:
+    if code_version is None:
+        return None
+    if not isinstance(code_version, str) or not code_version.strip() or len(code_version) > 200:
+        msg = (
+            "code_version must be None or a non-empty text of at most 200 characters "
+            f"(a git sha, a release tag), not {code_version!r}"
+        )
+        raise ValueError(msg)
+    return code_version
 
 
 def _handoff_summary(handoff: Handoff) -> dict[str, Any]:

@@ -71,6 +71,7 @@ VERSION = PREFIX + "version"
 BASE_VERSION = PREFIX + "base_version"
 WORKFLOW = PREFIX + "workflow"
 STEP = PREFIX + "step"
+CODE_VERSION = PREFIX + "code_version"
 REPLAYED = PREFIX + "replayed"
 ATTEMPT = PREFIX + "attempt"
 LINK = PREFIX + "link"
@@ -113,7 +114,13 @@ class Tracing:
     # -- the turn ---------------------------------------------------------------
 
     @contextmanager
-    def turn(self, agent: PersistentAgent, turn: Turn, workflow: str | None) -> Iterator[Span]:
+    def turn(
+        self,
+        agent: PersistentAgent,
+        turn: Turn,
+        workflow: str | None,
+        code_version: str | None = None,
+    ) -> Iterator[Span]:
         """The span of ``turn``, current while it runs; its outcome set as it ends."""
         name = type(agent).__name__
         attributes: dict[str, Any] = {
@@ -123,6 +130,8 @@ class Tracing:
             CONVERSATION: turn.conversation,
             TEMPLATE: turn.template,
         }
+        if code_version is not None:
+            attributes[CODE_VERSION] = code_version
         if workflow is not None and turn.step is not None:
             attributes[WORKFLOW] = workflow
             attributes[STEP] = turn.step.key

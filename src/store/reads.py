@@ -11,10 +11,19 @@ from .base import StoreBase
 from .browse import VERSION_SELECT, version_info
 from .engine.seam import Conn
 from .ids import DEFAULT_CONVERSATION, validate_agent_id, validate_conversation_id
+from .inflight import AgentInFlight, read_in_flight
 from .parts import conversation_fields
 from .parts import conversations as _conversations
 from .records import AgentRecord, ConversationInfo, Handoff, VersionInfo
-from .rows import current_version, decode_messages, state_at, storable, trace_in, utc
+from .rows import (
+    code_version_in,
+    current_version,
+    decode_messages,
+    state_at,
+    storable,
+    trace_in,
+    utc,
+)
 from .turns import HANDOFF_SELECT, handoff_of
 
 
@@ -44,6 +53,7 @@ class StoreReads(StoreBase):
         *,
         conversation: str = DEFAULT_CONVERSATION,
         include_compacted: bool = False,
+        code_versions: bool = False,
     ) -> list[dict[str, Any]]:
         """One conversation's active messages, in order, at ``version`` (default: latest).
 
@@ -58,13 +68,15 @@ class StoreReads(StoreBase):
             conversation: The conversation; the default one unless named. The
                 default conversation of an agent that never used it is empty.
             include_compacted: Include the originals compactions replaced.
+            code_versions: Mark each message whose turn was committed with a
+                ``code_version`` with it: ``"durable": {"code_version": ...}``.
 
         Raises:
             NotFoundError: No such agent or version, or no such conversation at
                 that version.
 
         .. versionchanged:: 0.2.0
-           ``conversation``.
+           ``conversation`` and ``code_versions``.
         """
         with self._reading() as conn:
             version = self._checked_rows_of(
@@ -77,22 +89,26 @@ class StoreReads(StoreBase):
                 version,
             )
             self._checked_conversation(conn, agent_id, conversation, version)
+            marks = self._code_version_marks(conn, agent_id) if code_versions else {}
             if not include_compacted:
                 bodies = conn.execute(
                     """
-                    SELECT body FROM checked_messages
+                    SELECT body, added_in FROM checked_messages
                      WHERE agent_id = ?1 AND conversation = ?3 AND added_in <= ?2
                        AND (removed_in IS NULL OR removed_in > ?2)
                      ORDER BY position
                     """,
                     (agent_id, version, conversation),
-                )
-                return decode_messages(body for (body,) in bodies)
+                ).fetchall()
+                messages = decode_messages(body for body, _ in bodies)
+                for message, (_, added_in) in zip(messages, bodies, strict=True):
+                    _mark_code_version(message, marks.get(added_in))
+                return messages
             # Which originals a compaction replaced is read from the compactions rows.
             self._db.check_rows(conn, "compactions", "agent_id = ?", (agent_id,))
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
-                SELECT m.body, c.version, s.messages FROM checked_messages AS m
+                SELECT m.body, c.version, s.messages, m.added_in FROM checked_messages AS m
                   LEFT JOIN compactions AS c
                     ON c.agent_id = m.agent_id AND c.version = m.removed_in
                    AND m.position BETWEEN c.first_position AND c.last_position
@@ -105,13 +121,24 @@ class StoreReads(StoreBase):
                 """,
                 (agent_id, version, conversation),
             ).fetchall()
-        messages = decode_messages(body for body, _, _ in rows)
-        for message, (_, compacted_in, summary_of) in zip(messages, rows, strict=True):
+        messages = decode_messages(body for body, _, _, _ in rows)
+        for message, (_, compacted_in, summary_of, added_in) in zip(messages, rows, strict=True):
             if compacted_in is not None:
                 message["durable"] = {"compacted_in": compacted_in}
             elif summary_of is not None:
                 message["durable"] = {"summary_of": summary_of}
+            _mark_code_version(message, marks.get(added_in))
         return messages
+
+    def _code_version_marks(self, conn: Conn, agent_id: str) -> dict[int, str]:
+        """The code version of each of the agent's versions committed with one."""
+        rows = conn.execute(
+            "SELECT version, detail FROM checked_versions "
+            "WHERE agent_id = ? AND detail IS NOT NULL",
+            (agent_id,),
+        )
+        found = ((version, code_version_in(detail)) for version, detail in rows)
+        return {version: code for version, code in found if code is not None}
 
     def search_compacted(
         self,
@@ -192,6 +219,84 @@ class StoreReads(StoreBase):
             ).fetchone()
         return trace_in(row[0]) if row else None
 
+    def agent_count(self) -> int:
+        """How many agents the database holds: one read.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return int(conn.execute("SELECT count(*) FROM agents").get)
+
+    def agent_ids(self, *, after: str | None = None, limit: int = 500) -> list[str]:
+        """A page of agent ids, in order: those after ``after`` (from the start if None).
+
+        Read the next page with ``after`` set to the last id of this one; each page
+        is one indexed read, however many agents the database holds.
+
+        .. versionadded:: 0.2.0
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            msg = f"limit must be an int >= 1, not {limit!r}"
+            raise ValueError(msg)
+        with self._reading() as conn:
+            if after is None:
+                rows = conn.execute(
+                    "SELECT agent_id FROM checked_agents ORDER BY agent_id LIMIT ?", (limit,)
+                )
+            else:
+                rows = conn.execute(
+                    "SELECT agent_id FROM checked_agents WHERE agent_id > ? "
+                    "ORDER BY agent_id LIMIT ?",
+                    (after, limit),
+                )
+            return [agent_id for (agent_id,) in rows]
+
+    def in_flight(self, agent_ids: list[str]) -> list[AgentInFlight]:
+        """What the agents ``agent_ids`` hold at their latest versions, as a check reads it:
+        their fields, their conversations' tool calls and results, their memory's keys,
+        their code version. Pass a page of :meth:`agent_ids`: each read takes the range
+        from the first id to the last.
+
+        Eight set-wise reads for all of them (at most 1,000 ids a call), however
+        long their histories: only the tool calls of their active messages, and the
+        first and last 400 characters of each tool result. Agents the database does
+        not hold are left out.
+
+        .. versionadded:: 0.2.0
+        """
+        if len(agent_ids) > _IN_LIST:
+            msg = f"in_flight reads at most {_IN_LIST} agents a call, not {len(agent_ids)}"
+            raise ValueError(msg)
+        if not agent_ids:
+            return []
+        with self._reading() as conn:
+            return read_in_flight(conn, agent_ids)
+
+    def code_versions(self, agent_ids: list[str]) -> dict[str, str | None]:
+        """The ``code_version`` each agent's latest turn was committed with (None: not said).
+
+        One read for all of ``agent_ids`` (see ``PersistenceHandler(code_version=...)``).
+
+        .. versionadded:: 0.2.0
+        """
+        found: dict[str, str | None] = dict.fromkeys(agent_ids)
+        for start in range(0, len(agent_ids), _IN_LIST):
+            chunk = agent_ids[start : start + _IN_LIST]
+            marks = ", ".join("?" * len(chunk))
+            with self._reading() as conn:
+                rows = conn.execute(
+                    f"""
+                    SELECT agent_id, detail FROM checked_versions
+                     WHERE (agent_id, version) IN (
+                        SELECT agent_id, max(version) FROM versions
+                         WHERE agent_id IN ({marks}) AND kind = 'turn' GROUP BY agent_id)
+                    """,
+                    chunk,
+                ).fetchall()
+            for agent_id, detail in rows:
+                found[agent_id] = code_version_in(detail)
+        return found
+
     def handoffs(self) -> list[Handoff]:
         """Turns that started and did not commit: running, crashed or failed."""
         with self._reading() as conn:
@@ -261,6 +366,15 @@ class StoreReads(StoreBase):
         validate_conversation_id(conversation)
         if not _conversations.exists(conn, agent_id, conversation, version):
             raise NotFoundError(no_conversation(agent_id, conversation, version))
+
+
+# Ids bound in one ``IN (...)`` list: far below SQLite's 32,766 and PostgreSQL's 65,535.
+_IN_LIST = 1000
+
+
+def _mark_code_version(message: dict[str, Any], code_version: str | None) -> None:
+    if code_version is not None:
+        message["durable"] = {**message.get("durable", {}), "code_version": code_version}
 
 
 def no_conversation(agent_id: str, conversation: str, version: int) -> str:

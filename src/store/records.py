@@ -45,6 +45,15 @@ class VersionInfo:
     committed_at: datetime
     conversation: str | None = None
 
+    @property
+    def code_version(self) -> str | None:
+        """The code version the turn was committed with (``PersistenceHandler(code_version=...)``).
+
+        .. versionadded:: 0.2.0
+        """
+        found = (self.detail or {}).get("code_version")
+        return found if isinstance(found, str) else None
+
 
 @dataclass(frozen=True, slots=True)
 class ConversationInfo:

@@ -138,6 +138,13 @@ def state_at(conn: Conn, agent_id: str, version: int) -> str | None:
     return None if state is None else str(state)
 
 
+def code_version_in(detail: str | None) -> str | None:
+    """The ``code_version`` a version's ``detail`` JSON names, if any."""
+    found = json.loads(detail) if detail else None
+    code = found.get("code_version") if isinstance(found, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def trace_in(detail: str | None) -> str | None:
     """The W3C ``traceparent`` a traced turn keeps in its version's ``detail`` JSON."""
     found = json.loads(detail) if detail else None

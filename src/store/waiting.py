@@ -33,6 +33,15 @@ class WaitingMethods(StoreBase):
         with self._reading() as conn:
             return _approvals.listed(conn, agent_id=agent_id, status=status)
 
+    def unresumed_approvals(self) -> list[ApprovalInfo]:
+        """Every approval whose suspended turn has not resumed yet, decided or not, oldest
+        first: one indexed read (what ``effectful-durable check --agents`` looks at).
+
+        .. versionadded:: 0.2.0
+        """
+        with self._reading() as conn:
+            return _approvals.unresumed(conn)
+
     def approval(self, approval_id: str) -> ApprovalInfo:
         """One approval, by its id.
 
@@ -150,6 +159,43 @@ class WaitingMethods(StoreBase):
         .. versionadded:: 0.2.0
         """
         return self._decide(approval_id, approve=False, by=by, note=reason, arguments=None)
+
+    def retarget_approval(
+        self,
+        approval_id: str,
+        *,
+        tool: str,
+        arguments: Mapping[str, Any],
+        parameters: Mapping[str, Any],
+        by: str | None = None,
+    ) -> ApprovalInfo:
+        """Make a pending approval name ``tool`` instead: the tool it named was renamed.
+
+        When the suspended turn resumes, the model's call is replayed as a call of
+        ``tool`` with ``arguments``, which is what an approval then lets run. Use it
+        after ``effectful-durable check`` reports an approval whose tool is gone
+        (``effectful-durable retarget`` finds ``parameters``, the new tool's JSON
+        schema, in the new code).
+
+        Raises:
+            NotFoundError: No approval has that id.
+            InvalidDecisionError: It is not pending, or ``arguments`` do not fit
+                ``parameters``. Nothing was changed.
+
+        .. versionadded:: 0.2.0
+        """
+        with self._writing() as conn:
+            found = _approvals.one(conn, approval_id)
+            if found is not None:
+                self._db.serialize(conn, "approvals", found.agent_id)
+            return _approvals.retarget(
+                conn,
+                approval_id,
+                tool=tool,
+                arguments=arguments,
+                parameters=parameters,
+                by=getpass.getuser() if by is None else by,
+            )
 
     def _decide(
         self,

@@ -29,7 +29,7 @@ from ..errors import DamagedRowError, DurableError, NotFoundError
 from ..store import Store
 from .guard import PUBLIC, Guard
 from .live import CommitFeed, stream
-from .pages import BadRequest, actions, agent, agents, approvals, state, versions, waiting
+from .pages import BadRequest, actions, agent, agents, approvals, check, state, versions, waiting
 from .render import Pages
 
 STATIC = Path(__file__).parent / "static"
@@ -46,6 +46,7 @@ def make_app(
     by: str = "",
     hosts: frozenset[str] = frozenset(),
     location: str = "",
+    check_report: str | None = None,
 ) -> Starlette:
     """The page's ASGI application over ``store`` (opened read-only by the caller).
 
@@ -58,6 +59,8 @@ def make_app(
         by: The name decisions are made under (``Store.approve``'s ``by``).
         hosts: Host names allowed besides the loopback ones.
         location: The database as the pages name it (a URL without its password).
+        check_report: The file ``effectful-durable check --agents`` keeps its report
+            in, shown by ``/check``, the agents list and each agent's page.
     """
     read_only = writer is None
     pages = Pages(read_only=read_only, location=location or store.path, by=by)
@@ -83,6 +86,7 @@ def make_app(
         Route("/state", state.state),
         Route("/table", state.table),
         Route("/waiting", waiting.waiting),
+        Route("/check", check.check),
         Route("/workflow", waiting.workflow),
         Route("/inbox", approvals.inbox),
         Route("/approval", approvals.approval),
@@ -161,6 +165,7 @@ def make_app(
         lifespan=lifespan,
     )
     app.state.store = store
+    app.state.check_report = check_report
     app.state.writer = writer
     app.state.pages = pages
     app.state.feed = feed

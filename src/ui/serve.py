@@ -48,7 +48,14 @@ def serve(args: argparse.Namespace) -> int:
         token = secrets.token_urlsafe(24)
         hosts = frozenset() if loopback(args.host) else frozenset({args.host})
         app = make_app(
-            store, token=token, port=port, writer=writer, by=by, hosts=hosts, location=location
+            store,
+            token=token,
+            port=port,
+            writer=writer,
+            by=by,
+            hosts=hosts,
+            location=location,
+            check_report=getattr(args, "check_report", None),
         )
         shown = f"[{args.host}]" if ":" in args.host else args.host
         if args.host in ("0.0.0.0", "::"):

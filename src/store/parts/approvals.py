@@ -246,6 +246,13 @@ def listed(
     return [_info(row) for row in rows]
 
 
+def unresumed(conn: Conn) -> list[ApprovalInfo]:
+    """Every approval whose suspended turn has not resumed: pending, or decided and
+    waiting for the resumption (``ended_in`` NULL), oldest first."""
+    rows = conn.execute(f"{_SELECT} WHERE ended_in IS NULL ORDER BY asked_at, approval_id")
+    return [_info(row) for row in rows.fetchall()]
+
+
 def between(conn: Conn, agent_id: str, low: int, high: int) -> list[ApprovalInfo]:
     """The approvals of ``agent_id`` asked or resumed by a version after ``low`` up to
     ``high``, oldest first."""
@@ -361,11 +368,7 @@ def decide(
     note = _text(note, "reason" if not approve else "note", MAX_NOTE, required=not approve)
     found = one(conn, approval_id)
     if found is None:
-        msg = (
-            f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
-            "lists them"
-        )
-        raise NotFoundError(msg)
+        raise _no_approval(approval_id)
     if found.status != "pending":
         when = f" at {found.decided_at:%Y-%m-%d %H:%M:%S} UTC" if found.decided_at else ""
         who = f" by {found.decided_by}" if found.decided_by else ""
@@ -395,6 +398,62 @@ def decide(
     decided_now = one(conn, approval_id)
     assert decided_now is not None
     return decided_now
+
+
+def retarget(
+    conn: Conn,
+    approval_id: str,
+    *,
+    tool: str,
+    arguments: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    by: str,
+) -> ApprovalInfo:
+    """Make a pending approval name another tool (one renamed in new code), with ``arguments``.
+
+    The suspended turn, resumed, runs ``tool`` in place of the one the model
+    called; ``parameters`` is the new tool's JSON schema, which ``arguments``
+    (and later edited ones) must fit. The reason says who re-targeted it, from what.
+
+    Raises:
+        NotFoundError: No approval has that id.
+        InvalidDecisionError: It is not pending, or ``tool`` is not a sensible
+            name, or the arguments do not fit. Nothing is written.
+    """
+    decider = _text(by, "by", 200, required=True)
+    name = _text(tool, "tool", 200, required=True)
+    found = one(conn, approval_id)
+    if found is None:
+        raise _no_approval(approval_id)
+    if found.status != "pending":
+        msg = (
+            f"approval {approval_id} is {found.status}; only a pending one can be re-targeted; "
+            "nothing was changed"
+        )
+        raise InvalidDecisionError(msg)
+    checked = _checked_arguments(found, arguments, parameters)
+    reason = f"{found.reason or ''} (re-targeted from {found.tool} to {name} by {decider})"
+    conn.execute(
+        """
+        UPDATE approvals SET tool = ?2, arguments = ?3, parameters = ?4, reason = ?5
+         WHERE approval_id = ?1 AND status = 'pending'
+        """,
+        (approval_id, name, checked, dumps(dict(parameters)), reason.strip()),
+    )
+    if conn.changes() != 1:
+        msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
+        raise InvalidDecisionError(msg)
+    changed = one(conn, approval_id)
+    assert changed is not None
+    return changed
+
+
+def _no_approval(approval_id: str) -> NotFoundError:
+    msg = (
+        f"no approval {approval_id!r}; `effectful-durable approvals` (Store.approvals()) "
+        "lists them"
+    )
+    return NotFoundError(msg)
 
 
 def _queue_resume(conn: Conn, suspension: Suspension, now: float) -> None:

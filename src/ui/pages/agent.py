@@ -18,6 +18,7 @@ from ...errors import NotFoundError
 from ...store.browse import HistoryFilter, is_error
 from ...store.history import message_text
 from . import BadRequest, choice, flag, number, render, required, store_of, text
+from .check import breaks_of, last_check
 
 #: Turns per page of the timeline.
 PER_PAGE = 20
@@ -120,6 +121,8 @@ def agent(request: Request) -> Response:
         "wanted": wanted,
         "roles": ROLES,
         "waiting": waiting_for(request, agent_id),
+        "code_version": store.code_versions([agent_id])[agent_id],
+        "breaks": breaks_of(last_check(request), agent_id),
     }
     return render(request, "agent.html", context)
 

@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from ...store.browse import AGENT_SORTS
 from . import BadRequest, choice, flag, number, render, store_of, text
+from .check import last_check
 
 #: Agents per page.
 PER_PAGE = 50
@@ -36,5 +37,13 @@ def agents(request: Request) -> Response:
     if page > found.pages:
         msg = f"there is no page {page}: the {found.total} agents shown fill {found.pages}"
         raise BadRequest(msg)
-    context = {"found": found, "q": query, "attention": attention, "sort": sort, "sorts": SORTS}
+    context = {
+        "found": found,
+        "q": query,
+        "attention": attention,
+        "sort": sort,
+        "sorts": SORTS,
+        "code_versions": store_of(request).code_versions([a.agent_id for a in found.agents]),
+        "last_check": last_check(request),
+    }
     return render(request, "agents.html", context)

@@ -1,0 +1,22 @@
+"""Safe upgrades: what new agent code will do to every agent in flight, before it runs.
+
+``check.py`` reads every agent's in-flight work (approvals, alarms, events,
+fields, memory, histories) a page at a time and asks the new code whether it can
+carry it (``agent_checks.py``), and replays each workflow's program in a dry run
+(``dry_run.py``); ``report.py`` holds what it found. ``migrate.py`` commits
+state migrations, ``cli.py`` is the commands. It sits above ``handlers/`` and
+``agents/``: it imports them and the store, and nothing below imports it.
+"""
+
+from .check import check_upgrade
+from .migrate import MigratedAgent, migrate_states
+from .report import Break, UpgradeReport, WorkflowRun
+
+__all__ = [
+    "Break",
+    "MigratedAgent",
+    "UpgradeReport",
+    "WorkflowRun",
+    "check_upgrade",
+    "migrate_states",
+]

@@ -1,0 +1,372 @@
+"""Whether one agent's new code carries its in-flight work: approvals, alarms, events,
+fields, memory and the histories its model will see. Reads nothing, writes nothing:
+the caller hands over what the store holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+from effectful.handlers.llm import Template, Tool
+
+from ..agents.memory import MemoryLimits, StateTools
+from ..agents.persistent import PersistentAgent
+from ..agents.state import FieldProblem, state_problems
+from ..store.inflight import AgentInFlight
+from ..store.parts.alarms import AlarmInfo
+from ..store.parts.events import EventInfo
+from ..store.records import ApprovalInfo
+from .report import Break
+
+# effectful offers a method tool to the model as ``self__<name>`` (collect_tools).
+_METHOD = "self__"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredAgent:
+    """An agent's in-flight work, as the store holds it."""
+
+    held: AgentInFlight
+    approvals: Sequence[ApprovalInfo]
+    alarms: Sequence[AlarmInfo]
+    events: Sequence[EventInfo]
+
+    @property
+    def agent_id(self) -> str:
+        return self.held.agent_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the new code offers an agent class: its templates and the tools they see."""
+
+    templates: dict[str, Template[..., Any]]
+    tools: dict[str, Tool[..., Any]]
+
+    @classmethod
+    def of(cls, agent: PersistentAgent) -> Shape:
+        """The shape of ``agent``'s class, read off ``agent`` (its bound templates)."""
+        templates: dict[str, Template[..., Any]] = {}
+        for klass in type(agent).__mro__:
+            for name, value in vars(klass).items():
+                if isinstance(value, Template) and name not in templates:
+                    templates[name] = getattr(agent, name)
+        tools: dict[str, Tool[..., Any]] = {}
+        for template in templates.values():
+            tools.update(template.tools)
+        return cls(templates, tools)
+
+    def tool(self, name: str) -> tuple[str, Tool[..., Any]] | None:
+        """The tool the model calls ``name`` (or, for an approval, ``self__name``)."""
+        for key in (name, _METHOD + name):
+            found = self.tools.get(key)
+            if found is not None:
+                return key, found
+        return None
+
+    def tool_names(self) -> str:
+        names = sorted(name.removeprefix(_METHOD) for name in self.tools)
+        return ", ".join(names) or "none"
+
+
+def check_agent(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
+    """Every piece of ``stored`` that ``agent``'s new code cannot carry."""
+    return [
+        *_approvals(agent, shape, stored),
+        *_deliveries(agent, shape, stored),
+        *_fields(agent, stored),
+        *_memory(agent, stored),
+        *_histories(agent, shape, stored),
+    ]
+
+
+# -- approvals ------------------------------------------------------------------------
+
+
+def _approvals(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
+    found: list[Break] = []
+    suspended: set[tuple[str, int]] = set()
+    for approval in stored.approvals:
+        call = f"{approval.tool}({_json(approval.arguments)})"
+        waiting = "waits for a decision" if approval.status == "pending" else approval.status
+        tool = shape.tool(approval.tool)
+        if tool is None:
+            way = (
+                f"deny it (`effectful-durable deny DB {approval.approval_id} --reason ...`), or "
+                f"point it at the tool's new name (`effectful-durable retarget DB "
+                f"{approval.approval_id} NEW_TOOL --agents ...`)"
+                if approval.status == "pending"
+                else f"roll the agent back to version {approval.suspended_in - 1} to drop the "
+                "suspended turn"
+            )
+            found.append(
+                Break(
+                    "approval",
+                    stored.agent_id,
+                    approval.approval_id,
+                    f"the call {call} {waiting}, but {type(agent).__name__} has no tool "
+                    f"{approval.tool!r} any more (it has: {shape.tool_names()}); resuming the "
+                    "turn would fail",
+                    way,
+                )
+            )
+        else:
+            arguments = approval.decided_arguments or approval.arguments
+            problem = tool_call_problem(*tool, arguments)
+            if problem is not None:
+                way = (
+                    f"approve it with arguments that fit (`effectful-durable approve DB "
+                    f"{approval.approval_id} --arguments JSON`), or deny it"
+                    if approval.status == "pending"
+                    else f"roll the agent back to version {approval.suspended_in - 1} to drop "
+                    "the suspended turn"
+                )
+                found.append(
+                    Break(
+                        "approval",
+                        stored.agent_id,
+                        approval.approval_id,
+                        f"the call {call} {waiting}, but its arguments no longer fit the tool "
+                        f"{approval.tool}: {problem}",
+                        way,
+                    )
+                )
+        turn = (approval.conversation, approval.suspended_in)
+        if turn not in suspended and approval.template not in shape.templates:
+            suspended.add(turn)
+            found.append(
+                Break(
+                    "approval",
+                    stored.agent_id,
+                    approval.approval_id,
+                    f"the suspended turn is a call of {approval.template!r}, which "
+                    f"{type(agent).__name__} no longer has: it cannot resume",
+                    f"roll the agent back to version {approval.suspended_in - 1} to drop it, "
+                    "or keep the template",
+                )
+            )
+    return found
+
+
+def tool_call_problem(key: str, tool: Tool[..., Any], arguments: Any) -> str | None:
+    """Why the model's call of ``tool`` with ``arguments`` would not decode now, or None.
+
+    The call is decoded exactly as effectful decodes the model's (an unknown or a
+    missing argument, a value of the wrong type).
+    """
+    from effectful.handlers.llm.encoding import DecodedToolCall, Encodable
+
+    raw = {
+        "id": "check",
+        "type": "function",
+        "function": {"name": key, "arguments": json.dumps(arguments)},
+    }
+    encoding: Any = pydantic.TypeAdapter(Encodable[DecodedToolCall])  # type: ignore[arg-type, type-arg]
+    parameters = inspect.signature(tool).parameters
+    unknown = [name for name in arguments if name not in parameters]
+    if unknown:  # effectful asserts this, and asserts vanish under -O
+        return f"it has no parameter {', '.join(map(repr, unknown))}"
+    try:
+        encoding.validate_python(raw, context={key: tool})
+    except (pydantic.ValidationError, TypeError, ValueError) as error:
+        return _one_line(error)
+    return None
+
+
+# -- alarms and events ------------------------------------------------------------------
+
+
+def _deliveries(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
+    found: list[Break] = []
+    name = type(agent).__name__
+    for alarm in stored.alarms:
+        what = f"alarm {alarm.alarm_id} ({alarm.action!r}, {alarm.status})"
+        problem = _callback_problem(shape, "on_alarm", (alarm.action,))
+        if problem is not None:
+            found.append(
+                Break(
+                    "alarm",
+                    stored.agent_id,
+                    alarm.alarm_id,
+                    f"{what} is delivered by calling on_alarm, but {problem}",
+                    f"mix AlarmTools back into {name} or define on_alarm, or cancel the alarm "
+                    "(Store.cancel_alarm)",
+                )
+            )
+    for event in stored.events:
+        what = f"event {event.event_id} ({event.name!r}, {event.status})"
+        payload = json.dumps(event.payload, ensure_ascii=False)
+        problem = _callback_problem(shape, "on_event", (event.name, payload))
+        if problem is not None:
+            found.append(
+                Break(
+                    "event",
+                    stored.agent_id,
+                    event.event_id,
+                    f"{what} is delivered by calling on_event, but {problem}",
+                    f"mix OnEvent back into {name} or define on_event, or let a workflow "
+                    "step take it (wait_for_event)",
+                )
+            )
+    return found
+
+
+def _callback_problem(shape: Shape, name: str, arguments: tuple[Any, ...]) -> str | None:
+    template = shape.templates.get(name)
+    if template is None:
+        return f"the agent has no template {name} any more"
+    try:
+        bound = template.__signature__.bind(*arguments)
+    except TypeError as error:
+        return f"{name}{template.__signature__} no longer takes these arguments ({error})"
+    for parameter, value in bound.arguments.items():
+        annotation = template.__signature__.parameters[parameter].annotation
+        if annotation is inspect.Parameter.empty:
+            continue
+        try:
+            pydantic.TypeAdapter(annotation).validate_python(value)
+        except pydantic.ValidationError as error:
+            return f"its {parameter} no longer fits {name}'s parameter: {_one_line(error)}"
+    return None
+
+
+# -- fields and memory ------------------------------------------------------------------
+
+
+def _fields(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
+    cls = type(agent)
+    found: list[Break] = []
+    problems: list[tuple[str | None, FieldProblem]] = []
+    if stored.held.state:
+        problems += [(None, problem) for problem in state_problems(cls, stored.held.state)]
+    for held in stored.held.conversations:
+        if held.fields:
+            problems += [
+                (held.conversation, problem)
+                for problem in state_problems(cls, held.fields, per_conversation=True)
+            ]
+    for conversation, problem in problems:
+        where = f" (conversation {conversation!r})" if conversation is not None else ""
+        if problem.kind == "migration":
+            way = "register the missing migration with @migrates_state, or fix the one that fails"
+        elif problem.kind == "dropped":
+            way = (
+                "keep the field, or declare __state_version__ and register a migration "
+                "(@migrates_state) that moves or drops the value on purpose"
+            )
+        else:
+            way = (
+                "change the field's type back, or register a migration (@migrates_state) that "
+                "converts the value; `effectful-durable migrate-state` commits it"
+            )
+        found.append(Break("state", stored.agent_id, problem.field, problem.detail + where, way))
+    return found
+
+
+def _memory(agent: PersistentAgent, stored: StoredAgent) -> list[Break]:
+    memory = stored.held.memory
+    if not memory:
+        return []
+    name = type(agent).__name__
+    if not isinstance(agent, StateTools):
+        return [
+            Break(
+                "memory",
+                stored.agent_id,
+                "StateTools",
+                f"the agent's memory holds {len(memory)} keys, but {name} no longer "
+                "mixes in StateTools: its model can no longer read or change them",
+                "mix StateTools back in; the keys stay in the database either way "
+                "(`effectful-durable memory`)",
+            )
+        ]
+    limits = getattr(agent, "__memory_limits__", None) or MemoryLimits()
+    found: list[Break] = []
+    if len(memory) > limits.keys:
+        found.append(
+            Break(
+                "memory",
+                stored.agent_id,
+                "keys",
+                f"the memory holds {len(memory)} keys, more than {name}'s new limit of "
+                f"{limits.keys}: every new key will be refused",
+                "raise __memory_limits__ keys, or delete keys first",
+            )
+        )
+    for key, value in memory.items():
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if len(key) > limits.key_chars or size > limits.value_bytes:
+            found.append(
+                Break(
+                    "memory",
+                    stored.agent_id,
+                    key,
+                    f"the key {key[:60]!r} ({len(key)} characters, {size} bytes of value) is "
+                    f"over {name}'s new limits ({limits.key_chars} characters, "
+                    f"{limits.value_bytes} bytes): the model cannot write it back",
+                    "raise __memory_limits__, or shorten the value",
+                )
+            )
+    return found
+
+
+# -- histories ---------------------------------------------------------------------------
+
+
+def _histories(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
+    found: list[Break] = []
+    waiting = {(a.conversation, a.tool_call_id) for a in stored.approvals}
+    for conversation in stored.held.conversations:
+        calls = dict(conversation.calls)
+        gone = Counter(
+            name.removeprefix(_METHOD) for _, name in conversation.calls if name not in shape.tools
+        )
+        where = f"conversation {conversation.conversation!r}"
+        if gone:
+            listed = ", ".join(f"{name} ({count}x)" for name, count in sorted(gone.items()))
+            found.append(
+                Break(
+                    "history",
+                    stored.agent_id,
+                    conversation.conversation,
+                    f"the {where}'s context calls tools {type(agent).__name__} no longer has: "
+                    f"{listed}; some providers refuse such a history",
+                    "keep the old tools (a stub that says the tool is gone will do), or compact "
+                    "the conversation, or start a new one",
+                )
+            )
+        unanswered = [
+            call_id
+            for call_id in calls
+            if call_id not in conversation.answered
+            and (conversation.conversation, call_id) not in waiting
+        ]
+        if unanswered:
+            found.append(
+                Break(
+                    "history",
+                    stored.agent_id,
+                    conversation.conversation,
+                    f"the {where}'s context has {len(unanswered)} tool call(s) without a "
+                    f"result ({', '.join(calls[c] for c in unanswered[:5])}): providers refuse "
+                    "every later request",
+                    "roll the agent back to a version before the call, or start a new "
+                    "conversation",
+                )
+            )
+    return found
+
+
+def _json(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _one_line(error: Exception) -> str:
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return text if len(text) <= 300 else text[:297] + "..."
