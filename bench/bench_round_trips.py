@@ -17,9 +17,15 @@ the handler's own work, which SQLite's row shows. The gap between the arms is wh
 waking the server costs here: on a virtual machine whose idle cores halt, most of
 a PostgreSQL turn.
 
+``--baseline DIR`` plays each arm with another checkout of effectful-durable too
+(DIR holds its ``src/``; ``bench_store_turn.baseline_package``), on a database of
+its own, 20 turns of one then 20 of the other, so that both meet the same
+machine: a row each (``base``).
+
 Run: ``.venv/bin/python bench/bench_round_trips.py [--turns 400] [--gap 5]
-[--postgres URL]``. Without ``--postgres``, a throwaway cluster on a Unix socket
-(tests/postgres_server.py, fsync off), as ``bench_scale.py``. No assertions.
+[--postgres URL] [--baseline DIR]``. Without ``--postgres``, a throwaway cluster on
+a Unix socket (tests/postgres_server.py, fsync off), as ``bench_scale.py``. No
+assertions.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_scale import postgres_databases
+from bench_store_turn import baseline_package
 
 from effectful_durable import Store
 from effectful_durable.store.history import HistoryChange
@@ -48,17 +56,20 @@ def busy(seconds: float) -> None:
         pass
 
 
-def change(version: int) -> HistoryChange:
+def change(version: int, history_change: type[Any] = HistoryChange) -> Any:
+    """The turn's change: a question and an answer (as ``history_change``, a checkout's)."""
     question = {"id": f"q{version}", "role": "user", "content": QUESTION}
     answer = {"id": f"a{version}", "role": "assistant", "content": ANSWER}
-    return HistoryChange(
+    return history_change(
         added=[(2 * version + 1, question), (2 * version + 2, answer)],
         removed=[],
         removed_count=0,
     )
 
 
-def turns(store: Store, count: int, gap: float) -> dict[str, list[float]]:
+def turns(
+    store: Store, count: int, gap: float, history_change: type[Any] = HistoryChange
+) -> dict[str, list[float]]:
     """Play ``count`` turns of one agent; each call's seconds."""
     times: dict[str, list[float]] = {"start": [], "commit": [], "release": []}
     for _ in range(count):
@@ -70,7 +81,7 @@ def turns(store: Store, count: int, gap: float) -> dict[str, list[float]]:
                 "bench",
                 base_version=start.version,
                 template="ask",
-                change=change(start.version),
+                change=change(start.version, history_change),
                 state=None,
             )
             t2 = time.perf_counter()
@@ -111,7 +122,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=400, help="turns per arm")
     parser.add_argument("--gap", type=float, default=5.0, help="ms of CPU work before each turn")
     parser.add_argument("--postgres", help="a PostgreSQL server URL to create a database on")
+    parser.add_argument("--baseline", type=Path, help="a checkout to compare with (its root)")
     args = parser.parse_args()
+    base = baseline_package(args.baseline) if args.baseline is not None else None
     arms: list[tuple[str, float]] = [("after work", args.gap / 1000), ("back to back", 0.0)]
     header = (
         f"{'backend':<10} {'arm':<13} {'SELECT 1':>8} {'start':>8} {'commit':>8}"
@@ -119,13 +132,36 @@ def main() -> None:
     )
     lines = ["median ms", header, "-" * len(header)]
     with tempfile.TemporaryDirectory() as scratch, postgres_databases(args.postgres) as new:
-        for name, location in (("sqlite", str(Path(scratch) / "bench.db")), ("postgres", new())):
-            with Store(location) as store:
-                turns(store, 20, 0.0)  # warm up: every statement prepared
+        for name, make in (
+            ("sqlite", lambda: str(Path(scratch) / f"bench-{time.time_ns()}.db")),
+            ("postgres", new),
+        ):
+            played = {"": (Store, HistoryChange)}
+            if base is not None:
+                played["base"] = (
+                    base.Store,
+                    sys.modules[f"{base.__name__}.store.history"].HistoryChange,
+                )
+            stores = {key: (opened(make()), kind) for key, (opened, kind) in played.items()}
+            try:
+                for store, kind in stores.values():
+                    turns(store, 20, 0.0, kind)  # warm up: every statement prepared
                 for arm, gap in arms:
-                    times = turns(store, args.turns, gap)
-                    probe = select_one(location, args.turns, gap) if name == "postgres" else None
-                    lines.append(row(name, arm, times, probe))
+                    times = {key: {"start": [], "commit": [], "release": []} for key in stores}
+                    for _ in range(max(args.turns // 20, 1)):
+                        for key, (store, kind) in stores.items():
+                            for part, seconds in turns(store, 20, gap, kind).items():
+                                times[key][part] += seconds
+                    probe = (
+                        select_one(stores[""][0]._db.url, args.turns, gap)
+                        if name == "postgres"
+                        else None
+                    )
+                    for key, measured in times.items():
+                        lines.append(row(f"{name} {key}".strip(), arm, measured, probe))
+            finally:
+                for store, _ in stores.values():
+                    store.close()
     print("\n".join(lines))
 
 

@@ -71,6 +71,7 @@ class Maintenance(StoreBase):
             AgentInUseError: A turn of the agent is running.
         """
         with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
+            self._db.fence(conn, agent_id)
             current = self._checked_version(conn, agent_id, None)
             self._checked_version(conn, agent_id, version)
             self._check_copied(conn, agent_id, version)
@@ -128,6 +129,7 @@ class Maintenance(StoreBase):
         """
         validate_agent_id(new_agent_id)
         with self._db.unhurried(), self.agent_lock(new_agent_id), self._writing() as conn:
+            self._db.fence(conn, new_agent_id)
             version = self._checked_version(conn, agent_id, version)
             self._check_copied(conn, agent_id, version)
             if current_version(conn, new_agent_id) is not None:
@@ -187,6 +189,7 @@ class Maintenance(StoreBase):
             AgentInUseError: A turn of the agent is running.
         """
         with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
+            self._db.fence(conn, agent_id)
             found = current_version(conn, agent_id) is not None
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
@@ -332,6 +335,7 @@ class Maintenance(StoreBase):
         """
         validate_conversation_id(conversation)
         with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
+            self._db.fence(conn, agent_id)
             current = self._checked_version(conn, agent_id, None)
             if not _conversations.exists(conn, agent_id, conversation, current):
                 raise NotFoundError(no_conversation(agent_id, conversation, current))

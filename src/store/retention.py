@@ -67,6 +67,7 @@ def prune_store(
     for one in ids:
         try:
             with store.agent_lock(one), store._writing() as conn:
+                store._db.fence(conn, one)
                 if store._db.agent_version(conn, one) is None and has_handoff(conn, one):
                     deleted = (0, 0, prune_handoffs(conn, one, before=None, cutoff=cutoff))
                 else:

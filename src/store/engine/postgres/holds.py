@@ -148,6 +148,7 @@ class AgentHolds:
         self._mutex = threading.Lock()
         self._changed = threading.Condition(self._mutex)
         self._closed = False
+        self._idle = False  # whether the renewals wait for a hold to renew
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None  # the renewals' own
         self._using = threading.Lock()  # held while the renewals' connection is used
@@ -216,7 +217,8 @@ class AgentHolds:
         """Note a hold of ours that may still be in the table, for the renewals to let go."""
         with self._changed:
             self._unreleased.setdefault(agent_id, set()).add(token)
-            self._changed.notify_all()
+            if self._idle:
+                self._changed.notify_all()
 
     def token(self, agent_id: str) -> str | None:
         """The token a write of ``agent_id`` names, if this Store holds it.
@@ -350,7 +352,8 @@ class AgentHolds:
                     target=self._renewing, name="effectful-durable-holds", daemon=True
                 )
                 self._thread.start()
-            self._changed.notify_all()
+            elif self._idle:
+                self._changed.notify_all()
 
     def _forget(self, agent_id: str, tokens: set[str]) -> None:
         """``tokens`` of ``agent_id`` are no longer in the table as ours; hold ``_mutex``."""
@@ -365,7 +368,9 @@ class AgentHolds:
         while True:
             with self._changed:
                 while not self._closed and not (self._held or self._unreleased):
+                    self._idle = True  # woken by the next hold (a take costs no wake-up else)
                     self._changed.wait()
+                    self._idle = False
                     next_renewal = time.monotonic() + RENEW_EVERY
                 left = next_renewal - time.monotonic()
                 if not self._closed and left > 0:
