@@ -123,7 +123,9 @@ class Network:
     def __init__(self) -> None:
         self.name = f"ed{os.getpid() % 100000}{next(self._numbers)}"
         taken = _subnets_in_use()
-        self.subnet = next(s for s in RANGE.subnets(new_prefix=24) if s not in taken)
+        subnets = list(RANGE.subnets(new_prefix=24))
+        start = os.getpid() % len(subnets)  # test processes at once start apart
+        self.subnet = next(s for s in subnets[start:] + subnets[:start] if s not in taken)
         self.server = self.subnet.network_address + 1
         self.cleanups: list = []
         self._hosts = itertools.count()
