@@ -97,9 +97,12 @@ def _claimable(db: Database) -> str:
 def next_due(db: Database, conn: Conn, busy: Collection[str] = ()) -> float | None:
     """When the earliest pending alarm of an agent not in ``busy`` becomes claimable.
 
-    An alarm waits while another alarm of its agent is leased (see :func:`claim`);
-    that one's lease, when it runs out, is the time it may be claimed again,
-    unless its runner's heartbeat still holds it (then it counts not at all).
+    What :func:`claim` would take, but for the time: an alarm waits while another
+    alarm of its agent is leased, or goes before it (a resumption goes before its
+    agent's alarms and events, whenever it is due); a leased one's lease, when it
+    runs out, is the time it may be claimed again, unless its runner's heartbeat
+    still holds it (then it counts not at all). So a runner never finds due what
+    a claim would not take, and tries no claim, a write, in vain.
     One indexed read (the agents a runner is running turns of are few): the
     pending alarms in due order, until the first claimable one. Not ``min(due_at)``:
     PostgreSQL answers that by joining every pending alarm with every leased one
@@ -111,7 +114,7 @@ def next_due(db: Database, conn: Conn, busy: Collection[str] = ()) -> float | No
         f"""
         SELECT due_at FROM alarms AS a
          WHERE status = 'pending'{_not_busy(busy)} AND {_claimable(db)}
-           AND NOT EXISTS ({_OTHER} AND {_LEASED})
+           AND NOT EXISTS ({_OTHER} AND ({_LEASED} OR {_EARLIER}))
          ORDER BY due_at LIMIT 1
         """,
         tuple(busy),
