@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -585,6 +586,42 @@ class TestSettings:
                     ).fetchone()
                 )
         assert seen == {("0", "0", "0", "off")}
+
+
+@pytest.fixture
+def same_lock_timeout(ignoring: PgBouncer, postgres_url: str) -> str:
+    """The test's database through the PgBouncer that ignores startup options, with the
+    database's own ``lock_timeout`` set to 5 s: the default busy_timeout, as if the
+    server applied our options."""
+    name = urllib.parse.urlsplit(postgres_url).path.lstrip("/")
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '5s'")
+    return ignoring.pooled(postgres_url)
+
+
+class TestDetection:
+    """A pooler is told from a server by nothing that can match by chance."""
+
+    def test_a_database_whose_lock_timeout_is_the_busy_timeout_is_seen_pooled(
+        self, same_lock_timeout: str, postgres_url: str
+    ) -> None:
+        """Behind a PgBouncer that ignores the startup options, a database whose own
+        lock_timeout is the busy_timeout (5 s) is still reached through a pooler: two
+        Stores commit 30 rounds each with no prepared statement colliding, and the
+        statement timeout is the server's, in force."""
+        with Store(same_lock_timeout) as first, Store(same_lock_timeout) as second:
+            assert (first._db.pooled, second._db.pooled) == (True, True)
+            for n in range(30):
+                commit_message(first, "first", f"round {n}")
+                commit_message(second, "second", f"round {n}")
+        with Store(same_lock_timeout, statement_timeout=1) as store:
+            with psycopg.connect(postgres_url) as holder:
+                holder.execute("LOCK TABLE agents IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(DatabaseUnavailableError) as ended:
+                    store.agents()
+            assert "statement timeout" in str(ended.value), ended.value
+        with Store(postgres_url, readonly=True) as store:
+            assert {a.agent_id: a.version for a in store.agents()} == {"first": 30, "second": 30}
 
 
 # -- prepared statements ---------------------------------------------------------------------

@@ -218,7 +218,6 @@ class PostgresDatabase:
             self._connect_kwargs,
             timeout=wait,
             connection_class=self._connection_class,
-            lock_timeout=milliseconds(busy_timeout),
         )
         #: Whether the URL reaches a pooler in transaction mode (PgBouncer): each
         #: transaction then sets the sessions' settings itself, and nothing is
