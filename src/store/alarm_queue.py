@@ -108,13 +108,15 @@ def next_due(db: Database, conn: Conn, busy: Collection[str] = ()) -> float | No
     PostgreSQL answers that by joining every pending alarm with every leased one
     (no index order through the ``NOT EXISTS``), 5 to 140 ms a look with
     thousands pending and 32 turns in flight, where this takes under 1 ms
-    (bench/README.md, ``bench_runners.py``); SQLite plans both alike.
+    (bench/README.md, ``bench_runners.py``); SQLite plans both alike. The other
+    alarms of a candidate's agent are a scalar subquery, as in :func:`claim`
+    (``NOT EXISTS`` would be an anti-join reading every pending alarm per look).
     """
     due = conn.execute(
         f"""
         SELECT due_at FROM alarms AS a
          WHERE status = 'pending'{_not_busy(busy)} AND {_claimable(db)}
-           AND NOT EXISTS ({_OTHER} AND ({_LEASED} OR {_EARLIER}))
+           AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL
          ORDER BY due_at LIMIT 1
         """,
         tuple(busy),
