@@ -555,6 +555,44 @@ class TestSettings:
             assert "statement timeout" in str(ended.value)
             assert [a.agent_id for a in store.agents()] == ["bot"]  # and it carries on
 
+    def test_an_agents_take_waits_for_a_row_lock_no_longer_than_busy_timeout(
+        self, settings_url: str, postgres_url: str
+    ) -> None:
+        """Taking an agent (one statement outside a transaction, with the turn's handoff
+        row) that waits for its hold's row, locked by another session, fails with
+        DatabaseBusyError after busy_timeout (1 s), not at the client's deadline (6 s)."""
+        with Store(settings_url, busy_timeout=1, statement_timeout=5) as store:
+            with store.agent_lock("bot"):  # the hold's row
+                pass
+            with psycopg.connect(postgres_url) as holder:
+                locked = holder.execute(
+                    "SELECT 1 FROM agent_holds WHERE agent_id = 'bot' FOR UPDATE"
+                )
+                assert locked.fetchall() == [(1,)]
+                started = time.monotonic()
+                with pytest.raises(DatabaseBusyError), store.agent_lock("bot"):
+                    pass
+                assert time.monotonic() - started < 4
+            commit_message(store, "bot", "after")
+            with store.agent_lock("bot"):
+                pass
+
+    def test_an_agents_take_is_ended_by_the_servers_statement_timeout(
+        self, settings_url: str, postgres_url: str
+    ) -> None:
+        """Taking an agent blocked behind a table lock is ended by the server's statement
+        timeout (1 s; busy_timeout is 30 s), which says so: the statement ended there,
+        not only the client's wait."""
+        with Store(settings_url, busy_timeout=30, statement_timeout=1) as store:
+            with store.agent_lock("bot"):
+                pass
+            with psycopg.connect(postgres_url) as holder:
+                holder.execute("LOCK TABLE agent_holds IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(DatabaseUnavailableError) as ended, store.agent_lock("bot"):
+                    pass
+            assert "statement timeout" in str(ended.value), ended.value
+            commit_message(store, "bot", "after")
+
     def test_a_read_only_store_stays_read_only(self, settings_url: str) -> None:
         """A read-only Store through the pooler cannot write, even through SQL of its own."""
         with Store(settings_url) as store:

@@ -374,6 +374,8 @@ class PostgresDatabase:
         try:
             raw = self._checked_out(None if batch else begin)
             conn = PostgresConn(raw)
+            if begin is None and self.pooled:  # each statement its own transaction
+                conn.settings = self.session_settings
             self._local.conn = conn
             committing = False
             try:
@@ -569,7 +571,8 @@ class PostgresDatabase:
         with self.connect() as check:
             if self.pooled:
                 in_flight = (
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+                    "SELECT 1 FROM pg_stat_activity"
+                    " WHERE application_name = %s"
                     " AND pid <> pg_backend_pid() AND state = 'active' AND query = 'COMMIT'",
                     (name,),
                 )
@@ -989,12 +992,17 @@ class PostgresConn:
         #: The turn this transaction commits, if it advanced an agent:
         #: ``(agent_id, version, commit_id)`` (PostgresDatabase.advance).
         self.fence: tuple[str, int, str] | None = None
+        #: Outside a transaction through a pooler: the statement that gives each
+        #: statement our sessions' settings (``session_settings``), sent before it in
+        #: one pipeline, so that both run in one implicit transaction.
+        self.settings: str | None = None
         self._last: psycopg.Cursor[Any] | None = None
 
     def execute(self, statements: str, bindings: Any = None, /) -> PostgresRows:
         """Run one statement written with ``?``/``?N`` parameters."""
         query, numbered = _rewritten(statements)
-        cursor = self.raw.execute(query, _params(bindings, numbered))
+        with self._settled():
+            cursor = self.raw.execute(query, _params(bindings, numbered))
         self._last = cursor
         return PostgresRows(cursor, self.pipeline)
 
@@ -1005,8 +1013,19 @@ class PostgresConn:
         if not params:
             return
         cursor = self.raw.cursor()
-        cursor.executemany(query, params)
+        with self._settled():
+            cursor.executemany(query, params)
         self._last = cursor
+
+    @contextmanager
+    def _settled(self) -> Iterator[None]:
+        """The block's statements after :attr:`settings`, in one round trip (if set)."""
+        if self.settings is None:
+            yield
+            return
+        with self.raw.pipeline():  # its end sends one Sync and waits for every answer
+            self.raw.execute(self.settings)
+            yield
 
     def changes(self) -> int:
         """Rows changed by the last INSERT, UPDATE or DELETE (in a batch, this waits
