@@ -32,6 +32,7 @@ import pytest
 from effectful.handlers.llm import Template, Tool
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
+from pg_faults import CuttingProxy
 from pgbouncer_server import PgBouncer
 from postgres_server import PostgresServer
 
@@ -660,6 +661,49 @@ class TestDetection:
             assert "statement timeout" in str(ended.value), ended.value
         with Store(postgres_url, readonly=True) as store:
             assert {a.agent_id: a.version for a in store.agents()} == {"first": 30, "second": 30}
+
+
+# -- a commit whose answer was lost ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adding_host(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """A PgBouncer that adds each client's address to its ``application_name`` on the
+    server (``application_name_add_host = 1``)."""
+    with pgbouncer_server.running(postgres_server, {"application_name_add_host": 1}) as bouncer:
+        yield bouncer
+
+
+#: A deferred trigger that makes each COMMIT of a new version last 2 s on the server.
+SLOW_COMMIT = """
+CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON versions
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+"""
+
+
+class TestInDoubtCommit:
+    def test_a_commit_still_landing_is_waited_for_under_a_renamed_session(
+        self, adding_host: PgBouncer, postgres_url: str
+    ) -> None:
+        """Through a PgBouncer that renames the server sessions after their clients, a
+        turn whose connection is cut while its COMMIT still runs on the server is
+        looked up once that COMMIT ended: found committed, once, not reported as a
+        commit that did not land."""
+        proxy = CuttingProxy(adding_host, port=pgbouncer_server.PORT)
+        try:
+            with Store(proxy.url(postgres_url)) as store:
+                commit_message(store, "bot", "one")
+                with psycopg.connect(postgres_url, autocommit=True) as conn:
+                    conn.execute(SLOW_COMMIT)
+                proxy.arm("after")
+                assert commit_message(store, "bot", "two") == 2
+                assert proxy.wait_cut(0)
+        finally:
+            proxy.close()
+        with Store(postgres_url, readonly=True) as store:
+            assert [m["content"] for m in store.history("bot")] == ["one", "two"]
 
 
 # -- prepared statements ---------------------------------------------------------------------

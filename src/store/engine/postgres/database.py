@@ -565,16 +565,22 @@ class PostgresDatabase:
 
         Through a pooler ``backend`` is the pooler's, not the server's, and the
         server session may serve another client by now: instead of ending it, the
-        check waits until no session of this process is committing.
+        check waits until no session of this process is committing. The pooler
+        may add to the name a session has on the server (PgBouncer's
+        ``application_name_add_host``: ``<name> - <address>``), and the server
+        cuts names at 63 bytes: a session is this process's if its name is ours,
+        cut so, or ours followed by a space.
         """
         name = self._connect_kwargs["application_name"]
         with self.connect() as check:
+            in_flight: tuple[str, tuple[Any, ...]]
             if self.pooled:
                 in_flight = (
                     "SELECT 1 FROM pg_stat_activity"
-                    " WHERE application_name = %s"
+                    " WHERE (application_name = left(%s, 63)"
+                    " OR starts_with(application_name, %s || ' '))"
                     " AND pid <> pg_backend_pid() AND state = 'active' AND query = 'COMMIT'",
-                    (name,),
+                    (name, name),
                 )
             else:
                 check.execute(
