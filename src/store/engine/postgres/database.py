@@ -126,12 +126,26 @@ _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_ses
 # PostgreSQL 17 ends a transaction older than transaction_timeout, if the server or
 # the role sets one; an unhurried block (a migration, a prune) is exempt too.
 _UNHURRIED_17 = f"{_UNHURRIED}; SET LOCAL transaction_timeout = 0"
-# Who holds the NOTIFY queue's lock (pg_database's object 0, in no database).
+# Who holds the NOTIFY queue's lock (pg_database's object 0, in no database), or
+# else waits for it.
 _NOTIFY_LOCK_HOLDER = """
-    SELECT a.pid, a.datname, a.application_name, a.wait_event
+    SELECT a.pid, a.datname, a.application_name, a.wait_event, l.granted
       FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
      WHERE l.locktype = 'object' AND l.database = 0 AND l.objid = 0
-       AND l.classid = 'pg_database'::regclass AND l.granted
+       AND l.classid = 'pg_database'::regclass
+     ORDER BY l.granted DESC LIMIT 1
+"""
+# Another session's lock on a table of ours that writers wait for (SHARE or stronger).
+_TABLE_LOCK = """
+    SELECT l.mode, c.relname, l.pid, a.application_name
+      FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+      LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+     WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND c.relnamespace = current_schema()::regnamespace
+       AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                      'AccessExclusiveLock')
+     ORDER BY c.relname LIMIT 1
 """
 _WAL_POSITION = (
     "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
@@ -627,30 +641,41 @@ class PostgresDatabase:
         return error
 
     def _commit_lock(self) -> str:
-        """What a commit that timed out waiting for a lock waited for, in words.
+        """What a commit that timed out waiting for a lock waited for, in words, as
+        far as the server's lock table (``pg_locks``) tells.
 
-        The one lock a commit of ours can wait for that no statement took is
-        shared with the whole server: the NOTIFY queue's (async.c,
-        ``PreCommit_Notify``), which any database's notifying commit holds until
-        its commit record is flushed (and acknowledged by a synchronous standby).
+        A batch's statements go with its COMMIT, so that a lock a statement waited
+        for looks like one the commit waited for. Blamed, in this order: the
+        server's NOTIFY lock (pg_database's object 0, in no database: async.c,
+        ``PreCommit_Notify``), held by any database's notifying commit until its
+        commit record is flushed, if a session holds it or waits for it; else a
+        lock on one of our tables that writers wait for (``SHARE`` and stronger:
+        a ``LOCK TABLE``, a plain ``CREATE INDEX``), held by another session.
         """
-        what = (
-            "the server's NOTIFY lock (one for the whole server, taken by a commit that notified)"
-        )
         try:
             with self.connect() as conn:
-                row = conn.execute(_NOTIFY_LOCK_HOLDER).fetchone()
-        except psycopg.Error:
-            row = None
-        if row is None:
-            return f"a lock of the server taken at commit, most likely {what}"
-        pid, database, application, waiting = row
-        holder = f"backend {pid} of database {database!r}"
-        if application:
-            holder += f" ({application})"
-        if waiting:
-            holder += f", itself waiting for {waiting}"
-        return f"{what}, held by {holder}"
+                notify = conn.execute(_NOTIFY_LOCK_HOLDER).fetchone()
+                table = None if notify is not None else conn.execute(_TABLE_LOCK).fetchone()
+        except (DurableError, psycopg.Error):
+            notify = table = None
+        if notify is not None:
+            pid, database, application, waiting, granted = notify
+            what = (
+                "the server's NOTIFY lock (one for the whole server, taken by a commit "
+                "that notified)"
+            )
+            holder = f"backend {pid} of database {database!r}"
+            if application:
+                holder += f" ({application})"
+            if waiting:
+                holder += f", itself waiting for {waiting}"
+            return f"{what}, {'held' if granted else 'waited for'} by {holder}"
+        if table is not None:
+            mode, relation, pid, application = table
+            words = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", str(mode).removesuffix("Lock")).upper()
+            holder = f"backend {pid}" + (f" ({application!r})" if application else "")
+            return f"a {words} lock on table {relation}, held by {holder}"
+        return "a lock another session held (let go before the server's lock table named it)"
 
     def writing(self, *, batch: bool = False) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises.
