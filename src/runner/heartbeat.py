@@ -22,6 +22,10 @@ the write, a table taken away, a bug) is logged with its traceback; if heartbeat
 keep failing so for ``DEAD_AFTER`` seconds, the runner's claims are no longer its
 own, and the runner is told to stop (``give_up``), as it is if the thread itself
 ends on an error.
+
+The same thread prunes the status reports of runners long gone, at the runner's
+start and every ``PRUNE_EVERY`` seconds (``AlarmQueue.prune_statuses``: each start
+adds one).
 """
 
 from __future__ import annotations
@@ -42,9 +46,18 @@ RESCUE_EVERY = 2.0
 #: others by theirs: two intervals, so that a live runner has beaten since the
 #: database came back.
 TRUST_AFTER = 2 * HEARTBEAT_EVERY
+#: Seconds between two prunings of the status reports of runners long gone.
+PRUNE_EVERY = 3600.0
 _RETRY = 1.0  # seconds before trying again a heartbeat that failed
 
-__all__ = ["DEAD_AFTER", "HEARTBEAT_EVERY", "RESCUE_EVERY", "TRUST_AFTER", "Heartbeat"]
+__all__ = [
+    "DEAD_AFTER",
+    "HEARTBEAT_EVERY",
+    "PRUNE_EVERY",
+    "RESCUE_EVERY",
+    "TRUST_AFTER",
+    "Heartbeat",
+]
 
 
 class Heartbeat:
@@ -199,6 +212,16 @@ class Heartbeat:
             self._wake()
         return sum(freed.values())
 
+    def prune(self) -> None:
+        """Delete the status reports of runners long gone; a failure is logged, never raised."""
+        try:
+            pruned = self._queue.prune_statuses()
+        except Exception as error:  # retention must never stop a runner
+            log.warning("could not prune the status reports of runners gone: %s", error)
+            return
+        if pruned:
+            log.info("pruned the status reports of %d runner(s) long gone", pruned)
+
     def _keep(self) -> None:
         try:
             self._beating()
@@ -212,9 +235,13 @@ class Heartbeat:
     def _beating(self) -> None:
         next_beat = time.monotonic() + HEARTBEAT_EVERY
         next_rescue = time.monotonic() + RESCUE_EVERY
+        next_prune = time.monotonic() + PRUNE_EVERY  # the runner prunes at its start
         while not self._done.wait(max(min(next_beat, next_rescue) - time.monotonic(), 0.0)):
             if self._gave_up:
                 return
+            if time.monotonic() >= next_prune:
+                self.prune()
+                next_prune = time.monotonic() + PRUNE_EVERY
             if time.monotonic() >= next_beat:
                 landed = self.beat()
                 next_beat = time.monotonic() + (HEARTBEAT_EVERY if landed else _RETRY)
