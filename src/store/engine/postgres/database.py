@@ -76,6 +76,7 @@ from ..seam import (
     redacted,
 )
 from ..watch import MarkerWatch
+from .changes import OurChanges
 from .connections import (
     KEEPALIVES,
     POOL_PREFIX,
@@ -147,10 +148,6 @@ _TABLE_LOCK = """
                       'AccessExclusiveLock')
      ORDER BY c.relname LIMIT 1
 """
-_WAL_POSITION = (
-    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
-    " ELSE pg_current_wal_insert_lsn() END"
-)
 
 log = logging.getLogger("effectful_durable.store")
 
@@ -895,20 +892,13 @@ class PostgresDatabase:
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
 
     def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
-        """Poll the server's WAL position in a thread of its own (engine/watch.py).
-
-        Every commit that wrote moves it, in any database of the server: a commit
-        elsewhere wakes the reader for nothing, never a commit here too late. No
-        LISTEN: a notifying commit locks the whole server (schema.py, schema 10),
-        and a pooler in transaction mode would not deliver it.
+        """Poll the server's statistics of our tables in a thread of its own, one
+        statement a look (``changes.py``, engine/watch.py): a commit to another
+        database of the server wakes nobody. No LISTEN: a notifying commit locks
+        the whole server (schema.py, schema 10), and a pooler in transaction mode
+        would not deliver it.
         """
-        return MarkerWatch(self._wal_position, wake, location=self.location)
-
-    def _wal_position(self) -> str:
-        """Where the server's WAL ends now (where it was replayed to, on a standby):
-        one statement, one round trip (a snapshot's BEGIN and COMMIT would be three)."""
-        with self.autocommit() as conn:
-            return str(conn.execute(_WAL_POSITION).get)
+        return MarkerWatch(OurChanges(self).read, wake, location=self.location)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
