@@ -2,7 +2,7 @@
 server, how soon a commit of ours is heard of, and how often another database's writes
 wake it.
 
-On a throwaway cluster (tests/postgres_server.py, fsync on), a database with our
+On a throwaway cluster (``bench_claims.durable_server``: fsync on), a database with our
 tables and a second database of the same server:
 
 * **cost**: ``--polls`` looks, back to back on one connection, of (a) the WAL
@@ -33,9 +33,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
+from bench_claims import durable_server  # the throwaway cluster, fsync on
 
 from effectful_durable import Store
 from effectful_durable.store.engine.postgres import changes
@@ -57,27 +57,6 @@ with Store(sys.argv[1]) as store:
                           state=None)
         print(time.monotonic(), flush=True)
 """
-
-
-def server() -> Any:
-    """tests/postgres_server.py's throwaway cluster, with fsync on as in production."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from postgres_server import PostgresServer, find_bindir, unavailable
-
-    class Durable(PostgresServer):
-        def _pg_ctl(self, action: str) -> None:
-            options = (
-                f"-c listen_addresses='' -c unix_socket_directories='{self.directory}' "
-                "-c fsync=on -c synchronous_commit=on"
-            )
-            self._run("pg_ctl", "-D", self.data, "-o", options, "-l", self.log, "-w", action)
-
-    reason = unavailable()
-    if reason is not None:
-        sys.exit(f"bench_watch: {reason}")
-    bindir = find_bindir()
-    assert bindir is not None
-    return Durable(bindir)
 
 
 def ms(values: list[float]) -> str:
@@ -214,7 +193,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--polls", type=int, default=2000, help="looks of each kind (2,000)")
     args = parser.parse_args()
-    cluster = server()
+    cluster = durable_server()
     cluster.start()
     try:
         url, other = cluster.new_database(), cluster.new_database()

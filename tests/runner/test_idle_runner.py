@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from approvals_app import TOOL_LOG_ENV, Shop, answer
+from approvals_app import TOOL_LOG_ENV, Shop, answer, suspend
 from effectful.handlers.llm.completions import LiteLLMProvider
-from effectful.ops.semantics import handler
 
-from effectful_durable import AgentRunner, PersistenceHandler, RunnerConfig, Store, TurnSuspended
+from effectful_durable import AgentRunner, RunnerConfig, Store
 from effectful_durable.testing import FakeLLM
 from tests.helpers import statements_run
 
@@ -33,17 +32,9 @@ def _tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def waiting_resumption(store_url: str, retry_in: float) -> None:
     """Leave shop-0 with a resumption due in ``retry_in`` seconds and an event due now."""
-    persistence = PersistenceHandler(store_url)
-    with (
-        handler(LiteLLMProvider(model="fake")),
-        handler(FakeLLM(respond=answer)),
-        handler(persistence),
-        pytest.raises(TurnSuspended) as suspended,
-    ):
-        Shop(agent_id="shop-0").ask("o1")
-    persistence.close()
+    approval_id = suspend(store_url)
     with Store(store_url) as store:
-        store.approve(suspended.value.approvals[0].approval_id, by="alice")
+        store.approve(approval_id, by="alice")
         queue = store.alarm_queue
         claim = queue.claim("earlier-runner", time.time(), 30)
         assert claim is not None and claim.kind == "resume"
