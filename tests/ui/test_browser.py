@@ -190,7 +190,13 @@ class TestContent:
         driver.get(desk.base + f"/agent?id={DESK}")
         shown = text_of(driver)
         assert f"Looked it up. {HTML}" in shown
-        assert driver.execute_script("return document.scripts.length") == 3  # the page's own
+        sources = driver.execute_script("return [...document.scripts].map(s => s.src)")
+        assert [source.rsplit("/", 1)[1] for source in sources] == [  # the page's own
+            "htmx.min.js",
+            "htmx-ext-sse.min.js",
+            "actions.js",
+            "live.js",
+        ]
         assert driver.execute_script("return window.alerted === undefined")
         driver.get(desk.base + f"/state?id={DESK}&sql=SELECT+note+FROM+refunds")
         assert f"note {HTML}" in text_of(driver)
