@@ -108,6 +108,25 @@ def make_handlers(config: RunnerConfig) -> list[Any]:
     return [LiteLLMProvider(model=config.model or "fake"), FakeLLM(respond=answer)]
 
 
+def suspend(db: str, agent_id: str = "shop-0") -> str:
+    """Run a turn of ``agent_id`` that suspends at its ``pay`` call; the approval's id."""
+    from effectful.ops.semantics import handler
+
+    from effectful_durable import PersistenceHandler, TurnSuspended
+
+    persistence = PersistenceHandler(db)
+    try:
+        with handler(LiteLLMProvider(model="fake")), handler(FakeLLM(respond=answer)):
+            with handler(persistence):
+                Shop(agent_id=agent_id).ask("o1")
+    except TurnSuspended as suspended:
+        return str(suspended.approvals[0].approval_id)
+    finally:
+        persistence.close()
+    msg = f"the turn of {agent_id} did not suspend"
+    raise AssertionError(msg)
+
+
 def text_of(message: dict[str, Any]) -> str:
     """A message's text, whether its content is a string or a list of blocks."""
     content = message.get("content")

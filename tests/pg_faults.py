@@ -24,8 +24,12 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from postgres_server import PostgresServer
+
+if TYPE_CHECKING:
+    from pgbouncer_server import PgBouncer
 
 #: How a restart goes: a fast shutdown (sessions end with a FATAL message), an
 #: immediate one (backends quit, crash recovery), or the postmaster killed.
@@ -119,15 +123,17 @@ def _wait_gone(pids: list[int], *, timeout: float) -> None:
 
 
 class CuttingProxy:
-    """A Unix-socket proxy in front of ``server`` that cuts an armed batch (see above).
+    """A Unix-socket proxy in front of ``server`` (or a pooler, on ``port``) that cuts an
+    armed batch (see above).
 
     ``url(database)`` names the proxy instead of the server. ``arm(cut)`` makes
     the next batch any connection sends the one cut; ``cuts`` counts the batches
     cut so far.
     """
 
-    def __init__(self, server: PostgresServer) -> None:
+    def __init__(self, server: PostgresServer | PgBouncer, *, port: int = 5432) -> None:
         self.server = server
+        self.port = port  # the server's, in the name of its socket
         self.directory = tempfile.mkdtemp(prefix="effdur-proxy-")
         self.path = os.path.join(self.directory, ".s.PGSQL.5432")
         self.cuts = 0
@@ -192,7 +198,7 @@ class CuttingProxy:
                 client.close()
                 continue
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(os.path.join(self.server.directory, ".s.PGSQL.5432"))
+            upstream.connect(os.path.join(self.server.directory, f".s.PGSQL.{self.port}"))
             _Pair(self, client, upstream).start()
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import pytest
 from effectful.handlers.llm import Template, Tool
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
+from pg_faults import CuttingProxy
 from pgbouncer_server import PgBouncer
 from postgres_server import PostgresServer
 
@@ -554,6 +556,44 @@ class TestSettings:
             assert "statement timeout" in str(ended.value)
             assert [a.agent_id for a in store.agents()] == ["bot"]  # and it carries on
 
+    def test_an_agents_take_waits_for_a_row_lock_no_longer_than_busy_timeout(
+        self, settings_url: str, postgres_url: str
+    ) -> None:
+        """Taking an agent (one statement outside a transaction, with the turn's handoff
+        row) that waits for its hold's row, locked by another session, fails with
+        DatabaseBusyError after busy_timeout (1 s), not at the client's deadline (6 s)."""
+        with Store(settings_url, busy_timeout=1, statement_timeout=5) as store:
+            with store.agent_lock("bot"):  # the hold's row
+                pass
+            with psycopg.connect(postgres_url) as holder:
+                locked = holder.execute(
+                    "SELECT 1 FROM agent_holds WHERE agent_id = 'bot' FOR UPDATE"
+                )
+                assert locked.fetchall() == [(1,)]
+                started = time.monotonic()
+                with pytest.raises(DatabaseBusyError), store.agent_lock("bot"):
+                    pass
+                assert time.monotonic() - started < 4
+            commit_message(store, "bot", "after")
+            with store.agent_lock("bot"):
+                pass
+
+    def test_an_agents_take_is_ended_by_the_servers_statement_timeout(
+        self, settings_url: str, postgres_url: str
+    ) -> None:
+        """Taking an agent blocked behind a table lock is ended by the server's statement
+        timeout (1 s; busy_timeout is 30 s), which says so: the statement ended there,
+        not only the client's wait."""
+        with Store(settings_url, busy_timeout=30, statement_timeout=1) as store:
+            with store.agent_lock("bot"):
+                pass
+            with psycopg.connect(postgres_url) as holder:
+                holder.execute("LOCK TABLE agent_holds IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(DatabaseUnavailableError) as ended, store.agent_lock("bot"):
+                    pass
+            assert "statement timeout" in str(ended.value), ended.value
+            commit_message(store, "bot", "after")
+
     def test_a_read_only_store_stays_read_only(self, settings_url: str) -> None:
         """A read-only Store through the pooler cannot write, even through SQL of its own."""
         with Store(settings_url) as store:
@@ -585,6 +625,85 @@ class TestSettings:
                     ).fetchone()
                 )
         assert seen == {("0", "0", "0", "off")}
+
+
+@pytest.fixture
+def same_lock_timeout(ignoring: PgBouncer, postgres_url: str) -> str:
+    """The test's database through the PgBouncer that ignores startup options, with the
+    database's own ``lock_timeout`` set to 5 s: the default busy_timeout, as if the
+    server applied our options."""
+    name = urllib.parse.urlsplit(postgres_url).path.lstrip("/")
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '5s'")
+    return ignoring.pooled(postgres_url)
+
+
+class TestDetection:
+    """A pooler is told from a server by nothing that can match by chance."""
+
+    def test_a_database_whose_lock_timeout_is_the_busy_timeout_is_seen_pooled(
+        self, same_lock_timeout: str, postgres_url: str
+    ) -> None:
+        """Behind a PgBouncer that ignores the startup options, a database whose own
+        lock_timeout is the busy_timeout (5 s) is still reached through a pooler: two
+        Stores commit 30 rounds each with no prepared statement colliding, and the
+        statement timeout is the server's, in force."""
+        with Store(same_lock_timeout) as first, Store(same_lock_timeout) as second:
+            assert (first._db.pooled, second._db.pooled) == (True, True)
+            for n in range(30):
+                commit_message(first, "first", f"round {n}")
+                commit_message(second, "second", f"round {n}")
+        with Store(same_lock_timeout, statement_timeout=1) as store:
+            with psycopg.connect(postgres_url) as holder:
+                holder.execute("LOCK TABLE agents IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(DatabaseUnavailableError) as ended:
+                    store.agents()
+            assert "statement timeout" in str(ended.value), ended.value
+        with Store(postgres_url, readonly=True) as store:
+            assert {a.agent_id: a.version for a in store.agents()} == {"first": 30, "second": 30}
+
+
+# -- a commit whose answer was lost ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adding_host(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """A PgBouncer that adds each client's address to its ``application_name`` on the
+    server (``application_name_add_host = 1``)."""
+    with pgbouncer_server.running(postgres_server, {"application_name_add_host": 1}) as bouncer:
+        yield bouncer
+
+
+#: A deferred trigger that makes each COMMIT of a new version last 2 s on the server.
+SLOW_COMMIT = """
+CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON versions
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+"""
+
+
+class TestInDoubtCommit:
+    def test_a_commit_still_landing_is_waited_for_under_a_renamed_session(
+        self, adding_host: PgBouncer, postgres_url: str
+    ) -> None:
+        """Through a PgBouncer that renames the server sessions after their clients, a
+        turn whose connection is cut while its COMMIT still runs on the server is
+        looked up once that COMMIT ended: found committed, once, not reported as a
+        commit that did not land."""
+        proxy = CuttingProxy(adding_host, port=pgbouncer_server.PORT)
+        try:
+            with Store(proxy.url(postgres_url)) as store:
+                commit_message(store, "bot", "one")
+                with psycopg.connect(postgres_url, autocommit=True) as conn:
+                    conn.execute(SLOW_COMMIT)
+                proxy.arm("after")
+                assert commit_message(store, "bot", "two") == 2
+                assert proxy.wait_cut(0)
+        finally:
+            proxy.close()
+        with Store(postgres_url, readonly=True) as store:
+            assert [m["content"] for m in store.history("bot")] == ["one", "two"]
 
 
 # -- prepared statements ---------------------------------------------------------------------

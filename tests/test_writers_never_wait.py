@@ -221,6 +221,29 @@ class TestTheRealWait:
             assert "mine" not in versions(store)  # nothing of it was written
 
 
+class TestOurOwnWait:
+    """A commit that waited for a lock of this database says which, and blames nothing else."""
+
+    def test_a_table_lock_is_named_not_the_notify_lock(self, postgres_url: str) -> None:
+        """While another session holds ``LOCK TABLE versions IN SHARE MODE`` (what a
+        plain CREATE INDEX takes), a turn's batched commit fails after busy_timeout
+        with DatabaseBusyError naming that lock, its table and its holder: the
+        server's NOTIFY lock is not blamed, for no session holds or waits for it."""
+        with Store(postgres_url, busy_timeout=1) as store:
+            commit_message(store, "bot", "one")
+            with psycopg.connect(postgres_url, application_name="index builder") as holder:
+                holder.execute("LOCK TABLE versions IN SHARE MODE")
+                pid = holder.info.backend_pid
+                with pytest.raises(DatabaseBusyError) as raised:
+                    commit_message(store, "bot", "two")
+            message = str(raised.value)
+            assert "NOTIFY" not in message, message
+            assert "SHARE lock on table versions" in message, message
+            assert f"backend {pid}" in message, message
+            assert "'index builder'" in message, message
+            assert commit_message(store, "bot", "two") == 2
+
+
 def versions(store: Store) -> dict[str, int]:
     """Each agent's committed version."""
     return {agent.agent_id: agent.version for agent in store.agents()}

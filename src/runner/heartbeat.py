@@ -14,6 +14,18 @@ runners by their heartbeats only while its own have landed for ``TRUST_AFTER``
 seconds in a row: after an outage of the database, every live runner's
 heartbeat is old, and each one has one interval to beat again before anyone
 takes its claims.
+
+A heartbeat that fails is tried again every second, whatever failed. An outage of
+the database (a :class:`~effectful_durable.DurableError`) is ridden out, as the
+runner rides it out. Any other error (a trigger of another program's that refuses
+the write, a table taken away, a bug) is logged with its traceback; if heartbeats
+keep failing so for ``DEAD_AFTER`` seconds, the runner's claims are no longer its
+own, and the runner is told to stop (``give_up``), as it is if the thread itself
+ends on an error.
+
+The same thread prunes the status reports of runners long gone, at the runner's
+start and every ``PRUNE_EVERY`` seconds (``AlarmQueue.prune_statuses``: each start
+adds one).
 """
 
 from __future__ import annotations
@@ -34,9 +46,18 @@ RESCUE_EVERY = 2.0
 #: others by theirs: two intervals, so that a live runner has beaten since the
 #: database came back.
 TRUST_AFTER = 2 * HEARTBEAT_EVERY
+#: Seconds between two prunings of the status reports of runners long gone.
+PRUNE_EVERY = 3600.0
 _RETRY = 1.0  # seconds before trying again a heartbeat that failed
 
-__all__ = ["DEAD_AFTER", "HEARTBEAT_EVERY", "RESCUE_EVERY", "TRUST_AFTER", "Heartbeat"]
+__all__ = [
+    "DEAD_AFTER",
+    "HEARTBEAT_EVERY",
+    "PRUNE_EVERY",
+    "RESCUE_EVERY",
+    "TRUST_AFTER",
+    "Heartbeat",
+]
 
 
 class Heartbeat:
@@ -49,6 +70,8 @@ class Heartbeat:
         record: Stores the runner's full status report as "running", if it has
             none (the heartbeat found no row to beat in).
         wake: Wakes the runner's loop (a rescue freed claims it may take).
+        give_up: Called once, with the reason, when heartbeats cannot be written
+            for a reason other than an outage of the database (see above).
     """
 
     def __init__(
@@ -59,16 +82,20 @@ class Heartbeat:
         now: Callable[[], float],
         record: Callable[[], object],
         wake: Callable[[], None],
+        give_up: Callable[[str], object] = lambda reason: None,
     ) -> None:
         self._queue = queue
         self._runner = runner
         self._now = now
         self._record = record
         self._wake = wake
+        self._give_up = give_up
         self._lock = threading.Lock()
         self._since: float | None = None  # time.monotonic() of the first in a row
         self._last = 0.0  # time.monotonic() of the last one that landed
         self._failing = False
+        self._faulty_since: float | None = None  # the first of the faults in a row
+        self._gave_up = False
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -117,22 +144,53 @@ class Heartbeat:
         return thread
 
     def beat(self) -> bool:
-        """Write one heartbeat (the full report if the runner has no row); whether it landed."""
+        """Write one heartbeat (the full report if the runner has no row); whether it landed.
+
+        A failure other than the database's is logged with its traceback; once such
+        failures last ``DEAD_AFTER`` seconds, ``give_up`` is called.
+        """
         started = time.monotonic()
         try:
             if not self._queue.beat(self._runner):
                 self._record()
-        except DurableError as error:
+        except DurableError as error:  # an outage: ridden out
             self.failed()
             if not self._failing:
                 log.warning("could not write the runner's heartbeat: %s", error)
             self._failing = True
             return False
+        except Exception as error:  # whatever it is, the heartbeat goes on
+            self._faulted(error)
+            return False
         self.landed(started)
+        self._faulty_since = None
         if self._failing:
             log.info("the runner's heartbeat is written again")
             self._failing = False
         return True
+
+    def _faulted(self, error: Exception) -> None:
+        """Note a heartbeat that failed on an error no outage explains; give up once
+        they have lasted ``DEAD_AFTER`` seconds."""
+        self.failed()
+        now = time.monotonic()
+        if self._faulty_since is None:
+            self._faulty_since = now
+        if not self._failing:
+            log.error(
+                "could not write the runner's heartbeat (trying again every %g s): %r",
+                _RETRY,
+                error,
+                exc_info=error,
+            )
+        self._failing = True
+        if now - self._faulty_since >= DEAD_AFTER and not self._gave_up:
+            self._gave_up = True
+            self._give_up(
+                f"its heartbeat could not be written for {now - self._faulty_since:.0f} s "
+                f"({error!r}), and a runner silent {DEAD_AFTER:g} s is dead: its claims "
+                "are no longer its own"
+            )
 
     def rescue(self) -> int:
         """Give back the claims of dead runners (judged by heartbeats if :attr:`trusted`).
@@ -154,10 +212,36 @@ class Heartbeat:
             self._wake()
         return sum(freed.values())
 
+    def prune(self) -> None:
+        """Delete the status reports of runners long gone; a failure is logged, never raised."""
+        try:
+            pruned = self._queue.prune_statuses()
+        except Exception as error:  # retention must never stop a runner
+            log.warning("could not prune the status reports of runners gone: %s", error)
+            return
+        if pruned:
+            log.info("pruned the status reports of %d runner(s) long gone", pruned)
+
     def _keep(self) -> None:
+        try:
+            self._beating()
+        except BaseException as error:
+            log.critical("the runner's heartbeat thread ended: %r", error, exc_info=error)
+            if not self._gave_up:
+                self._gave_up = True
+                self._give_up(f"its heartbeat thread ended on {error!r}")
+            raise
+
+    def _beating(self) -> None:
         next_beat = time.monotonic() + HEARTBEAT_EVERY
         next_rescue = time.monotonic() + RESCUE_EVERY
+        next_prune = time.monotonic() + PRUNE_EVERY  # the runner prunes at its start
         while not self._done.wait(max(min(next_beat, next_rescue) - time.monotonic(), 0.0)):
+            if self._gave_up:
+                return
+            if time.monotonic() >= next_prune:
+                self.prune()
+                next_prune = time.monotonic() + PRUNE_EVERY
             if time.monotonic() >= next_beat:
                 landed = self.beat()
                 next_beat = time.monotonic() + (HEARTBEAT_EVERY if landed else _RETRY)
@@ -166,4 +250,6 @@ class Heartbeat:
                     self.rescue()
                 except DurableError as error:
                     log.debug("could not look for dead runners' claims: %s", error)
+                except Exception as error:  # whatever it is, the heartbeat goes on
+                    log.error("could not look for dead runners' claims: %r", error, exc_info=error)
                 next_rescue = time.monotonic() + RESCUE_EVERY

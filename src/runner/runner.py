@@ -226,13 +226,17 @@ class AgentRunner:
             now=self.clock.now,
             record=lambda: self._record("running", if_missing=True, quiet=False),
             wake=self._wake.set,
+            give_up=self._heartbeat_gave_up,
         )
+        self._status = 0  # what run() returns
         self._build_stack(self.config)
 
     # -- public control ----------------------------------------------------------
 
     def run(self, *, until: float | None = None) -> int:
-        """Deliver alarms until :meth:`stop` (or a signal); return the exit status, 0.
+        """Deliver alarms until :meth:`stop` (or a signal); return the exit status: 0,
+        or 1 if the runner stopped because its heartbeat could not be written (for a
+        reason other than an outage of the database, which it rides out).
 
         Args:
             until: Return once the clock has passed this time, no turn is in
@@ -254,6 +258,7 @@ class AgentRunner:
         )
         self._running = True
         self._rescued = False
+        self._status = 0
         sent = time.monotonic()
         if self._record("running"):
             self._heartbeat.landed(sent)  # the first heartbeat
@@ -289,7 +294,7 @@ class AgentRunner:
                 self.errors,
                 extra={"runner": self.id, "turns": self.turns, "errors": self.errors},
             )
-        return 0
+        return self._status
 
     def stop(self, *, grace: float | None = None) -> None:
         """Stop claiming alarms; the turns in progress may finish within ``grace`` seconds.
@@ -326,6 +331,18 @@ class AgentRunner:
             extra={"turns": [p.alarm_id for p in in_flight]},
         )
         threading.Thread(target=self._interrupt_after, args=(grace,), daemon=True).start()
+
+    def _heartbeat_gave_up(self, reason: str) -> None:
+        """Stop, exiting 1: the heartbeat cannot be written (from its thread)."""
+        log.critical(
+            "runner %s stops: %s. Fix what refuses the heartbeat (its log above says), "
+            "then start the runner again",
+            self.id,
+            reason,
+            extra={"runner": self.id},
+        )
+        self._status = 1
+        self.stop()
 
     def reload(self) -> bool:
         """Re-read the config file; apply it from the next turn on. False if it is bad.
@@ -478,6 +495,7 @@ class AgentRunner:
         if not self._rescued:  # then every few seconds, in the heartbeat's thread
             self._heartbeat.rescue()
             self._rescued = True
+            self._heartbeat.prune()
         self._outages.answered()
         busy = self._busy_agents()
         held = sorted({*busy, *self._outages.agents(), *self._rested(now)})
@@ -979,7 +997,7 @@ class AgentRunner:
     ) -> bool:
         """Store the status report (a heartbeat too); whether it landed.
 
-        Unless ``quiet``, a failure is raised (DurableError), not logged.
+        Unless ``quiet``, a failure is raised, not logged.
         """
         try:
             self._queue.record_status(
@@ -989,7 +1007,7 @@ class AgentRunner:
                 report=report if report is not None else self.status(),
                 if_missing=if_missing,
             )
-        except DurableError as error:
+        except Exception as error:  # a refused report (a foreign trigger, say) ends nothing
             if not quiet:
                 raise
             log.warning("could not store the status report: %s", error)

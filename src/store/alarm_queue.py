@@ -97,21 +97,26 @@ def _claimable(db: Database) -> str:
 def next_due(db: Database, conn: Conn, busy: Collection[str] = ()) -> float | None:
     """When the earliest pending alarm of an agent not in ``busy`` becomes claimable.
 
-    An alarm waits while another alarm of its agent is leased (see :func:`claim`);
-    that one's lease, when it runs out, is the time it may be claimed again,
-    unless its runner's heartbeat still holds it (then it counts not at all).
+    What :func:`claim` would take, but for the time: an alarm waits while another
+    alarm of its agent is leased, or goes before it (a resumption goes before its
+    agent's alarms and events, whenever it is due); a leased one's lease, when it
+    runs out, is the time it may be claimed again, unless its runner's heartbeat
+    still holds it (then it counts not at all). So a runner never finds due what
+    a claim would not take, and tries no claim, a write, in vain.
     One indexed read (the agents a runner is running turns of are few): the
     pending alarms in due order, until the first claimable one. Not ``min(due_at)``:
     PostgreSQL answers that by joining every pending alarm with every leased one
     (no index order through the ``NOT EXISTS``), 5 to 140 ms a look with
     thousands pending and 32 turns in flight, where this takes under 1 ms
-    (bench/README.md, ``bench_runners.py``); SQLite plans both alike.
+    (bench/README.md, ``bench_runners.py``); SQLite plans both alike. The other
+    alarms of a candidate's agent are a scalar subquery, as in :func:`claim`
+    (``NOT EXISTS`` would be an anti-join reading every pending alarm per look).
     """
     due = conn.execute(
         f"""
         SELECT due_at FROM alarms AS a
          WHERE status = 'pending'{_not_busy(busy)} AND {_claimable(db)}
-           AND NOT EXISTS ({_OTHER} AND {_LEASED})
+           AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL
          ORDER BY due_at LIMIT 1
         """,
         tuple(busy),
@@ -368,6 +373,37 @@ def beat(db: Database, conn: Conn, runner: str) -> bool:
     return bool(conn.changes())
 
 
+#: Status reports kept, however old: the most recent ones, of runners alive or gone.
+KEEP_REPORTS = 10
+#: Seconds a report is kept however many there are (a day): what an operator looking
+#: back at yesterday's fleet needs to see.
+KEEP_REPORTS_FOR = 86_400.0
+
+
+def prune_statuses(db: Database, conn: Conn) -> int:
+    """Delete the status reports of runners long gone; how many.
+
+    Each runner's start adds a report under a new id, and ``statuses`` reads
+    them all. Kept: the :data:`KEEP_REPORTS` most recent, every one reported
+    within :data:`KEEP_REPORTS_FOR` seconds (by the database's clock: a live
+    runner's is seconds old), and every one of a runner that still holds a claim
+    (its report is what lets the others take the claim back: :func:`dead_owners`).
+    """
+    conn.execute(
+        f"""
+        DELETE FROM runner_status
+         WHERE reported_at < {db.now_sql} - ?1
+           AND runner_id NOT IN (SELECT r.runner_id FROM runner_status AS r
+                                  ORDER BY r.reported_at DESC LIMIT ?2)
+           AND NOT EXISTS (SELECT 1 FROM alarms AS a
+                            WHERE a.lease_owner = runner_status.runner_id
+                              AND a.status = 'pending')
+        """,
+        (KEEP_REPORTS_FOR, KEEP_REPORTS),
+    )
+    return conn.changes()
+
+
 def statuses(conn: Conn) -> list[dict[str, Any]]:
     """Every runner's latest status report, most recent first."""
     rows: list[tuple[Any, ...]] = conn.execute(
@@ -472,6 +508,11 @@ class AlarmQueue:
         """Write ``runner``'s heartbeat; False if it has no status row (record one)."""
         with self._store._writing() as conn:
             return beat(self._store._db, conn, runner)
+
+    def prune_statuses(self) -> int:
+        """Delete the status reports of runners long gone (see :func:`prune_statuses`)."""
+        with self._store._writing() as conn:
+            return prune_statuses(self._store._db, conn)
 
     def counts(self, now: float) -> dict[str, int]:
         """Pending, due and dead alarms of the database."""

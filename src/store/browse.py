@@ -358,9 +358,11 @@ class BrowseMethods(StoreBase):
     def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
         """Call ``wake`` (from another thread) soon after each commit to the database.
 
-        SQLite: a thread looks at ``PRAGMA data_version`` five times a second,
-        reading no table. PostgreSQL: a connection of its own LISTENs for the
-        notification each commit sends. Close what it returns to stop.
+        A thread looks five times a second, reading no table: at ``PRAGMA
+        data_version`` on SQLite; on PostgreSQL at the server's statistics of our
+        tables and its WAL position (``engine/postgres/changes.py``), so that a
+        commit to another database of the server wakes nobody. No commit sends
+        anything for it. Close what it returns to stop.
 
         .. versionadded:: 0.2.0
         """

@@ -1,9 +1,10 @@
 """Live pages: the store's commit watch, turned into server-sent events.
 
 One watch per server (``Store.watch_commits``: ``PRAGMA data_version`` on
-SQLite, the WAL position on PostgreSQL, polled) bumps a counter; each open page holds one
-``/-/live`` stream that waits on it and sends ``event: commit`` when it moves.
-The page's htmx then fetches its own address again and swaps in what changed.
+SQLite, the statistics of our tables on PostgreSQL, polled) bumps a counter; each
+open page holds one ``/-/live`` stream that waits on it and sends ``event: commit``
+when it moves. The page's htmx then fetches its own address again and swaps in
+what changed; ``static/live.js`` keeps the folds the person opened or closed.
 An idle page costs nothing but a comment every :data:`KEEPALIVE` seconds, and
 a burst of commits reaches a page at most once per :data:`SPACING` seconds, so
 that a busy writer never makes the pages load the database.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from approvals_app import TOOL_LOG_ENV, Shop, answer, text_of
+from approvals_app import TOOL_LOG_ENV, Shop, answer, suspend, text_of
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 
@@ -38,26 +38,12 @@ def _tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOOL_LOG_ENV, str(tmp_path / "tool-runs.jsonl"))
 
 
-def _suspend(store_url: str) -> str:
-    """Suspend a turn of shop-0 at its ``pay`` call; the approval's id."""
-    persistence = PersistenceHandler(store_url)
-    with (
-        handler(LiteLLMProvider(model="fake")),
-        handler(FakeLLM(respond=answer)),
-        handler(persistence),
-        pytest.raises(TurnSuspended) as suspended,
-    ):
-        Shop(agent_id="shop-0").ask("o1")
-    persistence.close()
-    return str(suspended.value.approvals[0].approval_id)
-
-
 class TestEventAfterResumeFirst:
     """An event that arrives while the agent's turn waits for a decision."""
 
     def test_event_marked_done_by_its_own_turn(self, store_url: str) -> None:
         """The event's delivery commits with its on_event turn, not the resumed turn."""
-        approval_id = _suspend(store_url)
+        approval_id = suspend(store_url)
         with Store(store_url) as store:
             event = store.send_event("shop-0", "restock", {"nonce": "pl-1"})
             time.sleep(0.01)  # the event is due before the resumption

@@ -651,3 +651,38 @@ def whole_reads(node: dict[str, Any]) -> list[str]:
     for child in node.get("Plans", []):
         found += whole_reads(child)
     return found
+
+
+class TestStatusReports:
+    """Each runner's start adds a status report; a start prunes those of runners long gone."""
+
+    def test_a_runner_start_keeps_what_an_operator_needs(self, store_url: str) -> None:
+        """After 30 runners gone two days ago, 3 gone an hour ago and one gone two days
+        ago that still holds a claim, a runner's start leaves its own report, the
+        claim holder's, the last day's, and the most recent up to KEEP_REPORTS."""
+        from effectful_durable import AgentRunner
+        from effectful_durable.runner import FakeClock
+        from effectful_durable.store.alarm_queue import KEEP_REPORTS
+
+        with Store(store_url) as store:
+            queue = store.alarm_queue
+            for n in range(30):
+                beating(queue, f"old-{n:02d}", state="stopped")
+                silence(store, f"old-{n:02d}", 2 * 86_400 + n)
+            for n in range(3):
+                beating(queue, f"recent-{n}", state="stopped")
+                silence(store, f"recent-{n}", 3600 + n)
+            commit_writes(store, "a", scheduled("wake", delay=0))
+            beating(queue, "claimer")
+            assert queue.claim("claimer", NOW + 1, 30) is not None
+            silence(store, "claimer", 3 * 86_400)
+            clock = FakeClock(time.time())
+            with AgentRunner(
+                store, agents=lambda agent_id: None, handlers=lambda config: [], clock=clock
+            ) as runner:
+                runner.run(until=clock.now())
+            kept = [status["runner"] for status in store.runner_statuses()]
+        old = [f"old-{n:02d}" for n in range(KEEP_REPORTS - 4)]  # the most recent of them
+        assert sorted(kept) == sorted(
+            [runner.id, *(f"recent-{n}" for n in range(3)), *old, "claimer"]
+        ), kept

@@ -190,7 +190,13 @@ class TestContent:
         driver.get(desk.base + f"/agent?id={DESK}")
         shown = text_of(driver)
         assert f"Looked it up. {HTML}" in shown
-        assert driver.execute_script("return document.scripts.length") == 3  # the page's own
+        sources = driver.execute_script("return [...document.scripts].map(s => s.src)")
+        assert [source.rsplit("/", 1)[1] for source in sources] == [  # the page's own
+            "htmx.min.js",
+            "htmx-ext-sse.min.js",
+            "actions.js",
+            "live.js",
+        ]
         assert driver.execute_script("return window.alerted === undefined")
         driver.get(desk.base + f"/state?id={DESK}&sql=SELECT+note+FROM+refunds")
         assert f"note {HTML}" in text_of(driver)
@@ -226,6 +232,41 @@ class TestContent:
             assert write(db, 1).returncode == 0
             wait_for(driver, lambda d, shows=shows: d.execute_script(f"return {shows}"))
             assert driver.execute_script("return window.notReloaded") is True
+
+    def test_what_the_user_opened_stays_open_through_a_commit(
+        self, driver: Any, desk: Server
+    ) -> None:
+        """A fold the user opened (an approval's arguments on the waiting page) stays
+        open, and one the user closed (on the agent's page, open by default) stays
+        closed, when another process's commit refreshes the page."""
+        enter(driver, desk)
+        db = str(desk.process.args[4])  # type: ignore[index]
+        for path, fold, opened in [
+            ("/waiting", "#approvals details.json", True),
+            (f"/agent?id={DESK}", "#waiting article.approval details.json", False),
+        ]:
+            driver.get(desk.base + path)
+            wait_for(
+                driver, lambda d: d.execute_script("return document.readyState") == "complete"
+            )
+            time.sleep(1)  # the live stream connects
+            toggled = driver.find_element("css selector", f"{fold} summary")
+            toggled.click()
+            driver.execute_script("document.getElementById('live').dataset.before = 'yes'")
+            assert write(db, 1).returncode == 0
+            # The live part is replaced (the mark on the old one is gone) ...
+            wait_for(
+                driver,
+                lambda d: (
+                    d.execute_script("return document.getElementById('live').dataset.before")
+                    is None
+                ),
+            )
+            # ... and the fold is as the user left it.
+            state = driver.execute_script(f"return document.querySelector('{fold}').open")
+            assert state is opened, (path, state)
+            if opened:
+                shot(driver, "live-kept-open")
 
 
 class Address(pydantic.BaseModel):

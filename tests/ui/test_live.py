@@ -1,16 +1,26 @@
 """The page live, served for real: another process's commit reaches an open page, and a
 writer committing while pages poll never notices them."""
 
+import contextlib
+import os
 import subprocess
 import sys
 import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import httpx
+import psycopg
 import pytest
 
 from effectful_durable import Store
 from tests.helpers import commit_message
 from tests.ui.server import ROOT, Server, serving
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
 
 pytestmark = pytest.mark.slow
 
@@ -108,3 +118,118 @@ def test_a_writer_never_notices_the_pages(store_url: str) -> None:
         (w,) = [a for a in store.agents() if a.agent_id == "w"]
         assert (w.version, w.messages) == (1000, 1000)
         assert [v.version for v in store.versions("w")] == list(range(1, 1001))
+
+
+# -- PostgreSQL: what the page watches -------------------------------------------------
+
+
+def commit_events(client: httpx.Client, seconds: float, events: list[float]) -> None:
+    """Read the page's live stream for ``seconds``, noting when each commit event came."""
+    started = time.monotonic()
+    with contextlib.suppress(httpx.ReadTimeout):
+        with client.stream("GET", "/-/live", timeout=seconds) as stream:
+            for line in stream.iter_lines():
+                if line == "event: commit":
+                    events.append(time.monotonic() - started)
+                if time.monotonic() - started > seconds:
+                    return
+
+
+@contextlib.contextmanager
+def another_database_writing(server: "PostgresServer", per_second: float) -> Iterator[None]:
+    """A thread inserting ``per_second`` rows a second into another database of
+    ``server`` until the block ends."""
+    url = server.new_database()
+    stop = threading.Event()
+    written = [0]
+
+    def write() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            while not stop.wait(1 / per_second):
+                conn.execute("INSERT INTO t VALUES (1)")
+                written[0] += 1
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        server.drop_database(url)
+        assert written[0] > 0
+
+
+@pytest.fixture
+def no_wal_reader(postgres_server: "PostgresServer", postgres_url: str) -> Iterator[str]:
+    """``postgres_url`` (with our tables) as a role that may read them but may not ask
+    the WAL position, as on managed servers that refuse the WAL functions."""
+    with Store(postgres_url) as store:
+        commit_message(store, "w", "first")
+    role = f"pager_{os.getpid()}"
+    postgres_server.admin(f'CREATE ROLE "{role}" LOGIN')
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
+        for function in ("pg_current_wal_insert_lsn()", "pg_last_wal_replay_lsn()"):
+            conn.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
+    name = urllib.parse.urlsplit(postgres_url).path.lstrip("/")
+    try:
+        yield postgres_server.url(name, user=role)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+        postgres_server.drop_database(postgres_url)
+        postgres_server.admin(f'DROP ROLE "{role}"')
+
+
+def as_owner(url: str) -> str:
+    """``url`` as the cluster's superuser (``postgres``)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(netloc="postgres@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
+class TestPostgresWatch:
+    """On PostgreSQL the page hears of this database's commits, and of no other's,
+    whether or not the server lets it read the WAL position."""
+
+    def test_a_commit_reaches_a_page_that_may_not_read_the_wal(self, no_wal_reader: str) -> None:
+        """A page whose role may not ask the WAL position still hears of a commit of
+        another process's, and its log says so once, not once a second."""
+        with serving(no_wal_reader, "--read-only") as server, server.client() as client:
+            events: list[float] = []
+            reader = threading.Thread(target=commit_events, args=(client, 8.0, events))
+            reader.start()
+            time.sleep(1.0)
+            with Store(as_owner(no_wal_reader)) as store:
+                commit_message(store, "w", "while the page is open")
+            reader.join(timeout=30)
+            assert events, "".join(server.output)
+            assert "while the page is open" in client.get("/agent?id=w").text
+        said = [line for line in server.output if "WAL" in line or "watch" in line]
+        assert len(said) <= 1, said
+
+    def test_another_databases_writes_reach_no_page(
+        self, postgres_server: "PostgresServer", postgres_url: str
+    ) -> None:
+        """While another database of the server takes 50 inserts a second, an open
+        page's stream stays quiet; a commit to ours still reaches it."""
+        with Store(postgres_url) as store:
+            commit_message(store, "w", "first")
+        with (
+            serving(postgres_url) as server,
+            server.client() as client,
+            another_database_writing(postgres_server, 50),
+        ):
+            events: list[float] = []
+            commit_events(client, 4.0, events)
+            print(f"commit events in 4 s of another database's writes: {len(events)}")
+            assert len(events) == 0, events
+            reader = threading.Thread(target=commit_events, args=(client, 8.0, events))
+            reader.start()
+            time.sleep(1.0)
+            with Store(postgres_url) as store:
+                commit_message(store, "w", "ours")
+            reader.join(timeout=30)
+            assert events, "".join(server.output)

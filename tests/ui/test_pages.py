@@ -97,7 +97,14 @@ class TestRoutes:
 
     def test_static_files(self, client: TestClient) -> None:
         """The vendored files are served from the package, cacheable."""
-        for name in ("htmx.min.js", "htmx-ext-sse.min.js", "pico.classless.min.css", "app.css"):
+        for name in (
+            "htmx.min.js",
+            "htmx-ext-sse.min.js",
+            "pico.classless.min.css",
+            "app.css",
+            "actions.js",
+            "live.js",
+        ):
             found = client.get(f"/-/static/{name}")
             assert found.status_code == 200 and found.content
             assert "no-store" not in found.headers.get("cache-control", "")

@@ -237,8 +237,9 @@ class Database(Protocol):
         """Call ``wake`` (from another thread) soon after each commit to the database.
 
         A commit is noticed without reading any table, by polling a marker that
-        every commit moves (engine/watch.py): SQLite's ``PRAGMA data_version``,
-        PostgreSQL's WAL position. Nothing is sent or locked by a commit for it.
+        every commit to our tables moves (engine/watch.py): SQLite's ``PRAGMA
+        data_version``, PostgreSQL's statistics of our tables (helped by its WAL
+        position). Nothing is sent or locked by a commit for it.
         ``wake`` may also be called when nothing changed (after a lost connection,
         say), never much later than a commit.
         """

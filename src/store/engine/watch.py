@@ -1,12 +1,12 @@
 """Noticing other processes' commits: a cheap change marker, polled by one thread.
 
-Each engine names a marker that moves with every commit to the database and
-costs no table read: SQLite's ``PRAGMA data_version``, which changes whenever
-another connection committed to the file (sqlite.org/pragma.html#pragma_data_version);
-PostgreSQL's WAL position (``pg_current_wal_insert_lsn()``), which every commit
-moves. A writer cannot tell that someone watches: nothing is written, locked or
-sent by a commit for it. One thread looks a few times a second, however many
-pages are open.
+Each engine names a marker that moves with every commit to our tables and costs
+no table read: SQLite's ``PRAGMA data_version``, which changes whenever another
+connection committed to the file (sqlite.org/pragma.html#pragma_data_version);
+on PostgreSQL the server's statistics of our tables, helped by the WAL position
+where the server lets us read it (``postgres/changes.py``). A writer cannot tell
+that someone watches: nothing is written, locked or sent by a commit for it. One
+thread looks a few times a second, however many pages are open.
 """
 
 from __future__ import annotations
@@ -21,13 +21,19 @@ INTERVAL = 0.2
 logger = logging.getLogger("effectful_durable.store")
 
 
+class Unwatchable(Exception):
+    """The marker cannot be read, and looking again will not change that (a server
+    that refuses what it would read): the watch ends."""
+
+
 class MarkerWatch:
     """Call ``wake`` soon after the marker ``read`` returns has moved.
 
     Args:
         read: Returns the marker; called from the watching thread. It may raise:
             the watch logs it once, keeps looking, and calls ``wake`` when the
-            marker can be read again (what committed meanwhile is unknown).
+            marker can be read again (what committed meanwhile is unknown); on
+            :class:`Unwatchable` it logs why and ends.
         wake: Called from the watching thread; must be quick and thread-safe.
         interval: Seconds between two looks.
         location: The database, as named in log messages.
@@ -60,6 +66,13 @@ class MarkerWatch:
         while not self._stop.wait(self._interval if not failing else 1.0):
             try:
                 marker = self._read()
+            except Unwatchable as error:
+                logger.warning(
+                    "cannot watch %s for commits: %s. Open pages show new commits when reloaded",
+                    self._location,
+                    error,
+                )
+                return
             except Exception as error:  # whatever it was, the watch must go on
                 if not failing:
                     logger.warning("cannot watch %s for commits: %s", self._location, error)

@@ -76,6 +76,7 @@ from ..seam import (
     redacted,
 )
 from ..watch import MarkerWatch
+from .changes import OurChanges
 from .connections import (
     KEEPALIVES,
     POOL_PREFIX,
@@ -126,17 +127,27 @@ _UNHURRIED = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_ses
 # PostgreSQL 17 ends a transaction older than transaction_timeout, if the server or
 # the role sets one; an unhurried block (a migration, a prune) is exempt too.
 _UNHURRIED_17 = f"{_UNHURRIED}; SET LOCAL transaction_timeout = 0"
-# Who holds the NOTIFY queue's lock (pg_database's object 0, in no database).
+# Who holds the NOTIFY queue's lock (pg_database's object 0, in no database), or
+# else waits for it.
 _NOTIFY_LOCK_HOLDER = """
-    SELECT a.pid, a.datname, a.application_name, a.wait_event
+    SELECT a.pid, a.datname, a.application_name, a.wait_event, l.granted
       FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
      WHERE l.locktype = 'object' AND l.database = 0 AND l.objid = 0
-       AND l.classid = 'pg_database'::regclass AND l.granted
+       AND l.classid = 'pg_database'::regclass
+     ORDER BY l.granted DESC LIMIT 1
 """
-_WAL_POSITION = (
-    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
-    " ELSE pg_current_wal_insert_lsn() END"
-)
+# Another session's lock on a table of ours that writers wait for (SHARE or stronger).
+_TABLE_LOCK = """
+    SELECT l.mode, c.relname, l.pid, a.application_name
+      FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+      LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+     WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND c.relnamespace = current_schema()::regnamespace
+       AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                      'AccessExclusiveLock')
+     ORDER BY c.relname LIMIT 1
+"""
 
 log = logging.getLogger("effectful_durable.store")
 
@@ -218,7 +229,6 @@ class PostgresDatabase:
             self._connect_kwargs,
             timeout=wait,
             connection_class=self._connection_class,
-            lock_timeout=milliseconds(busy_timeout),
         )
         #: Whether the URL reaches a pooler in transaction mode (PgBouncer): each
         #: transaction then sets the sessions' settings itself, and nothing is
@@ -375,6 +385,8 @@ class PostgresDatabase:
         try:
             raw = self._checked_out(None if batch else begin)
             conn = PostgresConn(raw)
+            if begin is None and self.pooled:  # each statement its own transaction
+                conn.settings = self.session_settings
             self._local.conn = conn
             committing = False
             try:
@@ -564,15 +576,22 @@ class PostgresDatabase:
 
         Through a pooler ``backend`` is the pooler's, not the server's, and the
         server session may serve another client by now: instead of ending it, the
-        check waits until no session of this process is committing.
+        check waits until no session of this process is committing. The pooler
+        may add to the name a session has on the server (PgBouncer's
+        ``application_name_add_host``: ``<name> - <address>``), and the server
+        cuts names at 63 bytes: a session is this process's if its name is ours,
+        cut so, or ours followed by a space.
         """
         name = self._connect_kwargs["application_name"]
         with self.connect() as check:
+            in_flight: tuple[str, tuple[Any, ...]]
             if self.pooled:
                 in_flight = (
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+                    "SELECT 1 FROM pg_stat_activity"
+                    " WHERE (application_name = left(%s, 63)"
+                    " OR starts_with(application_name, %s || ' '))"
                     " AND pid <> pg_backend_pid() AND state = 'active' AND query = 'COMMIT'",
-                    (name,),
+                    (name, name),
                 )
             else:
                 check.execute(
@@ -619,30 +638,41 @@ class PostgresDatabase:
         return error
 
     def _commit_lock(self) -> str:
-        """What a commit that timed out waiting for a lock waited for, in words.
+        """What a commit that timed out waiting for a lock waited for, in words, as
+        far as the server's lock table (``pg_locks``) tells.
 
-        The one lock a commit of ours can wait for that no statement took is
-        shared with the whole server: the NOTIFY queue's (async.c,
-        ``PreCommit_Notify``), which any database's notifying commit holds until
-        its commit record is flushed (and acknowledged by a synchronous standby).
+        A batch's statements go with its COMMIT, so that a lock a statement waited
+        for looks like one the commit waited for. Blamed, in this order: the
+        server's NOTIFY lock (pg_database's object 0, in no database: async.c,
+        ``PreCommit_Notify``), held by any database's notifying commit until its
+        commit record is flushed, if a session holds it or waits for it; else a
+        lock on one of our tables that writers wait for (``SHARE`` and stronger:
+        a ``LOCK TABLE``, a plain ``CREATE INDEX``), held by another session.
         """
-        what = (
-            "the server's NOTIFY lock (one for the whole server, taken by a commit that notified)"
-        )
         try:
             with self.connect() as conn:
-                row = conn.execute(_NOTIFY_LOCK_HOLDER).fetchone()
-        except psycopg.Error:
-            row = None
-        if row is None:
-            return f"a lock of the server taken at commit, most likely {what}"
-        pid, database, application, waiting = row
-        holder = f"backend {pid} of database {database!r}"
-        if application:
-            holder += f" ({application})"
-        if waiting:
-            holder += f", itself waiting for {waiting}"
-        return f"{what}, held by {holder}"
+                notify = conn.execute(_NOTIFY_LOCK_HOLDER).fetchone()
+                table = None if notify is not None else conn.execute(_TABLE_LOCK).fetchone()
+        except (DurableError, psycopg.Error):
+            notify = table = None
+        if notify is not None:
+            pid, database, application, waiting, granted = notify
+            what = (
+                "the server's NOTIFY lock (one for the whole server, taken by a commit "
+                "that notified)"
+            )
+            holder = f"backend {pid} of database {database!r}"
+            if application:
+                holder += f" ({application})"
+            if waiting:
+                holder += f", itself waiting for {waiting}"
+            return f"{what}, {'held' if granted else 'waited for'} by {holder}"
+        if table is not None:
+            mode, relation, pid, application = table
+            words = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", str(mode).removesuffix("Lock")).upper()
+            holder = f"backend {pid}" + (f" ({application!r})" if application else "")
+            return f"a {words} lock on table {relation}, held by {holder}"
+        return "a lock another session held (let go before the server's lock table named it)"
 
     def writing(self, *, batch: bool = False) -> Any:
         """``BEGIN`` ... ``COMMIT`` on a pooled connection, ``ROLLBACK`` if the block raises.
@@ -862,20 +892,13 @@ class PostgresDatabase:
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_key(scope, key),))
 
     def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
-        """Poll the server's WAL position in a thread of its own (engine/watch.py).
-
-        Every commit that wrote moves it, in any database of the server: a commit
-        elsewhere wakes the reader for nothing, never a commit here too late. No
-        LISTEN: a notifying commit locks the whole server (schema.py, schema 10),
-        and a pooler in transaction mode would not deliver it.
+        """Poll the server's statistics of our tables in a thread of its own, one
+        statement a look (``changes.py``, engine/watch.py): a commit to another
+        database of the server wakes nobody. No LISTEN: a notifying commit locks
+        the whole server (schema.py, schema 10), and a pooler in transaction mode
+        would not deliver it.
         """
-        return MarkerWatch(self._wal_position, wake, location=self.location)
-
-    def _wal_position(self) -> str:
-        """Where the server's WAL ends now (where it was replayed to, on a standby):
-        one statement, one round trip (a snapshot's BEGIN and COMMIT would be three)."""
-        with self.autocommit() as conn:
-            return str(conn.execute(_WAL_POSITION).get)
+        return MarkerWatch(OurChanges(self).read, wake, location=self.location)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
@@ -990,12 +1013,17 @@ class PostgresConn:
         #: The turn this transaction commits, if it advanced an agent:
         #: ``(agent_id, version, commit_id)`` (PostgresDatabase.advance).
         self.fence: tuple[str, int, str] | None = None
+        #: Outside a transaction through a pooler: the statement that gives each
+        #: statement our sessions' settings (``session_settings``), sent before it in
+        #: one pipeline, so that both run in one implicit transaction.
+        self.settings: str | None = None
         self._last: psycopg.Cursor[Any] | None = None
 
     def execute(self, statements: str, bindings: Any = None, /) -> PostgresRows:
         """Run one statement written with ``?``/``?N`` parameters."""
         query, numbered = _rewritten(statements)
-        cursor = self.raw.execute(query, _params(bindings, numbered))
+        with self._settled():
+            cursor = self.raw.execute(query, _params(bindings, numbered))
         self._last = cursor
         return PostgresRows(cursor, self.pipeline)
 
@@ -1006,8 +1034,19 @@ class PostgresConn:
         if not params:
             return
         cursor = self.raw.cursor()
-        cursor.executemany(query, params)
+        with self._settled():
+            cursor.executemany(query, params)
         self._last = cursor
+
+    @contextmanager
+    def _settled(self) -> Iterator[None]:
+        """The block's statements after :attr:`settings`, in one round trip (if set)."""
+        if self.settings is None:
+            yield
+            return
+        with self.raw.pipeline():  # its end sends one Sync and waits for every answer
+            self.raw.execute(self.settings)
+            yield
 
     def changes(self) -> int:
         """Rows changed by the last INSERT, UPDATE or DELETE (in a batch, this waits

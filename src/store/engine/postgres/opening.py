@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 import shlex
 import time
 import urllib.parse
@@ -96,7 +97,6 @@ def opening_connection(
     *,
     timeout: float,
     connection_class: type[DeadlineConnection],
-    lock_timeout: int,
 ) -> tuple[DeadlineConnection, bool]:
     """The Store's first connection, and whether ``url`` reaches a pooler in
     transaction mode (PgBouncer's ``pool_mode = transaction``) rather than the server.
@@ -105,16 +105,21 @@ def opening_connection(
     is set to ignore them: then they are dropped from ``options`` (in place), and
     the caller sets its sessions' settings in each transaction instead, since the
     server session under a client changes from one transaction to the next.
-    ``lock_timeout`` (milliseconds) is the setting ``options`` asked for, which
-    tells whether they were applied.
+    Whether they were ignored is told by a setting of our own with a random
+    value (:data:`PROBE`), sent with them and read back: nothing else sets it, so
+    no database's or role's own settings can look like ours applied.
 
     Raises:
         DatabaseAccessError, DatabaseUnavailableError: As :func:`first_connection`.
     """
     deadline = time.monotonic() + timeout
+    mark = secrets.token_hex(8)
+    probing = dict(options)
+    if "options" in options:
+        probing["options"] = f"{options['options']} -c {PROBE}={mark}"
     try:
         conn = first_connection(
-            url, location, options, timeout=timeout, connection_class=connection_class
+            url, location, probing, timeout=timeout, connection_class=connection_class
         )
     except psycopg.Error:  # the options refused: only a pooler does
         del options["options"]
@@ -126,15 +131,19 @@ def opening_connection(
     if "options" not in options:
         return conn, False
     try:
-        applied = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+        applied = conn.execute("SELECT current_setting(%s, true)", (PROBE,)).fetchone()
     except psycopg.Error as error:
         conn.close()
         raise unavailable(error, url, location, opening=True) from error
-    if applied is not None and _milliseconds(str(applied[0])) == lock_timeout:
+    if applied is not None and applied[0] == mark:
         return conn, False
     del options["options"]  # ignored (ignore_startup_parameters): harmless, but not ours
     return conn, True
 
+
+#: The setting :func:`opening_connection` sends with the startup options and reads
+#: back: a custom (dotted) name, which any server takes without declaring it.
+PROBE = "effectful_durable.probe"
 
 #: PgBouncer's words for a startup parameter it does not pass on to the server.
 _UNSUPPORTED = re.compile(r"unsupported startup parameter")
@@ -143,15 +152,6 @@ _UNSUPPORTED = re.compile(r"unsupported startup parameter")
 def refused_options(error: psycopg.Error) -> bool:
     """Whether connecting failed because a pooler refused a startup parameter."""
     return _UNSUPPORTED.search(str(error)) is not None
-
-
-def _milliseconds(setting: str) -> int | None:
-    """A time setting as PostgreSQL shows it ("5s", "250ms", "0"), in milliseconds."""
-    match = re.fullmatch(r"(\d+)\s*(ms|s|min|h|d)?", setting.strip())
-    if match is None:
-        return None
-    scale = {"ms": 1, None: 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-    return int(match[1]) * scale[match[2]]
 
 
 def patient_connection(

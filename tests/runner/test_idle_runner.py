@@ -1,0 +1,80 @@
+"""An idle runner looks at the database once per ``poll_interval`` and claims only what it
+can take: ``next_due`` and ``claim`` agree on what is claimable.
+
+A resumption goes before its agent's alarms and events (it ends a turn already
+begun), whenever it is due. While one waits to be retried, the agent's event due
+now is not claimable: a runner that took it for due would try a claim, a write (on
+SQLite the file's write lock), again and again.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from approvals_app import TOOL_LOG_ENV, Shop, answer, suspend
+from effectful.handlers.llm.completions import LiteLLMProvider
+
+from effectful_durable import AgentRunner, RunnerConfig, Store
+from effectful_durable.testing import FakeLLM
+from tests.helpers import statements_run
+
+#: Seconds the idle runner runs.
+IDLE = 3.0
+#: The claim statement (``store/alarm_queue.py``'s ``claim``), as it begins.
+CLAIM = "SELECT alarm_id, agent_id, action, fire_at"
+
+
+@pytest.fixture(autouse=True)
+def _tool_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOOL_LOG_ENV, str(tmp_path / "tool-runs.jsonl"))
+
+
+def waiting_resumption(store_url: str, retry_in: float) -> None:
+    """Leave shop-0 with a resumption due in ``retry_in`` seconds and an event due now."""
+    approval_id = suspend(store_url)
+    with Store(store_url) as store:
+        store.approve(approval_id, by="alice")
+        queue = store.alarm_queue
+        claim = queue.claim("earlier-runner", time.time(), 30)
+        assert claim is not None and claim.kind == "resume"
+        assert queue.fail(claim, "the model was down", time.time() + retry_in) == "pending"
+        store.send_event("shop-0", "restock", {"n": 1})
+
+
+def claims_of_an_idle_runner(store_url: str) -> int:
+    """How many claims a runner tries in IDLE seconds of the real clock (its own thread)."""
+    with AgentRunner(
+        store_url,
+        agents=lambda agent_id: Shop(agent_id=agent_id),
+        handlers=lambda config: [LiteLLMProvider(model="fake"), FakeLLM(respond=answer)],
+        config=RunnerConfig(poll_interval=0.5),
+    ) as runner:
+        with statements_run(runner.store) as statements:
+            runner.run(until=time.time() + IDLE)
+        assert runner.turns == 0
+    return sum(sql.lstrip().startswith(CLAIM) for sql, _ in statements)
+
+
+FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
+#: Seconds until the resumption is due: a retry's backoff; a clock 5 s ahead of the
+#: runner's (sampled in the default run: the same query either way).
+RETRIES = [40.0, 5.0] if FULL else [40.0]
+
+
+class TestIdleRunner:
+    @pytest.mark.parametrize("retry_in", RETRIES, ids=lambda s: f"due-in-{s:g}s")
+    def test_a_waiting_resumption_holds_its_agents_event_without_a_claim(
+        self, store_url: str, retry_in: float
+    ) -> None:
+        """With a resumption due later (a retry, or a clock ahead of the runner's) and
+        its agent's event due now, an idle runner tries no claim in 3 s, where it tried
+        one every 0.05 s."""
+        waiting_resumption(store_url, retry_in)
+        claims = claims_of_an_idle_runner(store_url)
+        print(f"claims tried by an idle runner in {IDLE:g} s: {claims}")
+        assert claims == 0
+        with Store(store_url, readonly=True) as store:
+            queue = store.alarm_queue
+            assert queue.next_due() == pytest.approx(time.time() + retry_in, abs=IDLE + 2)
+            assert queue.counts(time.time())["events_pending"] == 1
