@@ -22,13 +22,20 @@ def copy_content(content: str, target: str) -> str:
 
 
 def dump(db: str) -> dict[str, list[str]]:
-    """Every row of every table of ``db``, sorted: equal dumps, equal databases."""
+    """Every row of every table of ``db``, sorted: equal dumps, equal databases. Of the
+    agents' holds (PostgreSQL), only which agents are held: a hold taken and let go
+    leaves its row, which records who held the agent last, and holds nothing."""
     kind = "postgres" if is_postgres(db) else "sqlite"
     tables = sorted(name for (name,) in persisted_rows(db, _TABLES[kind]))
     return {
-        table: sorted(repr(row) for row in persisted_rows(db, f'SELECT * FROM "{table}"'))
+        table: sorted(
+            repr(row) for row in persisted_rows(db, _ROWS.get(table, f'SELECT * FROM "{table}"'))
+        )
         for table in tables
     }
+
+
+_ROWS = {"agent_holds": "SELECT agent_id FROM agent_holds WHERE token IS NOT NULL"}
 
 
 def token_in(page: str) -> str:
