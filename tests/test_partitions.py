@@ -72,7 +72,7 @@ class TestRunnerCutOff:
     def test_its_event_moves_once_and_it_comes_back_to_work(
         self, net: Network, urls: tuple[str, str], tmp_path: Path
     ) -> None:
-        """A runner is cut off inside an event's 25 s turn, with a runner here up: the
+        """A runner is cut off inside an event's 20 s turn, with a runner here up: the
         event is delivered here within 45 s of the cut, once; healed, the cut-off
         runner commits nothing of its turn, and delivers the next event without a
         restart."""
@@ -80,7 +80,7 @@ class TestRunnerCutOff:
         far_host = net.host()
         config = write_config(tmp_path / "runner.toml")
         starts = tmp_path / "starts.txt"
-        far = Runner(far_host.command([]), remote, config, starts, seconds=25)
+        far = Runner(far_host.command([]), remote, config, starts, seconds=20)
         near: Runner | None = None
         try:
             with Store(here) as store:
@@ -120,7 +120,7 @@ class TestWorkerCutOff:
     def test_its_agent_is_free_within_30_s_and_it_commits_nothing(
         self, net: Network, urls: tuple[str, str]
     ) -> None:
-        """A worker is cut off inside a turn whose model takes 25 s: its agent is
+        """A worker is cut off inside a turn whose model takes 20 s: its agent is
         usable here within 30 s of the cut (a turn here commits); healed, the
         worker's call ends with HoldLapsedError at once, and nothing it wrote is
         there."""
@@ -128,7 +128,7 @@ class TestWorkerCutOff:
         host = net.host()
         script = str(TESTS / "partition_worker.py")
         worker = subprocess.Popen(
-            host.command([sys.executable, script, remote, "shared", "25"]),
+            host.command([sys.executable, script, remote, "shared", "20"]),
             stdout=subprocess.PIPE,
             text=True,
             env=environment(),
@@ -177,7 +177,7 @@ class TestOneHostName:
         with another pid, deliver events whose turns take 8 s: each event costs one
         model call; neither runner finds the other dead."""
         namespaces()
-        events = 50 if FULL else 8
+        events = 50 if FULL else 4  # two in flight on each runner at once
         here = postgres_server.new_database()
         config = write_config(tmp_path / "runner.toml", concurrency=4 if FULL else 2)
         starts = tmp_path / "starts.txt"
