@@ -743,44 +743,32 @@ class AgentRunner:
             self._count(errors=1)
             log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
             outcome = "lease_lost"
-        except HoldLapsedError as error:
-            # Cut off from the database (or stalled) for longer than a hold lasts: the
-            # turn committed nothing, and another runner may be delivering it now.
+        except (HoldLapsedError, DatabaseUnavailableError, StorageError) as error:
+            # Not the alarm's fault: no attempt counted, and due again when it was. The
+            # database failed (a turn whose commit did land marked it done: giving it
+            # back is a no-op), or this runner was cut off from it, or stalled, longer
+            # than a hold lasts (the turn committed nothing, and another runner may be
+            # delivering it now).
             self._count(errors=1)
+            lapsed = isinstance(error, HoldLapsedError)
+            what = "the hold on the agent lapsed" if lapsed else "the database failed"
             due = claim.due_at if claim.due_at is not None else now
             log.warning(
-                "the hold on the agent lapsed; the turn committed nothing, and %s %s is "
-                "given back: %s",
+                "%s during the delivery of %s %s; it is given back, no attempt counted: %s",
+                what,
                 noun(claim.kind),
                 claim.alarm_id,
                 error,
                 extra=context,
             )
             self._outages.written_back(
-                claim, "gave back", lambda: self._queue.release(claim, due), "its hold lapsed"
+                claim, "gave back", lambda: self._queue.release(claim, due), what
             )
-            outcome = "hold_lapsed"
+            outcome = "hold_lapsed" if lapsed else "database_failed"
         except AgentInUseError:
             self._put_back(claim, now, _IN_USE_RETRY)
             log.info("agent busy in another process; %s put back", noun(claim.kind), extra=context)
             outcome = "agent_busy"
-        except (DatabaseUnavailableError, StorageError) as error:
-            # Not the alarm's fault: no attempt counted, and due again when it was
-            # (a turn whose commit did land marked it done: giving it back is a no-op).
-            self._count(errors=1)
-            due = claim.due_at if claim.due_at is not None else now
-            log.warning(
-                "the database failed during the delivery of %s %s; it is given back, "
-                "no attempt counted: %s",
-                noun(claim.kind),
-                claim.alarm_id,
-                error,
-                extra=context,
-            )
-            self._outages.written_back(
-                claim, "gave back", lambda: self._queue.release(claim, due), "the database failed"
-            )
-            outcome = "database_failed"
         except KeyboardInterrupt:
             # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
             # handoff; give the alarm back so that the next runner delivers it at once.
