@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from ..errors import DurableError
 from ..store.alarm_queue import DEAD_AFTER, HEARTBEAT_EVERY, AlarmQueue
@@ -93,7 +94,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._since: float | None = None  # time.monotonic() of the first in a row
         self._last = 0.0  # time.monotonic() of the last one that landed
-        self._failing = False
+        self._failing: Literal["outage", "fault"] | None = None  # what the last failure was
         self._faulty_since: float | None = None  # the first of the faults in a row
         self._gave_up = False
         self._done = threading.Event()
@@ -153,11 +154,12 @@ class Heartbeat:
         try:
             if not self._queue.beat(self._runner):
                 self._record()
-        except DurableError as error:  # an outage: ridden out
+        except DurableError as error:  # an outage: ridden out, and it ends a run of faults
             self.failed()
-            if not self._failing:
+            self._faulty_since = None
+            if self._failing != "outage":
                 log.warning("could not write the runner's heartbeat: %s", error)
-            self._failing = True
+            self._failing = "outage"
             return False
         except Exception as error:  # whatever it is, the heartbeat goes on
             self._faulted(error)
@@ -166,7 +168,7 @@ class Heartbeat:
         self._faulty_since = None
         if self._failing:
             log.info("the runner's heartbeat is written again")
-            self._failing = False
+            self._failing = None
         return True
 
     def _faulted(self, error: Exception) -> None:
@@ -176,14 +178,13 @@ class Heartbeat:
         now = time.monotonic()
         if self._faulty_since is None:
             self._faulty_since = now
-        if not self._failing:
             log.error(
                 "could not write the runner's heartbeat (trying again every %g s): %r",
                 _RETRY,
                 error,
                 exc_info=error,
             )
-        self._failing = True
+        self._failing = "fault"
         if now - self._faulty_since >= DEAD_AFTER and not self._gave_up:
             self._gave_up = True
             self._give_up(
@@ -212,7 +213,7 @@ class Heartbeat:
             self._wake()
         return sum(freed.values())
 
-    def prune(self) -> None:
+    def _prune(self) -> None:
         """Delete the status reports of runners long gone; a failure is logged, never raised."""
         try:
             pruned = self._queue.prune_statuses()
@@ -230,17 +231,17 @@ class Heartbeat:
             if not self._gave_up:
                 self._gave_up = True
                 self._give_up(f"its heartbeat thread ended on {error!r}")
-            raise
 
     def _beating(self) -> None:
+        self._prune()
         next_beat = time.monotonic() + HEARTBEAT_EVERY
         next_rescue = time.monotonic() + RESCUE_EVERY
-        next_prune = time.monotonic() + PRUNE_EVERY  # the runner prunes at its start
+        next_prune = time.monotonic() + PRUNE_EVERY
         while not self._done.wait(max(min(next_beat, next_rescue) - time.monotonic(), 0.0)):
             if self._gave_up:
                 return
             if time.monotonic() >= next_prune:
-                self.prune()
+                self._prune()
                 next_prune = time.monotonic() + PRUNE_EVERY
             if time.monotonic() >= next_beat:
                 landed = self.beat()

@@ -495,7 +495,6 @@ class AgentRunner:
         if not self._rescued:  # then every few seconds, in the heartbeat's thread
             self._heartbeat.rescue()
             self._rescued = True
-            self._heartbeat.prune()
         self._outages.answered()
         busy = self._busy_agents()
         held = sorted({*busy, *self._outages.agents(), *self._rested(now)})
