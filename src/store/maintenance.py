@@ -70,8 +70,7 @@ class Maintenance(StoreBase):
             NotFoundError: No such agent or version.
             AgentInUseError: A turn of the agent is running.
         """
-        with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
-            self._db.fence(conn, agent_id)
+        with self._db.unhurried(), self._holding(agent_id) as conn:
             current = self._checked_version(conn, agent_id, None)
             self._checked_version(conn, agent_id, version)
             self._check_copied(conn, agent_id, version)
@@ -128,8 +127,7 @@ class Maintenance(StoreBase):
             DurableError: ``new_agent_id`` already exists.
         """
         validate_agent_id(new_agent_id)
-        with self._db.unhurried(), self.agent_lock(new_agent_id), self._writing() as conn:
-            self._db.fence(conn, new_agent_id)
+        with self._db.unhurried(), self._holding(new_agent_id) as conn:
             version = self._checked_version(conn, agent_id, version)
             self._check_copied(conn, agent_id, version)
             if current_version(conn, new_agent_id) is not None:
@@ -188,8 +186,7 @@ class Maintenance(StoreBase):
             NotFoundError: No such agent.
             AgentInUseError: A turn of the agent is running.
         """
-        with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
-            self._db.fence(conn, agent_id)
+        with self._db.unhurried(), self._holding(agent_id) as conn:
             found = current_version(conn, agent_id) is not None
             conn.execute("DELETE FROM handoffs WHERE agent_id = ?", (agent_id,))
             if not found and not conn.changes():
@@ -334,8 +331,7 @@ class Maintenance(StoreBase):
         .. versionadded:: 0.2.0
         """
         validate_conversation_id(conversation)
-        with self._db.unhurried(), self.agent_lock(agent_id), self._writing() as conn:
-            self._db.fence(conn, agent_id)
+        with self._db.unhurried(), self._holding(agent_id) as conn:
             current = self._checked_version(conn, agent_id, None)
             if not _conversations.exists(conn, agent_id, conversation, current):
                 raise NotFoundError(no_conversation(agent_id, conversation, current))

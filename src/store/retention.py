@@ -66,8 +66,7 @@ def prune_store(
     versions = messages = handoffs = 0
     for one in ids:
         try:
-            with store.agent_lock(one), store._writing() as conn:
-                store._db.fence(conn, one)
+            with store._holding(one) as conn:
                 if store._db.agent_version(conn, one) is None and has_handoff(conn, one):
                     deleted = (0, 0, prune_handoffs(conn, one, before=None, cutoff=cutoff))
                 else:

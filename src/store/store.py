@@ -15,7 +15,8 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from contextlib import AbstractContextManager, suppress
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Literal, cast
 
 import apsw
@@ -261,6 +262,20 @@ class Store(
 
     def _writing(self) -> AbstractContextManager[Conn]:
         return self._db.writing()
+
+    @contextmanager
+    def _fenced_writing(self, agent_id: str) -> Iterator[Conn]:
+        """A write transaction under this Store's hold on ``agent_id``: it lands only
+        while the hold does (``Database.fence``)."""
+        with self._db.writing() as conn:
+            self._db.fence(conn, agent_id)
+            yield conn
+
+    @contextmanager
+    def _holding(self, agent_id: str) -> Iterator[Conn]:
+        """Hold ``agent_id`` (at once, or :class:`AgentInUseError`) and write under the hold."""
+        with self.agent_lock(agent_id), self._fenced_writing(agent_id) as conn:
+            yield conn
 
     def _reading(self) -> AbstractContextManager[Conn]:
         """One read transaction, so several SELECTs see the same snapshot."""

@@ -124,28 +124,34 @@ class TurnProtocol(StoreBase):
             trace: The W3C ``traceparent`` of the turn's span, kept in the handoff
                 (:attr:`Handoff.trace <effectful_durable.Handoff.trace>`) so
                 that the turn after a crash can link to it.
-            own: ``(host, pid, started_at)`` of a handoff row this turn may have
-                written already (a start whose answer was lost): not an earlier turn.
+            own: ``(host, pid, started_at)`` of the handoff row ``locked_turn``
+                sent with the hold, which found an earlier handoff or a suspended
+                turn (or whose answer was lost): it is not sent again, and a row
+                of these values is this turn's, not an earlier one.
 
         Returns:
             The agent's committed version, the handoff of an earlier turn that did
             not commit (crashed or failed), which this one replaces, and the step's
             number.
+
+        Raises:
+            HoldLapsedError: This Store's hold on the agent lapsed, or another
+                process took the agent: nothing is written.
         """
         arguments_json = dumps(arguments)
         now = time.time()
-        if step is None and not resume_only:
+        if step is None and not resume_only and own is None:
             # The common case: no earlier handoff to read, so one statement, in a
-            # transaction of its own, starts the turn. No row back means there is
-            # an earlier handoff, or a suspended turn.
+            # transaction of its own, starts the turn (``locked_turn`` sent it with
+            # the hold, and passes ``own``). No row back means there is an earlier
+            # handoff, or a suspended turn.
             with self._db.autocommit() as conn:
                 rows = self._db.start(
                     conn, self._handoff_values(agent_id, conversation, template, arguments, trace)
                 )
             if rows:
                 return TurnStart(int(rows[0][0]), None, None)
-        with self._writing() as conn:
-            self._db.fence(conn, agent_id)
+        with self._fenced_writing(agent_id) as conn:
             version = self._db.agent_version(conn, agent_id) or 0
             suspension = _approvals.open_suspension(conn, agent_id, conversation)
             if suspension is None and resume_only:
@@ -351,8 +357,7 @@ class TurnProtocol(StoreBase):
                 another process's now, and nothing is written.
         """
         now = time.time()
-        with self._writing() as conn:
-            self._db.fence(conn, agent_id)
+        with self._fenced_writing(agent_id) as conn:
             conn.execute(
                 """
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?

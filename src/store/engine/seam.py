@@ -151,9 +151,10 @@ class Database(Protocol):
         (when it holds it at all), and keep the hold until the transaction ends.
 
         For the writes made under a hold besides the commit's own (which
-        :meth:`advance` fences): a turn's start and the record of its failure.
-        A hold can be lost only where it is a lease (PostgreSQL); elsewhere
-        this checks nothing.
+        :meth:`advance` fences): a turn's start and the record of its failure,
+        rollback, fork, deletion and pruning (``Store._fenced_writing``). A hold
+        can be lost only where it is a lease (PostgreSQL); elsewhere this checks
+        nothing.
 
         Raises:
             HoldLapsedError: The hold lapsed, or another process took the agent.
