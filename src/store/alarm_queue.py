@@ -114,10 +114,7 @@ def next_due(db: Database, conn: Conn, busy: Collection[str] = ()) -> float | No
     """
     due = conn.execute(
         f"""
-        SELECT due_at FROM alarms AS a
-         WHERE status = 'pending'{_not_busy(busy)} AND {_claimable(db)}
-           AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL
-         ORDER BY due_at LIMIT 1
+        SELECT due_at FROM alarms AS a WHERE {_takeable(db, busy)} ORDER BY due_at LIMIT 1
         """,
         tuple(busy),
     ).get
@@ -140,6 +137,15 @@ _LEASED = "o.lease_owner IS NOT NULL"
 _EARLIER = """(a.lease_owner IS NULL AND CASE WHEN (o.kind = 'resume') = (a.kind = 'resume')
                                           THEN o.due_at < a.due_at
                                           ELSE o.kind = 'resume' END)"""
+
+
+def _takeable(db: Database, busy: Collection[str]) -> str:
+    """SQL: alarm ``a`` is one :func:`claim` takes once it is due, and
+    :func:`next_due` looks for (one ``?`` per agent in ``busy``)."""
+    return (
+        f"status = 'pending'{_not_busy(busy)} AND {_claimable(db)}"
+        f" AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL"
+    )
 
 
 def claim(
@@ -176,8 +182,7 @@ def claim(
         SELECT alarm_id, agent_id, action, fire_at, every, cron, timezone, attempts, kind, topic,
                due_at
           FROM checked_alarms AS a
-         WHERE status = 'pending' AND due_at <= ?{_not_busy(busy)} AND {_claimable(db)}
-           AND ({_OTHER} AND ({_LEASED} OR {_EARLIER}) LIMIT 1) IS NULL
+         WHERE due_at <= ? AND {_takeable(db, busy)}
          ORDER BY due_at LIMIT 1
         """,
         (now, *busy),
@@ -279,14 +284,14 @@ def dead_owners(db: Database, conn: Conn, me: str, *, heartbeats: bool) -> list[
         f"""
         SELECT DISTINCT a.lease_owner, r.state, r.place, r.pid,
                CASE WHEN r.reported_at < {db.now_sql} - {DEAD_AFTER!r} THEN 1 ELSE 0 END
-          FROM alarms AS a LEFT JOIN runner_status AS r ON r.runner_id = a.lease_owner
+          FROM alarms AS a JOIN runner_status AS r ON r.runner_id = a.lease_owner
          WHERE a.lease_owner IS NOT NULL AND a.status = 'pending'
         """
     ).fetchall()
     dead: list[tuple[str, bool]] = []
     for owner, state, their_place, pid, silent in rows:
         owner = str(owner)
-        if owner == me or state is None:
+        if owner == me:
             continue
         if gone(their_place, int(pid)):
             dead.append((owner, True))
