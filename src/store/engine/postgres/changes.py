@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import psycopg
 
 from ..watch import Unwatchable
+from .opening import first_line
 from .schema import schema_sql
 
 #: Seconds after our tables' statistics moved during which a move of the WAL position
@@ -143,13 +144,13 @@ class OurChanges:
                 row = conn.execute(sql, self._tables).fetchone()
         except psycopg.Error as error:  # the server answered: a refusal, not an outage
             if not self._wal:
-                raise Unwatchable(_first_line(error)) from error
+                raise Unwatchable(first_line(str(error))) from error
             self._wal = False
             how = "its tables' statistics" if self._counting else "nothing"
             log.info(
                 "%s refuses the WAL position (%s): commits are watched through %s",
                 self._db.location,
-                _first_line(error),
+                first_line(str(error)),
                 how,
             )
             return self._poll()
@@ -171,7 +172,3 @@ class OurChanges:
                 self._db.location,
             )
         return ([int(oid) for oid, _ in rows], [bool(runners) for _, runners in rows]), counting
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

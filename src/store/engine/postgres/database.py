@@ -345,8 +345,8 @@ class PostgresDatabase:
 
     # -- connections and transactions ------------------------------------------
 
-    def connect(self, **options: Any) -> psycopg.Connection[Any]:
-        """A new connection outside the pool (the locks' own, a commit's check),
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new connection outside the pool (the holds' renewals, a commit's check),
         within the time a call waits for a connection (none once hurried past its
         end)."""
         wait = self._connection_wait
@@ -359,7 +359,7 @@ class PostgresDatabase:
         return first_connection(
             self.url,
             self.location,
-            self._connect_kwargs | options,
+            self._connect_kwargs,
             timeout=wait,
             connection_class=self._connection_class,
             opening=False,

@@ -132,7 +132,7 @@ class _Database(Protocol):
 
     def reading(self) -> AbstractContextManager[Any]: ...
 
-    def connect(self, **options: Any) -> psycopg.Connection[Any]: ...
+    def connect(self) -> psycopg.Connection[Any]: ...
 
 
 class AgentHolds:
@@ -333,9 +333,10 @@ class AgentHolds:
 
         The renewals' connection is made here the first time, so that a process
         that cannot have one more connection fails at its first turn, not a
-        lease later; the hold is let go then.
+        lease later; the hold is let go then. Later, the renewals make it again
+        themselves, should it break.
         """
-        if self._conn is None:
+        if self._thread is None:
             try:
                 with self._using:
                     self._connection()

@@ -267,7 +267,7 @@ def access_error(error: psycopg.Error, url: str, location: str) -> DatabaseAcces
     """
     text = _scrubbed(str(error), url)
     if isinstance(error, psycopg.ProgrammingError):  # libpq refused the URL itself
-        reason = _first_line(text)
+        reason = first_line(text)
         advice = (
             "Correct the URL (libpq's connection parameters: "
             "postgresql.org/docs/current/libpq-connect.html), or the PG* environment "
@@ -288,7 +288,7 @@ def access_error(error: psycopg.Error, url: str, location: str) -> DatabaseAcces
         # libpq's "no password supplied", in whatever language it speaks.
         return DatabaseAccessError(
             location,
-            _server_words(_first_line(text)),
+            _server_words(first_line(text)),
             problem="authentication",
             advice=_NO_PASSWORD,
         )
@@ -299,7 +299,7 @@ def unavailable_reason(error: BaseException, url: str) -> str:
     """Why connecting failed, in one line without psycopg's prefix or a password."""
     if isinstance(error, psycopg.errors.ConnectionTimeout):
         return "the server did not accept a connection in time (connect_timeout)"
-    line = _first_line(_scrubbed(str(error), url))
+    line = first_line(_scrubbed(str(error), url))
     return re.sub(r"^connection (?:failed|is bad): ", "", line)
 
 
@@ -438,7 +438,8 @@ def _scrubbed(text: str, url: str) -> str:
     return text
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first line of an error's text that says something."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else "no reason given"
 
