@@ -15,7 +15,7 @@
     const ranks = new Map();
     const found = new Map();
     root.querySelectorAll("details").forEach((fold) => {
-      const owner = fold.parentElement ? fold.parentElement.closest("[id]") : null;
+      const owner = fold.parentElement.closest("[id]");
       const summary = fold.querySelector(":scope > summary");
       const where = (owner ? owner.id : "") + "\u0000" + (summary ? summary.textContent.trim() : "");
       const rank = ranks.get(where) || 0;
@@ -29,7 +29,7 @@
 
   document.addEventListener("htmx:beforeSwap", (event) => {
     const target = event.detail.target;
-    if (!target || target.id !== "live") return;
+    if (!target || target.id !== "live" || !event.detail.shouldSwap) return;
     states = new Map();
     folds(target).forEach((fold, key) => states.set(key, fold.open));
   });
@@ -38,7 +38,7 @@
     const live = document.getElementById("live");
     if (states === null || live === null) return;
     folds(live).forEach((fold, key) => {
-      if (states.has(key) && fold.open !== states.get(key)) fold.open = states.get(key);
+      if (states.has(key)) fold.open = states.get(key);
     });
     states = null;
   });
