@@ -592,7 +592,7 @@ STATEMENTS = {
     "next_due": r"^SELECT due_at FROM alarms AS a WHERE status = 'pending'",
     "send: insert": r"^INSERT INTO alarms .*'event'",
     "send: read": r"FROM alarms WHERE alarm_id = \$\d+ AND kind = 'event'",
-    "turn: start": r"effectful_durable_start\(",
+    "turn: start": r"effectful_durable_take\(",
     "turn: alarm": r"^INSERT INTO alarms \(alarm_id, [\w, ]*, every, cron",
     "deliver: done": r"^UPDATE alarms SET status = 'done', ended_in = ",
     "COMMIT": r"^COMMIT$",
