@@ -38,23 +38,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from effectful.ops.semantics import handler  # noqa: E402
+from helpers import first_turn_after, wait_until  # noqa: E402
+from netns import Host, Network, network  # noqa: E402
+from pgbouncer_server import PgBouncer, find_pgbouncer  # noqa: E402
+from postgres_server import PostgresServer, find_bindir  # noqa: E402
+from runner_procs import Runner, starts_of, worker, write_config  # noqa: E402
 
-from effectful_durable import AgentInUseError, PersistenceHandler, Store  # noqa: E402
-from effectful_durable.testing import FakeLLM  # noqa: E402
-from tests.helpers import Assistant  # noqa: E402
+from effectful_durable import Store  # noqa: E402
+
+#: Seconds a holder's model takes: longer than any round.
+MODEL = 60
 
 
 @contextmanager
-def servers(paths: list[str]) -> Iterator[tuple[object, object, object | None]]:
+def servers(paths: list[str]) -> Iterator[tuple[Network, PostgresServer, PgBouncer | None]]:
     """The network, a cluster listening on it, and a PgBouncer if asked for."""
-    from netns import network
-    from pgbouncer_server import PgBouncer, find_pgbouncer
-    from postgres_server import PostgresServer, find_bindir
-
     with network() as net:
         bindir = find_bindir()
         if bindir is None:
@@ -76,56 +76,23 @@ def servers(paths: list[str]) -> Iterator[tuple[object, object, object | None]]:
             cluster.stop()
 
 
-def hold(host, holder: str, remote: str, here: str, workdir: Path):  # type: ignore[no-untyped-def]
-    """Start ``holder`` on ``host``; return once its model was called in a turn of ``shared``."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
+def hold(host: Host, holder: str, remote: str, here: str, workdir: Path) -> subprocess.Popen[str]:
+    """Start ``holder`` on ``host``; its process, once its model was called in a turn of
+    ``shared``."""
     if holder == "worker":
-        script = str(ROOT / "tests" / "partition_worker.py")
-        command = [sys.executable, script, remote, "shared", "60"]
-        proc = subprocess.Popen(host.command(command), stdout=subprocess.PIPE, text=True, env=env)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "model"
-        return proc
+        return worker(host.command([]), remote, "shared", MODEL)
     starts = workdir / "starts.txt"
     starts.unlink(missing_ok=True)
-    config = workdir / "runner.toml"
-    config.write_text("[runner]\npoll_interval = 0.1\n")
-    command = [
-        sys.executable, "-m", "effectful_durable", "run", remote,
-        "--agents", "heartbeat_app:make_agent", "--handlers", "heartbeat_app:make_handlers",
-        "--config", str(config),
-    ]  # fmt: skip
-    env |= {"HEARTBEAT_APP_STARTS": str(starts), "HEARTBEAT_APP_SECONDS": "60"}
-    proc = subprocess.Popen(
-        host.command(command), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env
-    )
-    with Store(here) as store:
-        store.send_event("shared", "job", {"n": 1}, create=True)
-    deadline = time.monotonic() + 120
-    while not (starts.exists() and starts.read_text()):
-        if time.monotonic() > deadline:
-            proc.kill()
-            sys.exit("the runner did not begin the event's turn within 120 s")
-        time.sleep(0.05)
-    return proc
-
-
-def free_after_cut(host, here: str) -> float:  # type: ignore[no-untyped-def]
-    """Cut ``host`` off; seconds until a turn of ``shared`` here commits."""
-    llm = FakeLLM(respond=lambda call: "here")
-    persistence = PersistenceHandler(here)
+    config = write_config(workdir / "runner.toml")
+    runner = Runner(host.command([]), remote, config, starts, seconds=MODEL)
     try:
-        with handler(llm), handler(persistence):
-            host.cut()
-            cut = time.monotonic()
-            bot = Assistant(agent_id="shared")
-            while True:
-                try:
-                    bot.ask("is it free?")
-                    return time.monotonic() - cut
-                except AgentInUseError:
-                    time.sleep(0.1)
-    finally:
-        persistence.close()
+        with Store(here) as store:
+            store.send_event("shared", "job", {"n": 1}, create=True)
+        wait_until(lambda: starts_of(starts), 120, "the runner's turn of the event began")
+    except BaseException:
+        runner.proc.kill()
+        raise
+    return runner.proc
 
 
 def main() -> None:
@@ -141,19 +108,20 @@ def main() -> None:
             for holder in holders:
                 figures = results[(holder, path)] = []
                 for _ in range(args.cuts):
-                    here = cluster.new_database()  # type: ignore[attr-defined]
+                    here = cluster.new_database()
                     port = 6432 if path == "pgbouncer" else 5432
                     name = here.rsplit("/", 1)[1]
-                    remote = f"postgresql://postgres@{net.server}:{port}/{name}"  # type: ignore[attr-defined]
-                    host = net.host()  # type: ignore[attr-defined]
+                    remote = f"postgresql://postgres@{net.server}:{port}/{name}"
+                    host = net.host()
                     proc = hold(host, holder, remote, here, Path(workdir))
                     try:
-                        figures.append(free_after_cut(host, here))
+                        host.cut()
+                        figures.append(first_turn_after(here, "shared", time.monotonic(), MODEL))
                     finally:
                         host.heal()
                         proc.kill()
                         proc.wait()
-                        cluster.drop_database(here)  # type: ignore[attr-defined]
+                        cluster.drop_database(here)
                     took = figures[-1]
                     print(f"{holder:6} {path:9} cut -> usable here: {took:5.1f} s", flush=True)
     print()

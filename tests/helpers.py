@@ -25,7 +25,14 @@ from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, Store, ephemeral
+from effectful_durable import (
+    AgentInUseError,
+    PersistenceHandler,
+    PersistentAgent,
+    StateTools,
+    Store,
+    ephemeral,
+)
 from effectful_durable.store.engine import process
 from effectful_durable.store.engine.sqlite import row_checks
 from effectful_durable.store.history import HistoryChange
@@ -146,6 +153,22 @@ def commit_message(store: Store, agent_id: str = "bot", content: str | None = No
     return store.commit_turn(
         agent_id, base_version=start.version, template="t", change=change, state=None
     )
+
+
+def first_turn_after(db: Path | str, agent_id: str, since: float, timeout: float) -> float:
+    """Seconds from ``since`` (``time.monotonic()``) until a turn of ``agent_id``
+    (``Assistant``, over the fake model) commits here, tried every 0.1 s while another
+    process holds the agent; an assertion fails past ``timeout``."""
+    with persisted(db, FakeLLM(respond=lambda call: "from here")):
+        mine = Assistant(agent_id=agent_id)
+        while True:
+            try:
+                mine.ask("is it free?")
+                return time.monotonic() - since
+            except AgentInUseError as error:
+                assert "in use by process" in str(error), error
+                assert time.monotonic() - since < timeout, error
+                time.sleep(0.1)
 
 
 def commit_writes(store: Store, agent_id: str, *writes: Any) -> int:
@@ -450,6 +473,17 @@ class StderrLines:
     def text(self) -> str:
         """Everything it logged so far."""
         return "\n".join(self.log)
+
+
+def wait_until(
+    condition: Callable[[], object], timeout: float, what: str, poll: float = 0.1
+) -> float:
+    """Wait for ``condition()``; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"{what} within {timeout:g} s"
+        time.sleep(poll)
+    return time.monotonic() - started
 
 
 def alive(pid: int) -> bool:

@@ -14,8 +14,9 @@ clients use: only the hosts' traffic crosses the network.
 A process runs "on" a host with ``ip netns exec`` (:meth:`Host.command`), and as
 a container would, under a host name and in a PID namespace of its own, with
 :func:`container` (``unshare -u -p -f -m --mount-proc``). Making namespaces takes
-root: where it is refused, :func:`namespaces` skips a test, saying so in one line
-(fails it where ``EFFECTFUL_DURABLE_REQUIRE_POSTGRES`` is set, as CI does).
+root: where it is refused, :func:`namespaces` (network namespaces) and
+:func:`containers` skip a test, saying so in one line (fail it where
+``EFFECTFUL_DURABLE_REQUIRE_POSTGRES`` is set, as CI does).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ RANGE = ipaddress.ip_network("198.18.0.0/15")
 HOW_TO_ENABLE = (
     "partition tests skipped: making network namespaces needs root and iproute2 "
     "('ip netns add' was refused or 'ip' is missing)"
+)
+CONTAINERS_REFUSED = (
+    "container tests skipped: a container needs root and util-linux "
+    "('unshare -u -p -f -m --mount-proc' was refused or 'unshare' is missing)"
 )
 
 
@@ -223,7 +228,25 @@ def unavailable() -> str | None:
 
 def namespaces() -> None:
     """Skip the test where namespaces cannot be made (fail it where CI requires them)."""
-    reason = unavailable()
+    _required(unavailable())
+
+
+def containers() -> None:
+    """Skip the test where :func:`container` cannot run (fail it where CI requires it)."""
+    _required(containers_unavailable())
+
+
+def containers_unavailable() -> str | None:
+    """Why :func:`container` cannot run here, or None if it can: it is tried."""
+    if shutil.which("unshare") is None:
+        return CONTAINERS_REFUSED
+    done = subprocess.run(
+        [*container(f"edprobe{os.getpid()}"), "true"], capture_output=True, check=False
+    )
+    return CONTAINERS_REFUSED if done.returncode != 0 else None
+
+
+def _required(reason: str | None) -> None:
     if reason is not None:
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"{reason} (and {REQUIRE_ENV} is set)")

@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pytest
 from helpers import alive
-from netns import container, host_pid, namespaces
+from netns import container, containers, host_pid
+from runner_procs import TESTS, environment
 
 from effectful_durable import Store
 from effectful_durable.store.alarm_queue import DEAD_AFTER
 from effectful_durable.store.alarms import make_schedule
 
-TESTS = Path(__file__).parent
 HOST_APP = TESTS / "fleet_app.py"
 FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
 AGENTS, EACH, SPAN = (200, 5, 60.0) if FULL else (30, 4, 15.0)
@@ -70,11 +70,7 @@ class Host:
     def __init__(self, name: str | None, url: str, config: Path, log: Path) -> None:
         self.name = name or os.uname().nodename
         self.elsewhere = name is not None
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-            "FLEET_APP_SECONDS": str(MODEL_SECONDS),
-        }
+        env = environment(FLEET_APP_SECONDS=str(MODEL_SECONDS))
         command = [sys.executable, str(HOST_APP), url, str(config)]
         if name is not None:  # another host name, and PID namespace: another machine
             command = [*container(name), *command]
@@ -165,7 +161,7 @@ def test_a_fleet_killed_at_random_delivers_each_alarm_and_event_once_in_order(
     """Three runners, two "on other machines", SIGKILLed at random and started again
     while agents' alarms and events fall due: each is delivered once, each agent's
     in due order, and nothing is left pending."""
-    namespaces()
+    containers()
     seed = int(os.environ.get("EFFECTFUL_DURABLE_SEED", random.randrange(2**32)))
     print(f"\nseed {seed} (EFFECTFUL_DURABLE_SEED)")
     rng = random.Random(seed)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 from heartbeat_app import PAYLOAD
-from helpers import texts
+from helpers import texts, wait_until
 from netns import Host, Network
-from partitions import Runner, Start, starts_of, wait_until, write_config
 from postgres_server import PostgresServer
+from runner_procs import Runner, Start, starts_of, write_config
 
 from effectful_durable import Store
 

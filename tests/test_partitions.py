@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns import Network, container, namespaces
-from partitions import TESTS, Runner, delivered, environment, starts_of, wait_until, write_config
+from helpers import first_turn_after, wait_until
+from netns import Network, container, containers
 from postgres_server import PostgresServer
+from runner_procs import Runner, delivered, starts_of, worker, write_config
 
-from effectful_durable import AgentInUseError, Store
-from effectful_durable.testing import FakeLLM
-from tests.helpers import Assistant, persisted
+from effectful_durable import Store
 
 FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
 AGENT_FREE_WITHIN = 30.0  # seconds from a cut (DESIGN.md, 11)
@@ -126,38 +123,19 @@ class TestWorkerCutOff:
         there."""
         remote, here = urls
         host = net.host()
-        script = str(TESTS / "partition_worker.py")
-        worker = subprocess.Popen(
-            host.command([sys.executable, script, remote, "shared", "20"]),
-            stdout=subprocess.PIPE,
-            text=True,
-            env=environment(),
-        )
+        far = worker(host.command([]), remote, "shared", 20)
         try:
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "model"
             host.cut()
-            cut = time.monotonic()
-            llm = FakeLLM(respond=lambda call: "from here")
-            with persisted(here, llm) as persistence:
-                mine = Assistant(agent_id="shared")
-                while True:
-                    try:
-                        mine.ask("is it free?")
-                        free = time.monotonic() - cut
-                        break
-                    except AgentInUseError as error:  # the worker holds it still
-                        assert "in use by process" in str(error), error
-                        assert time.monotonic() - cut < 2 * AGENT_FREE_WITHIN, error
-                        time.sleep(0.25)
-                host.heal()
-                out, _ = worker.communicate(timeout=120)
-                versions = persistence.store.versions("shared")
+            free = first_turn_after(here, "shared", time.monotonic(), 2 * AGENT_FREE_WITHIN)
+            host.heal()
+            out, _ = far.communicate(timeout=120)
+            with Store(here) as store:
+                versions = store.versions("shared")
         finally:
             if host.is_cut:
                 host.heal()
-            worker.kill()
-            worker.wait()
+            far.kill()
+            far.wait()
         print(f"the agent was free here {free:.1f} s after the cut")
         assert free <= AGENT_FREE_WITHIN, free
         outcome = json.loads(out.strip().splitlines()[-1])
@@ -176,7 +154,7 @@ class TestOneHostName:
         """Two runners under the host name "twin", each in a PID namespace of its own
         with another pid, deliver events whose turns take 8 s: each event costs one
         model call; neither runner finds the other dead."""
-        namespaces()
+        containers()
         events = 50 if FULL else 4  # two in flight on each runner at once
         here = postgres_server.new_database()
         config = write_config(tmp_path / "runner.toml", concurrency=4 if FULL else 2)

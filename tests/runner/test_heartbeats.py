@@ -13,141 +13,46 @@ PostgreSQL; ``EFFECTFUL_DURABLE_CRASH=full`` (``make crash``) on SQLite too.
 """
 
 import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import StderrLines
-from netns import container, terminate
+from helpers import wait_until
+from netns import container, containers
+from runner_procs import Runner, delivered, starts_of, write_config
 
 from effectful_durable import DatabaseUnavailableError, Store
 from effectful_durable.runner import heartbeat
 
-TESTS = Path(__file__).parents[1]
-START_TIMEOUT = 120.0
 ELSEWHERE = "fleet-elsewhere"
 PROMISE = 30.0  # seconds: a dead runner's claims move within this (DESIGN.md, 11)
-FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
-
-
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    done = subprocess.run(
-        ["unshare", "-u", "-p", "-f", "-m", "--mount-proc", "true"],
-        capture_output=True,
-        check=False,
-    )
-    return done.returncode == 0
-
-
-needs_unshare = pytest.mark.skipif(
-    not _unshare_works(), reason="unshare -u -p is not permitted here (root needed)"
-)
-
-
-class Runner(StderrLines):
-    """One ``effectful-durable run`` of heartbeat_app, here or under another host name."""
-
-    patience = 60.0
-
-    def __init__(
-        self, store_url: str, config: Path, starts: Path, *, seconds: float, host: str | None
-    ) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-            "HEARTBEAT_APP_SECONDS": str(seconds),
-            "HEARTBEAT_APP_STARTS": str(starts),
-        }
-        command = [
-            sys.executable,
-            "-m",
-            "effectful_durable",
-            "run",
-            str(store_url),
-            "--agents",
-            "heartbeat_app:make_agent",
-            "--handlers",
-            "heartbeat_app:make_handlers",
-            "--config",
-            str(config),
-        ]
-        if host is not None:  # killing it kills its container, the runner with it
-            command = [*container(host), *command]
-        super().__init__(subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env))
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it is still there 30 s later."""
-        if self.proc.poll() is None:
-            terminate(self.proc)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
-def write_config(path: Path, **runner: float) -> Path:
-    lines = ["[runner]", "poll_interval = 0.1", *(f"{k} = {v}" for k, v in runner.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def starts_of(starts: Path) -> list[tuple[str, int]]:
-    """Where each event turn began: (host, pid), in order."""
-    if not starts.exists():
-        return []
-    found = []
-    for line in starts.read_text().splitlines():
-        host, pid, _ = line.split(" ", 2)
-        found.append((host, int(pid)))
-    return found
-
-
-def wait_for_start(starts: Path, timeout: float = 60.0) -> tuple[str, int]:
-    deadline = time.monotonic() + timeout
-    while not (found := starts_of(starts)):
-        assert time.monotonic() < deadline, "no turn began"
-        time.sleep(0.05)
-    return found[0]
-
-
-def delivered(store: Store, agent_id: str) -> bool:
-    (event,) = store.events(agent_id, include_delivered=True)
-    return event.status == "done"
 
 
 @pytest.fixture
-def fleet_url(store_url: str) -> str:
-    """``store_url``, on PostgreSQL only unless the run is full."""
-    if not FULL and "://" not in store_url:
-        pytest.skip("a fleet shares PostgreSQL; SQLite with EFFECTFUL_DURABLE_CRASH=full")
-    return store_url
+def elsewhere() -> list[str]:
+    """The command prefix of a runner "on another machine": a container named ELSEWHERE
+    (killing it kills the runner in it)."""
+    containers()
+    return container(ELSEWHERE)
 
 
 @pytest.mark.slow
-@needs_unshare
 class TestHeartbeats:
     def test_a_runner_killed_on_another_host_has_its_event_delivered_within_30_s(
-        self, fleet_url: str, tmp_path: Path
+        self, fleet_url: str, elsewhere: list[str], tmp_path: Path
     ) -> None:
         """A runner on "another machine" is SIGKILLed inside an event's turn: a runner
         here delivers the event within 30 s of the kill, once, telling why."""
         config = write_config(tmp_path / "runner.toml")  # lease_seconds: the default, 300
         starts = tmp_path / "starts.txt"
-        doomed = Runner(fleet_url, config, starts, seconds=600, host=ELSEWHERE)
+        doomed = Runner(elsewhere, fleet_url, config, starts, seconds=600)
         heir: Runner | None = None
         try:
-            doomed.expect("started", timeout=START_TIMEOUT)
             with Store(fleet_url) as store:
                 store.send_event("w", "job", {"n": 1}, create=True)
-            assert wait_for_start(starts)[0] == ELSEWHERE  # inside the model call
-            heir = Runner(fleet_url, config, starts, seconds=0, host=None)
-            heir.expect("started", timeout=START_TIMEOUT)
+            wait_until(lambda: starts_of(starts), 60, "a turn began", poll=0.05)
+            assert starts_of(starts)[0].host == ELSEWHERE  # inside the model call
+            heir = Runner([], fleet_url, config, starts)
             killed = time.monotonic()
             doomed.proc.kill()
             doomed.proc.wait(timeout=30)
@@ -157,7 +62,7 @@ class TestHeartbeats:
                     time.sleep(0.1)
                 took = time.monotonic() - killed
                 versions = store.versions("w")
-            line = heir.expect("is dead")
+            line = heir.expect("is dead", timeout=60)
         finally:
             doomed.proc.kill()
             if heir is not None:
@@ -165,24 +70,20 @@ class TestHeartbeats:
         print(f"delivered by the runner here {took:.1f} s after the kill on another host")
         assert took <= PROMISE, (took, heir.text())
         assert ELSEWHERE in line and "took back 1 claim" in line, line
-        assert [host for host, _ in starts_of(starts)] == [ELSEWHERE, os.uname().nodename]
+        assert [start.host for start in starts_of(starts)] == [ELSEWHERE, os.uname().nodename]
         assert [v.version for v in versions] == [1]
         assert "Traceback" not in heir.text(), heir.text()
 
     def test_a_turn_longer_than_its_lease_is_delivered_once(
-        self, fleet_url: str, tmp_path: Path
+        self, fleet_url: str, elsewhere: list[str], tmp_path: Path
     ) -> None:
         """lease_seconds = 3 and an 8 s turn, on "another machine", with a runner here
         waiting all along: the turn keeps its claim, and the event is delivered once."""
         config = write_config(tmp_path / "runner.toml", lease_seconds=3)
         starts = tmp_path / "starts.txt"
-        runners = [
-            Runner(fleet_url, config, starts, seconds=8, host=ELSEWHERE),
-            Runner(fleet_url, config, starts, seconds=8, host=None),
-        ]
+        runners = [Runner(elsewhere, fleet_url, config, starts, seconds=8)]
         try:
-            for runner in runners:
-                runner.expect("started", timeout=START_TIMEOUT)
+            runners.append(Runner([], fleet_url, config, starts, seconds=8))
             with Store(fleet_url) as store:
                 store.send_event("w", "job", {"n": 1}, create=True)
                 deadline = time.monotonic() + 60

@@ -8,18 +8,13 @@ DEAD_AFTER seconds: the default run plays it on PostgreSQL (a fleet's backend);
 ``EFFECTFUL_DURABLE_CRASH=full`` on SQLite too.
 """
 
-import os
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
-from helpers import edit_rows
+from helpers import edit_rows, wait_until
 
 from effectful_durable import AgentRunner, Store
 from effectful_durable.runner import heartbeat
-
-FULL = os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full"
 
 #: Another program's trigger that refuses every heartbeat (an UPDATE of runner_status),
 #: by backend: the statements that make it, and the one that drops it.
@@ -57,7 +52,7 @@ class RunnerThread:
     def __enter__(self) -> "RunnerThread":
         self.thread.start()
         with Store(self.url, readonly=True) as store:
-            until(lambda: store.runner_statuses() != [], "the runner recorded no status")
+            wait_until(store.runner_statuses, 40, "the runner's status recorded")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -71,27 +66,12 @@ class RunnerThread:
         return status["reported_at"]
 
 
-def until(condition: Callable[[], bool], failure: str, timeout: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.1)
-
-
 def refuse_heartbeats(url: str) -> str:
     """Install the refusing trigger in ``url``; the statement that drops it."""
     make, drop = REFUSING["postgres" if "://" in url else "sqlite"]
     for statement in make:
         edit_rows(url, statement, foreign=True)
     return drop
-
-
-@pytest.fixture
-def fleet_url(store_url: str) -> str:
-    """``store_url``, on PostgreSQL only unless the run is full."""
-    if not FULL and "://" not in store_url:
-        pytest.skip("a fleet shares PostgreSQL; SQLite with EFFECTFUL_DURABLE_CRASH=full")
-    return store_url
 
 
 class TestRefusedHeartbeats:
@@ -106,16 +86,15 @@ class TestRefusedHeartbeats:
         again and the runner runs on."""
         with RunnerThread(store_url) as running:
             drop = refuse_heartbeats(store_url)
-            until(
-                lambda: "heartbeats refused" in caplog.text,
-                f"no refused heartbeat was logged:\n{caplog.text}",
+            wait_until(
+                lambda: "heartbeats refused" in caplog.text, 40, "a refused heartbeat logged"
             )
             refused_at = running.reported_at()
             edit_rows(store_url, drop, foreign=True)
-            until(
+            wait_until(
                 lambda: running.reported_at() != refused_at,
-                "the heartbeats did not land again",
-                timeout=2 * heartbeat.HEARTBEAT_EVERY,
+                2 * heartbeat.HEARTBEAT_EVERY,
+                "the heartbeats landing again",
             )
             assert running.thread.is_alive(), caplog.text
         assert running.returned == [0]

@@ -1,8 +1,11 @@
-"""What the partition tests share: runners and their turns' log on the tests' hosts.
+"""The processes the tests start to run turns, and the log of their turns.
 
-The network, and a PostgreSQL server and a PgBouncer listening on it, are fixtures
-(``net``, ``listening_server``, ``listening_bouncer`` in conftest.py); the hosts
-and how they are cut are ``netns.py``'s.
+A :class:`Runner` is ``effectful-durable run`` of ``heartbeat_app``, and
+:func:`worker` is ``partition_worker.py`` running one turn as a web service's
+request does; each runs here, on a host of ``netns.py`` (``Host.command([])``) or
+in a container (``netns.container``), given that command prefix. The network,
+and a PostgreSQL server and a PgBouncer listening on it, are fixtures (``net``,
+``listening_server``, ``listening_bouncer`` in conftest.py).
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ START_TIMEOUT = 120.0
 
 
 def environment(**extra: str) -> dict[str, str]:
+    """This process's environment, with the tests' modules importable, and ``extra``."""
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -35,10 +37,11 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 class Runner(StderrLines):
-    """``effectful-durable run`` of heartbeat_app, given a command prefix (a host's),
-    whose turns take ``seconds`` unless their payload says otherwise."""
+    """``effectful-durable run`` of heartbeat_app, given a command prefix (a host's, a
+    container's), once it started; its turns take ``seconds`` unless their payload
+    says otherwise."""
 
-    patience = 90.0
+    patience = 60.0
 
     def __init__(
         self, prefix: list[str], url: str, config: Path, starts: Path, *, seconds: float = 0
@@ -52,9 +55,15 @@ class Runner(StderrLines):
         ]  # fmt: skip
         env = environment(HEARTBEAT_APP_STARTS=str(starts), HEARTBEAT_APP_SECONDS=str(seconds))
         super().__init__(subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env))
-        self.expect("started", timeout=START_TIMEOUT)
+        try:
+            self.expect("started", timeout=START_TIMEOUT)
+        except AssertionError:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it is still there 60 s later."""
         if self.proc.poll() is None:
             terminate(self.proc)
             try:
@@ -62,6 +71,25 @@ class Runner(StderrLines):
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+def worker(prefix: list[str], url: str, agent_id: str, seconds: float) -> subprocess.Popen[str]:
+    """``partition_worker.py`` in a turn of ``agent_id`` whose model takes ``seconds``,
+    once its model was called; its last line on stdout tells how the turn ended."""
+    script = str(TESTS / "partition_worker.py")
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, script, url, agent_id, f"{seconds:g}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environment(),
+    )
+    assert proc.stdout is not None
+    said = proc.stdout.readline().strip()
+    if said != "model":
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the worker's model was not called: {said!r}")
+    return proc
 
 
 def write_config(path: Path, **runner: float | int) -> Path:
@@ -91,16 +119,7 @@ def starts_of(starts: Path) -> list[Start]:
     return found
 
 
-def wait_until(
-    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.1
-) -> float:
-    """Wait for ``condition()``; the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what} within {timeout:g} s"
-        time.sleep(poll)
-    return time.monotonic() - started
-
-
 def delivered(store: Store, agent_id: str) -> bool:
-    return all(event.status == "done" for event in store.events(agent_id, include_delivered=True))
+    """Whether the one event of ``agent_id`` was delivered."""
+    (event,) = store.events(agent_id, include_delivered=True)
+    return event.status == "done"
