@@ -155,6 +155,12 @@ def commit_message(store: Store, agent_id: str = "bot", content: str | None = No
     )
 
 
+def added(position: int) -> HistoryChange:
+    """A turn's change that adds one user message at ``position``."""
+    message = {"id": f"m{position}", "role": "user", "content": str(position)}
+    return HistoryChange(added=[(position, message)], removed=[], removed_count=0)
+
+
 def first_turn_after(db: Path | str, agent_id: str, since: float, timeout: float) -> float:
     """Seconds from ``since`` (``time.monotonic()``) until a turn of ``agent_id``
     (``Assistant``, over the fake model) commits here, tried every 0.1 s while another

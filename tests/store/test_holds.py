@@ -23,7 +23,7 @@ from postgres_server import PostgresServer
 from effectful_durable import AgentInUseError, HoldLapsedError, Store
 from effectful_durable.store.engine import process
 from effectful_durable.store.engine.postgres import holds
-from effectful_durable.store.history import HistoryChange
+from tests.helpers import ENDED_PID, added, edit_rows, persisted_rows
 
 LEASE = 1.5  # seconds: the holds' TTL in these tests
 
@@ -34,23 +34,10 @@ def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(holds, "RENEW_EVERY", LEASE / 5)
 
 
-def added(position: int) -> HistoryChange:
-    message = {"id": f"m{position}", "role": "user", "content": str(position)}
-    return HistoryChange(added=[(position, message)], removed=[], removed_count=0)
-
-
 def silence(store: Store) -> None:
     """Stop ``store``'s renewals, as a host cut from the network stops them."""
     agent_holds = store._db._holds  # type: ignore[attr-defined]
     agent_holds._renew = lambda holds, unreleased: False
-
-
-def hold_row(url: str, agent_id: str) -> tuple[object, ...] | None:
-    with psycopg.connect(url) as conn:
-        row: tuple[object, ...] | None = conn.execute(
-            "SELECT token, host, pid, place FROM agent_holds WHERE agent_id = %s", (agent_id,)
-        ).fetchone()
-    return row
 
 
 @pytest.fixture
@@ -222,22 +209,25 @@ class TestLapse:
         at once; one of the same host name and pid but another place waits out its
         lease: a host name and a pid name no process across containers."""
         _, other = stores
-        ended = 2**22 + 12345  # above any pid_max: no process has it
         for agent_id, place in (("here", process.place()), ("elsewhere", "another-kernel/1:2")):
-            with psycopg.connect(postgres_url) as conn:
-                conn.execute(
-                    "INSERT INTO agent_holds VALUES (%s, 'theirs', %s, %s, %s, 0,"
-                    " extract(epoch FROM clock_timestamp()), 3600)",
-                    (agent_id, socket.gethostname(), ended, place),
-                )
+            edit_rows(
+                postgres_url,
+                "INSERT INTO agent_holds VALUES (?, 'theirs', ?, ?, ?, 0,"
+                " extract(epoch FROM clock_timestamp()), 3600)",
+                agent_id,
+                socket.gethostname(),
+                ENDED_PID,
+                place,
+            )
         with other.agent_lock("here"):
             pass
-        with pytest.raises(AgentInUseError, match=f"process {ended} on"):
+        with pytest.raises(AgentInUseError, match=f"process {ENDED_PID} on"):
             with other.agent_lock("elsewhere", wait=0.5):
                 pass
-        assert hold_row(postgres_url, "elsewhere") == (
-            "theirs", socket.gethostname(), ended, "another-kernel/1:2",
-        )  # fmt: skip
+        held = "SELECT token, host, pid, place FROM agent_holds WHERE agent_id = ?"
+        assert persisted_rows(postgres_url, held, "elsewhere") == [
+            ("theirs", socket.gethostname(), ENDED_PID, "another-kernel/1:2"),
+        ]
 
 
 class TestThreads:

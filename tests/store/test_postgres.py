@@ -26,10 +26,10 @@ from effectful_durable.errors import (
 from effectful_durable.store.engine.postgres.opening import access_error
 from effectful_durable.store.engine.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from effectful_durable.store.engine.seam import APPLICATION_ID
-from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 from tests.helpers import (
     Assistant,
+    added,
     commit_message,
     free_port,
     in_new_process,
@@ -44,12 +44,6 @@ def tables(url: str) -> list[str]:
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
         ).fetchall()
     return [name for (name,) in rows]
-
-
-def added(position: int) -> HistoryChange:
-    """A turn's change that adds one user message at ``position``."""
-    message = {"id": f"m{position}", "role": "user", "content": str(position)}
-    return HistoryChange(added=[(position, message)], removed=[], removed_count=0)
 
 
 class TestOpening:
