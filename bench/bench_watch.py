@@ -12,11 +12,12 @@ tables and a second database of the same server:
   and the server's own time (``EXPLAIN (ANALYZE)``'s execution time), median and
   p90 in milliseconds.
 * **heard after**: seconds from a commit of ours (a turn through a Store, in a
-  process of its own, that then stays idle) until the watch's marker moved, for a
-  turn after a quiet second and for one 0.3 s after the previous one (its
-  session's statistics are published late: PostgreSQL publishes a session's at
-  most once a second), with and without the WAL position.
-* **wakes**: how many times the marker moved in 5 s while the other database took
+  process of its own, ``tests/turns_child.py``, that then stays idle) until the
+  page's watch (``MarkerWatch`` over ``OurChanges``, as ``watch_commits`` makes it)
+  woke, for a turn after a quiet second and for one 0.3 s after the previous one
+  (its session's statistics are published late: PostgreSQL publishes a session's
+  at most once a second), with and without the WAL position.
+* **wakes**: how many times the watch woke in 5 s while the other database took
   50 inserts a second, and nothing of ours changed.
 
 Run: ``.venv/bin/python bench/bench_watch.py [--polls 2000]`` (about a minute). No
@@ -30,33 +31,22 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from bench_claims import durable_server  # the throwaway cluster, fsync on
 
 from effectful_durable import Store
 from effectful_durable.store.engine.postgres import changes
+from effectful_durable.store.engine.watch import MarkerWatch
+
+if TYPE_CHECKING:
+    from postgres_server import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
-
-#: A child that commits one turn of agent ``w`` when it reads a line, then says so.
-TURNS = """
-import sys, time
-from effectful_durable import Store
-from effectful_durable.store.history import HistoryChange
-with Store(sys.argv[1]) as store:
-    print("ready", flush=True)
-    for _ in sys.stdin:
-        start = store.begin_turn("w", template="t", arguments={})
-        message = {"id": f"m{start.version}", "role": "user", "content": "news"}
-        change = HistoryChange([(float(start.version), message)], [], 0)
-        store.commit_turn("w", base_version=start.version, template="t", change=change,
-                          state=None)
-        print(time.monotonic(), flush=True)
-"""
+TURNS_CHILD = ROOT / "tests" / "turns_child.py"
 
 
 def ms(values: list[float]) -> str:
@@ -93,24 +83,19 @@ def cost(url: str, polls: int) -> None:
 
 
 class Watching:
-    """OurChanges read every 0.2 s in a thread, noting when its marker moved."""
+    """The page's watch of ``url`` (as ``watch_commits`` makes it, but for ``wal``: False
+    plays a server that refuses the WAL position), noting when it woke."""
 
     def __init__(self, url: str, *, wal: bool) -> None:
         self.store = Store(url, readonly=True)
-        self.marker = changes.OurChanges(self.store._db)
-        self.marker._wal = wal
+        marker = changes.OurChanges(self.store._db)
+        marker._wal = wal
         self.moves: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        seen = self.marker.read()
-        while not self._stop.wait(0.2):
-            marker = self.marker.read()
-            if marker != seen:
-                self.moves.append(time.monotonic())
-            seen = marker
+        self._watch = MarkerWatch(
+            marker.read,
+            lambda: self.moves.append(time.monotonic()),
+            location=self.store._db.location,
+        )
 
     def heard_after(self, committed: float, timeout: float = 15.0) -> float | None:
         deadline = time.monotonic() + timeout
@@ -122,19 +107,18 @@ class Watching:
         return None
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._watch.close()
         self.store.close()
 
 
 def heard(url: str) -> None:
     """Seconds from a commit until the marker moved: after a quiet second, and 0.3 s
     after the previous commit of the same process."""
-    print("\nheard after: seconds from a commit of ours to the marker's move")
+    print("\nheard after: seconds from a commit of ours to the watch's wake")
     print(f"{'watch':<22}{'after a quiet second':>24}{'0.3 s after another':>24}")
     for wal in (True, False):
         child = subprocess.Popen(
-            [sys.executable, "-c", TURNS, url],
+            [sys.executable, str(TURNS_CHILD), url],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -167,25 +151,16 @@ def seconds(values: list[float | None]) -> str:
     return ", ".join("never" if v is None else f"{v:.2f}" for v in values)
 
 
-def wakes(url: str, other: str) -> None:
-    """Moves of the marker while another database takes 50 inserts a second."""
+def wakes(cluster: PostgresServer, url: str) -> None:
+    """Wakes of the watch while another database takes 50 inserts a second."""
     watching = Watching(url, wal=True)
-    before = len(watching.moves)
-    stop = threading.Event()
-
-    def write() -> None:
-        with psycopg.connect(other, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS t (x int)")
-            while not stop.wait(0.02):
-                conn.execute("INSERT INTO t VALUES (1)")
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    time.sleep(5)
-    stop.set()
-    writer.join()
-    moved = len(watching.moves) - before
-    watching.close()
+    try:
+        with cluster.another_database_writing(50):
+            before = len(watching.moves)
+            time.sleep(5)
+            moved = len(watching.moves) - before
+    finally:
+        watching.close()
     print(f"\nwakes in 5 s of another database's 50 inserts a second: {moved}")
 
 
@@ -196,12 +171,12 @@ def main() -> None:
     cluster = durable_server()
     cluster.start()
     try:
-        url, other = cluster.new_database(), cluster.new_database()
+        url = cluster.new_database()
         with Store(url) as store:
             store.send_event("w", "hello", create=True)
         cost(url, args.polls)
         heard(url)
-        wakes(url, other)
+        wakes(cluster, url)
         print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     finally:
         cluster.stop()

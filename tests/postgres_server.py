@@ -24,6 +24,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -236,6 +237,34 @@ class PostgresServer:
             time.sleep(0.05)
         msg = f"the server did not apply the password rule for {role} within 10 s"
         raise RuntimeError(msg)
+
+    @contextmanager
+    def another_database_writing(self, per_second: float) -> Iterator[None]:
+        """A thread inserting ``per_second`` rows a second into a new database of this
+        server until the block ends (which drops it)."""
+        import psycopg
+
+        url = self.new_database()
+        stop = threading.Event()
+        written = [0]
+
+        def write() -> None:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE TABLE t (x int)")
+                while not stop.wait(1 / per_second):
+                    conn.execute("INSERT INTO t VALUES (1)")
+                    written[0] += 1
+
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        try:
+            time.sleep(0.5)
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+            self.drop_database(url)
+            assert written[0] > 0
 
     def admin(self, sql: str) -> None:
         """Run one statement outside a transaction on the ``postgres`` database."""

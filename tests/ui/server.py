@@ -15,6 +15,15 @@ import httpx
 
 ROOT = Path(__file__).parents[2]
 
+#: ``python -m effectful_durable``, with log records at INFO on stderr (the command
+#: configures no logging but uvicorn's own).
+LOGGING_AT_INFO = """
+import logging, sys
+from effectful_durable.cli import main
+logging.basicConfig(level=logging.INFO)
+sys.exit(main())
+"""
+
 
 @dataclass
 class Server:
@@ -39,10 +48,12 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(db: str, *options: str) -> Iterator[Server]:
-    """Run ``effectful-durable ui DB --no-browser --port 0 OPTIONS`` until the block ends."""
+def serving(db: str, *options: str, logging: bool = False) -> Iterator[Server]:
+    """Run ``effectful-durable ui DB --no-browser --port 0 OPTIONS`` until the block ends;
+    with ``logging``, its log records at INFO join its output."""
+    command = ["-c", LOGGING_AT_INFO] if logging else ["-m", "effectful_durable"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "effectful_durable", "ui", db, "--no-browser", *options],
+        [sys.executable, *command, "ui", db, "--no-browser", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
