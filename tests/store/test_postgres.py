@@ -245,9 +245,13 @@ class TestRefusals:
 
 
 def catalog(url: str) -> dict[str, list[tuple[object, ...]]]:
-    """The database's tables, columns, constraints, indexes, triggers and functions,
-    in a comparable form."""
+    """The database's tables, columns, storage options, constraints, indexes, triggers
+    and functions, in a comparable form."""
     queries = {
+        "storage": """
+            SELECT cl.relname, cl.relkind, cl.reloptions FROM pg_class AS cl
+              JOIN pg_namespace AS n ON n.oid = cl.relnamespace
+             WHERE n.nspname = 'public' ORDER BY 1""",
         "columns": """
             SELECT table_name, column_name, data_type, is_nullable, column_default,
                    collation_name
