@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, Literal, NoReturn
 
 from ..errors import DurableError
+from ..store.engine.seam import is_postgres_url
 
 
 class ConfigError(DurableError, ValueError):
@@ -61,6 +62,7 @@ class RunnerConfig:
         concurrency = 1         # turns of different agents run at once (SIGHUP may change it)
         statement_timeout = 10  # PostgreSQL: longest wait for the server per call (0: none)
         wait_for_database = 60  # PostgreSQL: how long starting waits for the server
+        # renewal_url = "postgresql://..."  # PostgreSQL behind PgBouncer: see below
 
         [agents.support-bot]
         paused = false
@@ -99,6 +101,10 @@ class RunnerConfig:
         wait_for_database: PostgreSQL only: how long starting the runner waits
             for a server that does not answer yet (``run --wait-for-database``
             overrides it); unset, the Store's default (5 s).
+        renewal_url: PostgreSQL only: the Store's ``renewal_url``, where the
+            renewals of the runner's holds on agents connect (behind a pooler:
+            the server, or a pooler database with a pool of its own; see
+            :doc:`/production`, "Renewals"). Read when the runner starts.
         agents: Per-agent settings, by agent id.
         features: Feature flags, passed on to agents' ``on_config_update``.
         source: The file it was read from, if any.
@@ -117,6 +123,7 @@ class RunnerConfig:
     concurrency: int = 1
     statement_timeout: float | None = None
     wait_for_database: float | None = None
+    renewal_url: str | None = None
     agents: Mapping[str, AgentSettings] = field(default_factory=dict)
     features: Mapping[str, Any] = field(default_factory=dict)
     source: str | None = None
@@ -141,6 +148,10 @@ class RunnerConfig:
         check_concurrency(self.concurrency, "concurrency")
         if self.model is not None and not isinstance(self.model, str):
             _bad(f"model must be a string, not {self.model!r}")
+        if self.renewal_url is not None and not (
+            isinstance(self.renewal_url, str) and is_postgres_url(self.renewal_url)
+        ):
+            _bad("renewal_url must be a postgresql:// URL")
 
     @property
     def store_timeout(self) -> float | None:
@@ -201,6 +212,7 @@ class RunnerConfig:
             "concurrency",
             "statement_timeout",
             "wait_for_database",
+            "renewal_url",
         }
         unknown = set(runner) - allowed
         if unknown:

@@ -180,6 +180,8 @@ class AgentRunner:
             }
             if self.config.statement_timeout is not None:
                 timeouts["statement_timeout"] = self.config.store_timeout
+            if self.config.renewal_url is not None:
+                timeouts["renewal_url"] = self.config.renewal_url
             self.store = Store(db, durability=durability, **timeouts)
         self._owns_store = not isinstance(db, Store)
         self._apply_timeout(self.config)

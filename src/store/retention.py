@@ -96,6 +96,7 @@ def prune_store(
     with store._writing() as conn:
         workflows = finished_journals(conn, agent_id, cutoff)
         delete_journals(conn, workflows)
+        store._db.prune_holds(conn)
     return PruneResult(
         tuple(pruned), versions, messages, tuple(workflows), tuple(skipped), handoffs
     )

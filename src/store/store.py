@@ -108,6 +108,11 @@ class Store(
             database time. None: no limit.
         wait_for_database: PostgreSQL only: how long opening waits for a server
             that does not answer yet (default: ``busy_timeout``, at least 5 s).
+        renewal_url: PostgreSQL only: where the connection that renews this
+            store's holds on agents connects, if not to ``path``: behind a
+            pooler whose pool the workload may fill (PgBouncer), the server
+            itself, or a pooler database of its own, so that renewals never
+            wait behind turns (see :doc:`/production`, "Renewals").
         workspace_dir: PostgreSQL only: the directory under which this machine
             keeps its copies of the agents' SQL tables (``SQLTools``), one
             subdirectory per database; by default
@@ -143,6 +148,7 @@ class Store(
         workspace_dir: str | os.PathLike[str] | None = None,
         statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
         wait_for_database: float | None = None,
+        renewal_url: str | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.durability: Durability = durability
@@ -171,6 +177,7 @@ class Store(
                 workspace_dir=None if workspace_dir is None else os.fspath(workspace_dir),
                 statement_timeout=statement_timeout,
                 wait_for_database=wait_for_database,
+                renewal_url=renewal_url,
             )
             self._db = db
             self._damage = DamageWatch(db.location, [])
@@ -178,6 +185,9 @@ class Store(
             # with the commit it holds (workspace/cache.py).
             self._workspaces = WorkspaceCache(db.workspace_directory, stamped=True)
         else:
+            if renewal_url is not None:
+                msg = "renewal_url is for PostgreSQL; an SQLite file's holds need no renewals"
+                raise ValueError(msg)
             if workspace_dir is not None:
                 msg = (
                     "workspace_dir is for PostgreSQL; an SQLite database keeps its agents' "

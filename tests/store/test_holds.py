@@ -9,23 +9,36 @@ real processes off a real network with the real lease.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import json
 import os
+import re
+import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from pgbouncer_server import running as pgbouncer_running
 from postgres_server import PostgresServer
 
-from effectful_durable import AgentInUseError, HoldLapsedError, Store
+from effectful_durable import (
+    AgentInUseError,
+    DurableError,
+    HoldLapsedError,
+    NotFoundError,
+    Store,
+)
 from effectful_durable.store.engine import process
 from effectful_durable.store.engine.postgres import holds
 from tests.helpers import ENDED_PID, added, edit_rows, persisted_rows
 
 LEASE = 1.5  # seconds: the holds' TTL in these tests
+LOCK_BOT = "SELECT 1 FROM agent_holds WHERE agent_id = 'bot' FOR UPDATE"
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +177,7 @@ class TestLapse:
             silence(holder)
             with other.agent_lock("bot", wait=10):
                 hold = holder._db._holds._held["bot"]  # type: ignore[attr-defined]
-                hold.renewed = time.monotonic()  # as if renewed just now
+                hold.renewed = holds.clock()  # as if renewed just now
                 with pytest.raises(HoldLapsedError, match=f"process {os.getpid()} on .* took it"):
                     holder.commit_turn(
                         "bot", base_version=start.version, template="t", change=added(0),
@@ -181,7 +194,7 @@ class TestLapse:
         with holder.locked_turn("bot", template="t", arguments={}) as start:
             silence(holder)
             time.sleep(LEASE + 0.3)
-            holder._db._holds._held["bot"].renewed = time.monotonic()  # type: ignore[attr-defined]
+            holder._db._holds._held["bot"].renewed = holds.clock()  # type: ignore[attr-defined]
             with pytest.raises(HoldLapsedError, match="last renewed"):
                 holder.commit_turn(
                     "bot", base_version=start.version, template="t", change=added(0), state=None
@@ -252,3 +265,413 @@ class TestThreads:
                     thread.join(30)
         assert len(errors) == 8
         assert all(f"process {os.getpid()} on" in str(error) for error in errors), errors
+
+
+class TestFence:
+    """A hold changes hands only once the writes made under it are over, and such a
+    write commits only while its hold lasts: checked again just before its COMMIT."""
+
+    def test_a_take_ends_a_write_left_open_under_a_lapsed_hold(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """A holder stopped inside a write (its transaction open, its renewals silent)
+        loses the agent a lease later: the take ends the stopped write's session, and
+        the write, gone on, commits nothing."""
+        holder, other = stores
+        with holder.agent_lock("bot"):
+            with pytest.raises(DurableError):
+                with holder._db.writing() as conn:  # type: ignore[attr-defined]
+                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                    conn.execute("DELETE FROM agent_holds WHERE agent_id = 'nobody'")
+                    silence(holder)
+                    silent_since = time.monotonic()
+                    with other.locked_turn("bot", template="u", arguments={}, wait=10) as start:
+                        took = time.monotonic() - silent_since
+                        other.commit_turn(
+                            "bot", base_version=start.version, template="u", change=added(0),
+                            state=None,
+                        )  # fmt: skip
+        assert took <= LEASE + 1.0, took
+        assert [v.template for v in other.versions("bot")] == ["u"]
+
+    def test_a_write_under_a_hold_that_lapsed_meanwhile_is_refused_at_its_commit(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """A write fenced while its hold was fresh, still open when the hold lapsed
+        (nobody took the agent), is refused by the fence before its COMMIT: nothing of
+        it lands."""
+        holder, _ = stores
+        with holder.agent_lock("bot"):
+            with pytest.raises(HoldLapsedError, match="last renewed"):
+                with holder._db.writing() as conn:  # type: ignore[attr-defined]
+                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                    silence(holder)
+                    conn.execute(
+                        "INSERT INTO agents (agent_id, version, created_at, updated_at)"
+                        " VALUES ('bot', 1, 0, 0)"
+                    )
+                    time.sleep(LEASE * 0.45)  # within the bound the fence set, past the lease
+                    conn.execute("UPDATE agents SET updated_at = 1 WHERE agent_id = 'bot'")
+                    time.sleep(LEASE * 0.45)
+                    conn.execute("UPDATE agents SET updated_at = 2 WHERE agent_id = 'bot'")
+                    time.sleep(LEASE * 0.2)
+        assert holder.agents() == []
+
+    def test_a_write_under_a_hold_is_bounded_by_the_lease_whatever_the_settings(
+        self, postgres_url: str
+    ) -> None:
+        """Opened with no statement timeout, a Store's write under a hold still gets
+        half the lease's remaining time at most per statement and per wait for the
+        client, on the server's side."""
+        with Store(postgres_url, statement_timeout=None) as holder:
+            with holder.agent_lock("bot"), holder._db.writing() as conn:  # type: ignore[attr-defined]
+                before = conn.execute("SHOW statement_timeout").fetchone()[0]
+                holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                for setting in ("statement_timeout", "idle_in_transaction_session_timeout"):
+                    shown = conn.execute(f"SHOW {setting}").fetchone()[0]
+                    assert 0 < seconds(shown) <= LEASE / 2, (setting, shown)
+        assert before == "0"
+
+    def test_a_write_of_another_role_left_idle_is_ended_by_the_servers_bound(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """A holder of another role, stopped inside a write: the take may not end its
+        session; the server ends it by the bound its fence set (half a lease), and the
+        agent is usable here once the hold lapsed."""
+        first, second = two_roles(postgres_server, postgres_url)
+        with Store(first) as holder, Store(second) as other:
+            with holder.agent_lock("bot"), pytest.raises(DurableError):
+                with holder._db.writing() as conn:  # type: ignore[attr-defined]
+                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                    silence(holder)
+                    silent_since = time.monotonic()
+                    with other.agent_lock("bot", wait=10):
+                        took = time.monotonic() - silent_since
+                    conn.execute("SELECT 1")
+        assert took <= LEASE + 1.0, took
+
+    def test_a_refusal_names_a_write_left_open_that_this_role_may_not_end(
+        self, postgres_server: PostgresServer, postgres_url: str
+    ) -> None:
+        """A holder of another role stopped in the middle of a pipeline (no server
+        timeout runs there): past its lease, a taker that may not end it is refused,
+        told of the write still open and its session; the write then commits nothing."""
+        first, second = two_roles(postgres_server, postgres_url)
+        with Store(first) as holder, Store(second) as other:
+            with holder.agent_lock("bot"), pytest.raises(HoldLapsedError):
+                with holder._db.writing() as conn:  # type: ignore[attr-defined]
+                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                    silence(holder)
+                    backend = conn.raw.info.backend_pid
+                    with conn.raw.pipeline():  # sent, with no Sync: the server waits
+                        conn.raw.execute("SELECT 1")
+                        time.sleep(LEASE + 0.5)
+                        with pytest.raises(AgentInUseError) as refused:
+                            with other.agent_lock("bot", wait=0):
+                                pass
+                    conn.execute("SELECT 1")
+            assert other.agents() == []
+        assert f"still open on the server (backend {backend})" in str(refused.value)
+
+
+class TestRenewalPaths:
+    def test_renewals_go_through_the_pool_when_their_connection_cannot_be_made(
+        self, postgres_server: PostgresServer, postgres_url: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A role limited to 3 connections, the renewals' own ended and every free slot
+        taken for five leases: the renewals go through the Store's pool, say so once,
+        and the holder keeps its agent and commits."""
+        role = f"limited_{os.getpid()}"
+        name = postgres_url.rsplit("/", 1)[1]
+        postgres_server.admin(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 3')
+        postgres_server.admin(f'ALTER DATABASE "{name}" OWNER TO "{role}"')
+        limited = postgres_server.url(name, user=role)
+        taken: list[psycopg.Connection] = []
+        try:
+            with Store(limited, pool_size=2) as holder, Store(postgres_url) as other:
+                with holder.locked_turn("bot", template="t", arguments={}) as start:
+                    renewals = holder._db._holds._conn  # type: ignore[attr-defined]
+                    with psycopg.connect(postgres_url, autocommit=True) as admin:
+                        admin.execute(
+                            "SELECT pg_terminate_backend(%s)", (renewals.info.backend_pid,)
+                        )
+                    while len(taken) < 3:
+                        try:
+                            taken.append(psycopg.connect(limited))
+                        except psycopg.OperationalError:
+                            break
+                    deadline = time.monotonic() + 5 * LEASE
+                    while time.monotonic() < deadline:
+                        with pytest.raises(AgentInUseError):
+                            with other.agent_lock("bot"):
+                                pass
+                        time.sleep(0.2)
+                    holder.commit_turn(
+                        "bot", base_version=start.version, template="t", change=added(0),
+                        state=None,
+                    )  # fmt: skip
+        finally:
+            for conn in taken:
+                conn.close()
+            postgres_server.admin(f'ALTER DATABASE "{name}" OWNER TO postgres')
+            postgres_server.drop_database(postgres_url)
+            postgres_server.admin(f'DROP ROLE "{role}"')
+        pooled = [r for r in caplog.records if "through the Store's pool" in r.getMessage()]
+        assert len(pooled) == 1, [r.getMessage() for r in caplog.records]
+
+    @pytest.mark.parametrize("renewal_url", [False, True], ids=["pooled", "renewal_url"])
+    def test_a_saturated_pgbouncer_pool(
+        self,
+        postgres_server: PostgresServer,
+        postgres_url: str,
+        renewal_url: bool,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """Two transactions fill a PgBouncer pool of 2 for four leases: renewals through
+        the pooler queue behind them and the hold lapses, unless the renewals have a
+        path of their own (``renewal_url``, the server here): then the holder keeps
+        its agent and commits once the pool frees."""
+        with pgbouncer_running(postgres_server, {"default_pool_size": 2}) as pooler:
+            url = pooler.pooled(postgres_url)
+            direct = postgres_url if renewal_url else None
+            with Store(url, renewal_url=direct) as holder:
+                with holder.locked_turn("bot", template="t", arguments={}) as start:
+                    blockers = [psycopg.connect(url) for _ in range(2)]
+                    for blocker in blockers:
+                        blocker.execute("SELECT 1")  # BEGIN ... a transaction left open
+                    time.sleep(4 * LEASE)
+                    for blocker in blockers:
+                        blocker.close()
+                    commit = lambda: holder.commit_turn(  # noqa: E731
+                        "bot", base_version=start.version, template="t", change=added(0),
+                        state=None,
+                    )  # fmt: skip
+                    if renewal_url:
+                        commit()
+                    else:
+                        with pytest.raises(HoldLapsedError):
+                            commit()
+        if not renewal_url:
+            assert any("could not renew" in r.getMessage() for r in caplog.records)
+
+    def test_behind_pgbouncer_a_renewal_carries_its_own_settings(
+        self, postgres_server: PostgresServer, postgres_url: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A renewal through PgBouncer waiting for a locked hold row is ended by its own
+        timeouts, on the server (a pooler's server session carries none of ours)."""
+        with pgbouncer_running(postgres_server) as pooler:
+            url = pooler.pooled(postgres_url)
+            with Store(url) as holder:
+                with holder.agent_lock("bot"):
+                    with psycopg.connect(postgres_url) as locker:
+                        locker.execute(
+                            "SELECT 1 FROM agent_holds WHERE agent_id = 'bot' FOR UPDATE"
+                        )
+                        time.sleep(3 * holds.RENEW_EVERY)
+        waits = [r.getMessage() for r in caplog.records if "could not renew" in r.getMessage()]
+        assert waits and re.search("due to (lock|statement) timeout", waits[0]), waits
+
+
+class TestRestarts:
+    def test_a_crash_restart_keeps_a_renewing_holders_hold(
+        self, postgres_server: PostgresServer, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A backend killed (SIGKILL) makes the server end every session and recover
+        (its start time unchanged: no grace); the holder's renewals come back within
+        the lease, the hold stays its own, and its turn commits."""
+        monkeypatch.setattr(holds, "TTL", 6.0)
+        monkeypatch.setattr(holds, "RENEW_EVERY", 1.0)
+        with Store(postgres_url) as holder, Store(postgres_url) as other:
+            with holder.locked_turn("bot", template="t", arguments={}) as start:
+                with psycopg.connect(postgres_url, autocommit=True) as victim:
+                    started_at = victim.execute("SELECT pg_postmaster_start_time()").fetchone()
+                    os.kill(victim.info.backend_pid, signal.SIGKILL)
+                    time.sleep(0.5)
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        with psycopg.connect(postgres_url, autocommit=True) as back:
+                            after = back.execute("SELECT pg_postmaster_start_time()").fetchone()
+                        break
+                    except psycopg.OperationalError:
+                        assert time.monotonic() < deadline, "the server did not recover"
+                        time.sleep(0.2)
+                assert after == started_at
+                time.sleep(2 * holds.RENEW_EVERY)
+                with pytest.raises(AgentInUseError):
+                    with other.agent_lock("bot"):
+                        pass
+                holder.commit_turn(
+                    "bot", base_version=start.version, template="t", change=added(0), state=None
+                )
+            assert [v.template for v in other.versions("bot")] == ["t"]
+
+
+class TestForkAndSuspend:
+    @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() of a threaded process
+    @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+    def test_a_forked_child_refuses_its_parents_store(
+        self, backend: str, tmp_path: Path, postgres_url: str
+    ) -> None:
+        """A child forked while the parent holds an agent refuses, at once and in one
+        line, to use the parent's Store (nor its hold); whatever it then does to the
+        objects, the parent's sessions stay and its turn commits."""
+        target = str(tmp_path / "state.db") if backend == "sqlite" else postgres_url
+        with Store(target) as store:
+            with store.locked_turn("bot", template="t", arguments={}) as start:
+                read, write = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child
+                    os.close(read)
+                    said = []
+                    for use in (store.agents, lambda: store.agent_lock("bot").__enter__()):
+                        try:
+                            use()
+                            said.append("used")
+                        except DurableError as error:
+                            said.append(str(error))
+                    store.close()
+                    del store
+                    gc.collect()
+                    os.write(write, json.dumps(said).encode())
+                    os._exit(0)
+                os.close(write)
+                with os.fdopen(read) as pipe:
+                    said = json.loads(pipe.read())
+                assert os.waitpid(pid, 0)[1] == 0
+                assert len(said) == 2 and all("a child it forked" in s for s in said), said
+                assert all("\n" not in s for s in said)
+                store.commit_turn(
+                    "bot", base_version=start.version, template="t", change=added(0), state=None
+                )
+            assert [a.agent_id for a in store.agents()] == ["bot"]
+
+    def test_time_suspended_ages_a_hold(
+        self, stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A host suspended longer than a lease (a clock that counts suspended time
+        jumps; the monotonic one does not): its hold is known lapsed here, and a write
+        under it is refused before anything is sent."""
+        holder, _ = stores
+        with holder.locked_turn("bot", template="t", arguments={}) as start:
+            silence(holder)
+            resumed = holds.clock() + LEASE + 1
+            monkeypatch.setattr(holds, "clock", lambda: resumed)
+            with pytest.raises(HoldLapsedError, match="could not renew it for"):
+                holder.commit_turn(
+                    "bot", base_version=start.version, template="t", change=added(0), state=None
+                )
+        assert holder.agents() == []
+
+
+class TestTidyRows:
+    def test_no_row_stays_for_an_agent_that_does_not_exist(
+        self, postgres_url: str, stores: tuple[Store, Store]
+    ) -> None:
+        """A rollback or delete of an id the database never held, and the delete of an
+        agent, leave no hold row; an agent that exists keeps its row, let go."""
+        holder, _ = stores
+        for refused in (lambda: holder.rollback("ghost", 1), lambda: holder.delete("ghost")):
+            with pytest.raises(NotFoundError):
+                refused()
+        for agent_id in ("kept", "gone"):
+            with holder.locked_turn(agent_id, template="t", arguments={}) as start:
+                holder.commit_turn(
+                    agent_id, base_version=start.version, template="t", change=added(0),
+                    state=None,
+                )  # fmt: skip
+        holder.delete("gone")
+        rows = persisted_rows(postgres_url, "SELECT agent_id, token FROM agent_holds")
+        assert rows == [("kept", None)]
+
+    def test_prune_removes_the_rows_of_agents_gone(
+        self, postgres_url: str, stores: tuple[Store, Store]
+    ) -> None:
+        """A let-go row of an agent gone since (left by an earlier release) goes with a
+        prune; a held row and an agent's row stay."""
+        holder, other = stores
+        with holder.locked_turn("kept", template="t", arguments={}) as start:
+            holder.commit_turn(
+                "kept", base_version=start.version, template="t", change=added(0), state=None
+            )
+        for agent_id, token in (("left", None), ("held", "theirs")):
+            edit_rows(
+                postgres_url,
+                "INSERT INTO agent_holds VALUES (?, ?, 'h', 1, NULL, 0,"
+                " extract(epoch FROM clock_timestamp()), 3600)",
+                agent_id,
+                token,
+            )
+        other.prune(keep_versions=1)
+        rows = persisted_rows(postgres_url, "SELECT agent_id FROM agent_holds ORDER BY 1")
+        assert rows == [("held",), ("kept",)]
+
+
+class TestRefusals:
+    def test_a_refusal_names_the_holders_place_and_when_its_hold_lapses(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """Refused, a taker is told the holder's host, pid and place, what it runs, and
+        when its hold lapses by the server's clock."""
+        holder, other = stores
+        with holder.locked_turn("bot", template="ask", arguments={}):
+            with pytest.raises(AgentInUseError) as refused:
+                with other.agent_lock("bot"):
+                    pass
+        message = str(refused.value)
+        assert f"process {os.getpid()} on {socket.gethostname()}" in message
+        assert f"place {process.place()}" in message and "running ask" in message
+        assert re.search(
+            r"lapses in \d+\.\d s, at \d\d:\d\d:\d\d UTC by the server's clock", message
+        )
+
+    def test_wait_zero_does_not_wait_behind_another_threads_take(
+        self, postgres_url: str, stores: tuple[Store, Store]
+    ) -> None:
+        """While one thread's take waits on a locked row, another thread of the same
+        Store asking with wait=0 is answered at once."""
+        holder, other = stores
+        with holder.locked_turn("bot", template="t", arguments={}) as start:
+            holder.commit_turn(
+                "bot", base_version=start.version, template="t", change=added(0), state=None
+            )
+        with psycopg.connect(postgres_url) as locker:
+            locker.execute(LOCK_BOT)
+            taking = threading.Thread(target=lambda: suppress_busy(other))
+            taking.start()
+            time.sleep(0.5)  # the first take waits for the row now
+            started = time.monotonic()
+            with pytest.raises(AgentInUseError):
+                with other.agent_lock("bot", wait=0):
+                    pass
+            assert time.monotonic() - started < 1.0
+        taking.join(30)
+
+
+def suppress_busy(store: Store) -> None:
+    """Take "bot" once, as a thread waiting for its row would (busy: fine)."""
+    with contextlib.suppress(DurableError), store.agent_lock("bot", wait=5):
+        pass
+
+
+def seconds(shown: str) -> float:
+    """A duration as SHOW prints it (``750ms``, ``1s``), in seconds."""
+    number = re.fullmatch(r"(\d+)(ms|s|min)?", shown)
+    assert number is not None, shown
+    return int(number[1]) * {"ms": 0.001, "s": 1, "min": 60, None: 0.001}[number[2]]
+
+
+def two_roles(server: PostgresServer, url: str) -> tuple[str, str]:
+    """URLs of the database of ``url`` as two roles of their own, which may use its
+    tables and may not end each other's sessions."""
+    name = url.rsplit("/", 1)[1]
+    first, second = f"first_{os.getpid()}", f"second_{os.getpid()}"
+    for role in (first, second):
+        server.admin(f'DROP ROLE IF EXISTS "{role}"')
+        server.admin(f'CREATE ROLE "{role}" LOGIN')
+    server.admin(f'ALTER DATABASE "{name}" OWNER TO "{first}"')
+    with Store(server.url(name, user=first)):
+        pass
+    with psycopg.connect(server.url(name, user=first), autocommit=True) as owner:
+        owner.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{second}"')
+    return server.url(name, user=first), server.url(name, user=second)

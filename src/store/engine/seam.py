@@ -25,6 +25,7 @@ A part a backend does not carry yet is refused there (:meth:`Database.require`,
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -148,7 +149,8 @@ class Database(Protocol):
 
     def fence(self, conn: Conn, agent_id: str) -> None:
         """Refuse this transaction's writes unless this Store still holds ``agent_id``
-        (when it holds it at all), and keep the hold until the transaction ends.
+        (when it holds it at all), and keep the hold until the transaction ends:
+        checked again just before the COMMIT, which lands only while the hold does.
 
         For the writes made under a hold besides the commit's own (which
         :meth:`advance` fences): a turn's start and the record of its failure,
@@ -245,6 +247,10 @@ class Database(Protocol):
         say), never much later than a commit.
         """
 
+    def prune_holds(self, conn: Conn) -> None:
+        """Delete what the database keeps of holds let go of agents that are gone
+        (PostgreSQL's lease rows; a file's locks leave nothing)."""
+
     def check_rows(self, conn: Conn, table: str, where: str, params: Sequence[Any]) -> None:
         """Check every row of ``table`` that ``where`` selects, or raise DamagedRowError.
 
@@ -289,6 +295,18 @@ class Database(Protocol):
 def moved_by(version: int) -> str:
     """Who holds an agent whose fenced advance failed: AgentInUseError's ``holder``."""
     return f"a writer that committed version {version} during this turn"
+
+
+def forked(location: str, pid: int) -> str:
+    """What to say when a forked child uses the Store that process ``pid`` opened on
+    ``location``: its connections (and an agent's holds) are the parent's."""
+    return (
+        f"Store({location!r}) was opened by process {pid}, and this process "
+        f"({os.getpid()}) is a child it forked: a Store's connections and holds on "
+        "agents belong to the process that opened it. Open a new Store in the child, "
+        "after the fork (gunicorn: in post_fork or the app factory, not with --preload; "
+        "multiprocessing: in the worker, or with the 'spawn' start method)"
+    )
 
 
 def is_postgres_url(target: str) -> bool:

@@ -24,6 +24,12 @@ not wait out those deadlines: once its database is *hurried*
 waits in progress included, closing its connection, unless the server answers
 within a tick (:data:`_POLL_INTERVAL`) of it.
 
+A child that a process forks inherits its connections' sockets: one word sent on
+them (a libpq goodbye as the child tidies up) would end the parent's sessions.
+Each connection of ours is known (:class:`DeadlineConnection`), and in a forked
+child its socket is pointed at ``/dev/null`` at once, so that nothing the child
+does reaches the parent's sessions; the child's Store refuses to be used.
+
 psycopg and its pool log these failures as warnings, which a program with no
 logging configured prints to stderr, even for a restart it survives. Their
 records about our connections and pools go to our logger
@@ -34,12 +40,14 @@ matters of them is in the errors we raise and the warnings we log.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -86,6 +94,12 @@ class DeadlineConnection(psycopg.Connection[Any]):
     #: connections ends, those in progress too, unless answered within a tick of
     #: it: set on a process stopping past its grace (``PostgresDatabase.hurry``).
     hurry_until: float | None = None
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        conn = super().connect(conninfo, **kwargs)
+        _connections.add(conn)
+        return conn
 
     def wait(
         self, gen: Any, interval: float = _POLL_INTERVAL, timeout: float | None = None
@@ -198,6 +212,31 @@ def still_open(conn: psycopg.Connection[Any]) -> None:
     if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
         msg = "the connection is not idle"
         raise psycopg.OperationalError(msg)
+
+
+# Every connection of ours that is open, so that a forked child can disown them.
+_connections: weakref.WeakSet[DeadlineConnection] = weakref.WeakSet()
+
+
+def _disowned_in_child() -> None:
+    """Point the sockets of the parent's connections at ``/dev/null`` in a forked child."""
+    sockets = []
+    for conn in list(_connections):
+        try:
+            sockets.append(conn.pgconn.socket)
+        except psycopg.OperationalError:  # closed
+            continue
+    if not sockets:
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in sockets:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+os.register_at_fork(after_in_child=_disowned_in_child)
 
 
 class _OursQuieted(logging.Filter):

@@ -72,6 +72,7 @@ from ..seam import (
     Conn,
     Rows,
     TurnWrite,
+    forked,
     moved_by,
     redacted,
 )
@@ -113,6 +114,7 @@ _UNSUPPORTED_PREFIXES = ("Store.vacuum",)
 # (effectful_durable_held).
 _MOVED = "EDMVD"
 _LAPSED = "EDLPS"
+_HELD = "SELECT effectful_durable_held(%s, %s)"
 
 _POLL_SECONDS = 0.005
 # The client waits this much longer than the server's own statement_timeout, so
@@ -179,6 +181,7 @@ class PostgresDatabase:
         workspace_dir: str | None = None,
         statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
         wait_for_database: float | None = None,
+        renewal_url: str | None = None,
     ) -> None:
         for name, value in (
             ("busy_timeout", busy_timeout),
@@ -197,6 +200,7 @@ class PostgresDatabase:
         self.readonly = readonly
         self._local = threading.local()
         self._closed = False
+        self._pid = os.getpid()
         # The user's own options (the URL's, else PGOPTIONS) go first: libpq would
         # otherwise drop them for ours.
         options = session_options(busy_timeout=busy_timeout, statement_timeout=statement_timeout)
@@ -266,11 +270,14 @@ class PostgresDatabase:
         except BaseException:
             self._pool.close()
             raise
-        self._holds = AgentHolds(self)
+        self._holds = AgentHolds(self, renewal_url=renewal_url)
 
     def close(self) -> None:
-        """Close the pool and the holds' renewals (the holds left lapse)."""
+        """Close the pool and the holds' renewals (the holds left lapse); in a forked
+        child, only forget them (they are the parent's)."""
         self._closed = True
+        if os.getpid() != self._pid:
+            return
         self._holds.close()
         # Hurried, the pool's threads that are connecting to a frozen server are left
         # to end on their own (daemons).
@@ -345,11 +352,20 @@ class PostgresDatabase:
 
     # -- connections and transactions ------------------------------------------
 
-    def connect(self) -> psycopg.Connection[Any]:
+    def connect(
+        self, url: str | None = None, *, timeout: float | None = None
+    ) -> DeadlineConnection:
         """A new connection outside the pool (the holds' renewals, a commit's check),
-        within the time a call waits for a connection (none once hurried past its
-        end)."""
-        wait = self._connection_wait
+        within ``timeout`` seconds or else the time a call waits for a connection
+        (none once hurried past its end); to ``url`` if given, without our sessions'
+        settings (whoever uses it sets its own: it may reach a pooler) and without
+        prepared statements."""
+        self._not_forked()
+        kwargs = self._connect_kwargs
+        if url is not None:
+            kwargs = {**kwargs, "prepare_threshold": None}
+            kwargs.pop("options", None)
+        wait = self._connection_wait if timeout is None else timeout
         left = self._hurry_left()
         if left is not None:
             if left <= 0:
@@ -357,13 +373,28 @@ class PostgresDatabase:
                 raise DatabaseUnavailableError(self.location, reason)
             wait = min(wait, left)
         return first_connection(
-            self.url,
-            self.location,
-            self._connect_kwargs,
+            self.url if url is None else url,
+            self.location if url is None else redacted(url),
+            kwargs,
             timeout=wait,
             connection_class=self._connection_class,
             opening=False,
         )
+
+    def as_conn(self, raw: psycopg.Connection[Any]) -> PostgresConn:
+        """``raw``, a connection of :meth:`connect`'s, as the Store's SQL runs on it."""
+        return PostgresConn(raw)
+
+    def _not_forked(self) -> None:
+        """Refuse to use the connections of the process that opened this database in
+        a child it forked: they are the parent's sessions (and the pool's threads and
+        the holds' renewals did not come along).
+
+        Raises:
+            DurableError: This is a forked child of the process that opened it.
+        """
+        if os.getpid() != self._pid:
+            raise DurableError(forked(self.location, self._pid))
 
     @contextmanager
     def _transaction(self, begin: str | None, *, batch: bool = False) -> Iterator[PostgresConn]:
@@ -377,6 +408,7 @@ class PostgresDatabase:
         if self._closed:
             msg = f"Store({self.location!r}) is closed; open a new Store to use it"
             raise DurableError(msg)
+        self._not_forked()
         open_conn: PostgresConn | None = getattr(self._local, "conn", None)
         if open_conn is not None:  # nested in this thread's block: see what it sees
             yield open_conn
@@ -403,14 +435,18 @@ class PostgresDatabase:
                             raw.execute(self.session_settings)
                         yield conn
                         committing = True
-                        raw.execute("COMMIT")
+                        self._commit(raw, conn)
                 else:
                     yield conn
                     committing = True
-                    raw.execute("COMMIT")
+                    if conn.holds:  # the last fence and the COMMIT: one round trip
+                        with raw.pipeline():
+                            self._commit(raw, conn)
+                    else:
+                        raw.execute("COMMIT")
             except BaseException as error:
                 lost = raw.closed or raw.broken
-                if batch and not raw.closed:
+                if (batch or conn.holds) and not raw.closed:
                     # psycopg does not learn that a failed pipeline skipped
                     # preparing its later statements, and would name them
                     # to the server ever after: the pool replaces the connection.
@@ -440,6 +476,17 @@ class PostgresDatabase:
         finally:
             if raw is not None:
                 self._pool.putconn(raw)
+
+    @staticmethod
+    def _commit(raw: DeadlineConnection, conn: PostgresConn) -> None:
+        """Send the COMMIT of ``conn``'s transaction, after the last fence of each hold
+        it wrote under (:meth:`fence`): a hold that lapsed since the first, or was
+        taken, makes the server skip the COMMIT (the write lands only while its hold
+        does), and what is left of the transaction (the wait for the COMMIT) is
+        bounded by the lease."""
+        for agent_id, token in conn.holds:
+            raw.execute(_HELD, (agent_id, token))
+        raw.execute("COMMIT")
 
     def _no_connection(self) -> DatabaseUnavailableError:
         """What to raise when the pool had no connection to give in time: why, if a
@@ -625,7 +672,10 @@ class PostgresDatabase:
                 f"{self.location} is open read-only (readonly=True); open Store(url) to change it"
             )
             return DurableError(msg)
-        if isinstance(error, psycopg.OperationalError):
+        if isinstance(error, psycopg.OperationalError | pg_errors.IdleInTransactionSessionTimeout):
+            # The session is over: the server, a pooler or a taker of an agent whose
+            # hold lapsed (effectful_durable_take) ended it; nothing of the
+            # transaction it was in committed.
             return unavailable(error, self.url, self.location)
         if error.sqlstate == _LAPSED:  # effectful_durable_held (schema.sql)
             agent_id = error.diag.message_primary or ""
@@ -810,6 +860,7 @@ class PostgresDatabase:
     ) -> Iterator[list[Any] | None]:
         """Hold the agent against every other thread and process (a lease row:
         ``holds.py``); the ``handoff`` row is written in the same statement."""
+        self._not_forked()  # the parent's holds came along, and none of its renewals
         rows = self._holds.acquire(agent_id, wait=wait, handoff=handoff)
         try:
             yield rows
@@ -826,6 +877,17 @@ class PostgresDatabase:
         hold = self._holds.token(agent_id)
         if hold is not None:
             conn.execute("SELECT effectful_durable_held(?, ?)", (agent_id, hold))
+            if isinstance(conn, PostgresConn):
+                conn.holds.append((agent_id, hold))
+
+    def prune_holds(self, conn: Conn) -> None:
+        """Delete the lease rows of holds let go of agents that are gone."""
+        conn.execute(
+            """
+            DELETE FROM agent_holds AS h WHERE h.token IS NULL
+               AND NOT EXISTS (SELECT 1 FROM agents AS a WHERE a.agent_id = h.agent_id)
+            """
+        )
 
     def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
         """The turn's handoff row, unless (see engine/seam.py)."""
@@ -866,12 +928,15 @@ class PostgresDatabase:
         new connection tells whether it landed (:meth:`_resolve`).
         """
         commit_id = secrets.token_hex(8)
+        hold = self._holds.token(agent_id)
         conn.execute(
             "SELECT effectful_durable_advance(?, ?, ?, ?, ?, ?)",
-            (agent_id, base_version, version, time.time(), commit_id, self._holds.token(agent_id)),
+            (agent_id, base_version, version, time.time(), commit_id, hold),
         )
         if isinstance(conn, PostgresConn):
             conn.fence = (agent_id, version, commit_id)
+            if hold is not None and (agent_id, hold) not in conn.holds:
+                conn.holds.append((agent_id, hold))
 
     # -- what differs from SQLite --------------------------------------------------
 
@@ -1013,6 +1078,9 @@ class PostgresConn:
         #: The turn this transaction commits, if it advanced an agent:
         #: ``(agent_id, version, commit_id)`` (PostgresDatabase.advance).
         self.fence: tuple[str, int, str] | None = None
+        #: The holds ``(agent_id, token)`` this transaction writes under (fenced at
+        #: its start, and again before its COMMIT: PostgresDatabase._commit).
+        self.holds: list[tuple[str, str]] = []
         #: Outside a transaction through a pooler: the statement that gives each
         #: statement our sessions' settings (``session_settings``), sent before it in
         #: one pipeline, so that both run in one implicit transaction.

@@ -12,17 +12,27 @@ process a table of held ids decides between threads first.
   killed process's agents are free without waiting out its lease.
 - Renewing: a thread of the Store's renews all its holds every
   :data:`RENEW_EVERY` seconds, one statement on a connection of its own (never
-  waiting behind the pool's). A hold not renewed for :data:`TTL` seconds has
-  lapsed: another process may take it, and it is never renewed again.
+  waiting behind the pool's), made to ``renewal_url`` if given (a path around a
+  pooler whose pool the workload may fill), with its own settings (a pooler
+  drops those of a session). When that connection cannot be made, the
+  renewals go through the Store's pool. A hold not renewed for :data:`TTL`
+  seconds has lapsed: another process may take it, and it is never renewed
+  again.
 - Fencing: each write made under a hold names its token
-  (``effectful_durable_held``, inside the commit's own statements); a hold that
-  lapsed or was taken raises :class:`~effectful_durable.HoldLapsedError` and
-  nothing of the write lands. Known lapsed here (no renewal for :data:`TTL`
-  seconds), a write fails before anything is sent.
-- Letting go clears the row's token. If that fails, or a take's answer was
-  lost (it may have landed), the hold is noted as this process's own: its next
-  take of the agent takes it over, and the next renewal lets it go (it lapses
-  meanwhile).
+  (``effectful_durable_held``) at its start and again just before its
+  ``COMMIT``, in the same round trip; a hold that lapsed or was taken raises
+  :class:`~effectful_durable.HoldLapsedError` and nothing of the write lands.
+  The fence holds the hold's lock shared until the transaction ends, and a take
+  needs it alone: a hold never changes hands while a write made under it is
+  open. A take of a hold that lapsed ends the sessions of such writes (a process
+  stopped or cut off in the middle of one), which could never commit. Known
+  lapsed here (no renewal for :data:`TTL` seconds, suspended time included),
+  a write fails before anything is sent.
+- Letting go clears the row's token, or deletes the row of an agent the
+  database has no version of (deleted, or never committed). If that fails, or
+  a take's answer was lost (it may have landed), the hold is noted as this
+  process's own: its next take of the agent takes it over, and the next
+  renewal lets it go (it lapses meanwhile).
 
 Nothing of a hold lives in a server session: a broken connection, a session a
 server or a pooler ends, a pooler in transaction mode change nothing, and a
@@ -48,7 +58,7 @@ import psycopg
 
 from ....errors import AgentInUseError, DatabaseUnavailableError, DurableError, HoldLapsedError
 from ..process import gone, place
-from .connections import ServerSilent, still_open
+from .connections import DeadlineConnection, ServerSilent, milliseconds, still_open
 from .opening import unavailable
 
 #: Seconds a hold lasts past its last renewal, by the server's clock: three renewals
@@ -60,41 +70,73 @@ RENEW_EVERY = 5.0
 _RETRY = 1.0  # seconds before a renewal that failed is tried again
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.1
+_MIN_LOCK_WAIT = 0.05  # seconds a take waits at least for the writes under a lapsed hold
 
 _HOST = socket.gethostname()
 
-_TAKE = "SELECT * FROM effectful_durable_take(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_LET_GO = "UPDATE agent_holds SET token = NULL WHERE agent_id = ? AND token = ?"
-# The holds to renew (agents, tokens), then the holds whose letting go failed: one
-# statement on the renewals' own connection (psycopg's parameters).
+_TAKE = "SELECT * FROM effectful_durable_take(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# An agent the database has no version of (deleted, or whose first turn never
+# committed) keeps no row: agent_holds does not grow with ids that come and go.
+_LET_GO = """
+    WITH gone AS (
+        DELETE FROM agent_holds AS h
+         WHERE h.agent_id = ?1 AND h.token = ?2
+           AND NOT EXISTS (SELECT 1 FROM agents AS a WHERE a.agent_id = ?1)
+        RETURNING 1
+    )
+    UPDATE agent_holds SET token = NULL
+     WHERE agent_id = ?1 AND token = ?2 AND NOT EXISTS (SELECT 1 FROM gone)
+"""
+# The holds to renew (agents, tokens), after the holds whose letting go failed: one
+# statement, one round trip.
 _RENEW = """
     WITH let_go AS (
         UPDATE agent_holds AS h SET token = NULL
-          FROM unnest(%s::text[], %s::text[]) AS old (agent_id, token)
+          FROM unnest(?1::text[], ?2::text[]) AS old (agent_id, token)
          WHERE h.agent_id = old.agent_id AND h.token = old.token
     )
     UPDATE agent_holds AS h SET renewed_at = extract(epoch FROM clock_timestamp())
-      FROM unnest(%s::text[], %s::text[]) AS mine (agent_id, token)
+      FROM unnest(?3::text[], ?4::text[]) AS mine (agent_id, token)
      WHERE h.agent_id = mine.agent_id AND h.token = mine.token
        AND NOT effectful_durable_lapsed(h.renewed_at, h.ttl)
     RETURNING h.agent_id
 """
+# Who holds the agent, as the server sees it: the holder, what it runs, how long ago
+# its hold was renewed (from the server's start, if later) and how long it has left,
+# and the sessions of writes still open under a hold of it.
 _HOLDER = """
-    SELECT h.host, h.pid, extract(epoch FROM clock_timestamp()) - h.renewed_at, h.ttl,
+    SELECT h.token IS NOT NULL, h.host, h.pid, h.place,
+           extract(epoch FROM clock_timestamp())
+               - greatest(h.renewed_at, extract(epoch FROM pg_postmaster_start_time())),
+           effectful_durable_lapses_at(h.renewed_at, h.ttl)
+               - extract(epoch FROM clock_timestamp()),
+           to_char(to_timestamp(effectful_durable_lapses_at(h.renewed_at, h.ttl))
+                   AT TIME ZONE 'UTC', 'HH24:MI:SS'),
            (SELECT f.template FROM handoffs AS f
              WHERE f.agent_id = h.agent_id AND f.status = 'running'
                AND f.host = h.host AND f.pid = h.pid
-             ORDER BY f.started_at DESC LIMIT 1)
-      FROM agent_holds AS h WHERE h.agent_id = ? AND h.token IS NOT NULL
+             ORDER BY f.started_at DESC LIMIT 1),
+           ARRAY(SELECT effectful_durable_writers(effectful_durable_hold_key(h.agent_id)))
+      FROM agent_holds AS h WHERE h.agent_id = ?
 """
 
 log = logging.getLogger("effectful_durable.store")
 
 
+def clock() -> float:
+    """Seconds on a clock that counts the time the host spent suspended (Linux's
+    ``CLOCK_BOOTTIME``; ``time.monotonic()`` elsewhere): a laptop's closed lid or a
+    paused VM ages this process's holds as the server's clock does."""
+    return time.clock_gettime(_CLOCK)
+
+
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 @dataclass
 class _Hold:
     """One agent this Store holds (or is taking): its token, the thread that holds it,
-    and when (``time.monotonic()``) the last renewal that landed was sent."""
+    and when (:func:`clock`) the last renewal that landed was sent."""
 
     agent_id: str
     token: str
@@ -108,7 +150,7 @@ class _Hold:
 
     def lapsed_here(self) -> bool:
         """Whether the hold has lapsed, as far as this process can tell without asking."""
-        return self.lapsed or time.monotonic() - self.renewed >= TTL
+        return self.lapsed or clock() - self.renewed >= TTL
 
 
 @dataclass(frozen=True)
@@ -127,19 +169,30 @@ class _Database(Protocol):
 
     url: str
     location: str
+    busy_timeout: float
 
     def autocommit(self) -> AbstractContextManager[Any]: ...
 
     def reading(self) -> AbstractContextManager[Any]: ...
 
-    def connect(self) -> psycopg.Connection[Any]: ...
+    def connect(
+        self, url: str | None = None, *, timeout: float | None = None
+    ) -> DeadlineConnection: ...
+
+    def as_conn(self, raw: psycopg.Connection[Any]) -> Any: ...
 
 
 class AgentHolds:
-    """The agents one PostgreSQL Store holds, and the thread that renews their leases."""
+    """The agents one PostgreSQL Store holds, and the thread that renews their leases.
 
-    def __init__(self, db: _Database) -> None:
+    Args:
+        db: The Store's database.
+        renewal_url: Where the renewals connect, if not to the Store's own URL.
+    """
+
+    def __init__(self, db: _Database, *, renewal_url: str | None = None) -> None:
         self._db = db
+        self._renewal_url = renewal_url
         self._held: dict[str, _Hold] = {}
         # Tokens of holds of ours that may still be in the table, by agent: a letting
         # go that failed, a take whose answer was lost. The next take of the agent may
@@ -150,9 +203,9 @@ class AgentHolds:
         self._closed = False
         self._idle = False  # whether the renewals wait for a hold to renew
         self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection[Any] | None = None  # the renewals' own
+        self._conn: DeadlineConnection | None = None  # the renewals' own
         self._using = threading.Lock()  # held while the renewals' connection is used
-        self._failing = False
+        self._failing: str | None = None  # how renewing fails now, once logged
 
     # -- taking and letting go ---------------------------------------------------
 
@@ -162,7 +215,8 @@ class AgentHolds:
         """Hold ``agent_id`` and write the ``handoff`` row: its rows (None without one).
 
         Raises:
-            AgentInUseError: Another thread or process held it for longer than ``wait`` s.
+            AgentInUseError: Another thread or process held it for longer than ``wait``
+                s, or a write made under an earlier hold of it stayed open that long.
         """
         deadline = time.monotonic() + wait
         pause = _POLL_SECONDS
@@ -172,11 +226,18 @@ class AgentHolds:
         while True:
             hold, other = self._reserve(agent_id)
             if other is not None and not other.taken:
-                other.settled.wait()  # another thread of ours is asking: its answer first
-                continue
+                # Another thread of ours is asking: its answer first, within the wait;
+                # past it, who holds the agent now, as the database says.
+                if other.settled.wait(max(deadline - time.monotonic(), 0.0)):
+                    continue
+                name = other.thread.name
+                holder = self._holder(agent_id)
+                asking = f"thread {name!r} of this process, which is taking it"
+                raise AgentInUseError(agent_id, asking if holder is None else holder)
             if hold is not None:
+                lock_wait = max(min(self._db.busy_timeout, deadline - time.monotonic()), 0.0)
                 try:
-                    taken = self._take(hold, handoff, ours)
+                    taken = self._take(hold, handoff, ours, max(lock_wait, _MIN_LOCK_WAIT))
                 except BaseException:
                     self._unreserve(hold)
                     self._left(agent_id, hold.token)  # the take may have landed
@@ -197,7 +258,7 @@ class AgentHolds:
                 if other is not None:
                     name = other.thread.name
                     raise AgentInUseError(agent_id, f"thread {name!r} of this process")
-                raise AgentInUseError(agent_id, self._holder(agent_id))
+                raise AgentInUseError(agent_id, self._holder(agent_id) or "another process")
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_POLL_SECONDS)
 
@@ -232,7 +293,7 @@ class AgentHolds:
             return None
         if hold.lapsed_here():
             hold.lapsed = True
-            ago = time.monotonic() - hold.renewed
+            ago = clock() - hold.renewed
             reason = (
                 f"this process could not renew it for {ago:.1f} s, and a hold lapses "
                 f"{TTL:g} s after its last renewal"
@@ -272,9 +333,15 @@ class AgentHolds:
                 del self._held[hold.agent_id]
         hold.settled.set()
 
-    def _take(self, hold: _Hold, handoff: Sequence[Any] | None, ours: set[str]) -> _Taken:
+    def _take(
+        self, hold: _Hold, handoff: Sequence[Any] | None, ours: set[str], lock_wait: float
+    ) -> _Taken:
         """Try the hold once, with the handoff row if given; once more if the
-        connection broke (the same token takes its own row again)."""
+        connection broke (the same token takes its own row again).
+
+        A write under an earlier hold of the agent that stays open for ``lock_wait``
+        seconds (and that this role may not end) keeps the hold from being taken.
+        """
         if handoff is None:
             conversation = template = arguments = started = note = None
         else:
@@ -293,9 +360,10 @@ class AgentHolds:
             arguments,
             started,
             note,
+            lock_wait,
         )
         for attempt in (1, 2):
-            sent = time.monotonic()
+            sent = clock()
             try:
                 with self._db.autocommit() as conn:
                     taken, base, held_by, _, held_pid, held_place = conn.execute(
@@ -312,19 +380,34 @@ class AgentHolds:
             return _Taken(False, None, held_by, held_pid, held_place)
         raise AssertionError  # not reached
 
-    def _holder(self, agent_id: str) -> str:
-        """Who holds the agent: the process and host, what it runs, when it renewed."""
+    def _holder(self, agent_id: str) -> str | None:
+        """Who holds the agent, in words: the process, its host and place, what it
+        runs, when its hold lapses by the server's clock; or the sessions of writes
+        still open under an earlier hold. None: nobody, and no such write."""
         try:
             with self._db.reading() as conn:
                 row = conn.execute(_HOLDER, (agent_id,)).fetchone()
         except DurableError:
             return "another process"
         if row is None:
-            return "another process"
-        host, pid, ago, ttl, template = row
+            return None
+        held, host, pid, where, ago, left, at, template, writers = row
+        who = f"process {pid} on {host} (place {where or 'unknown'})"
+        if not held or left <= 0:
+            if not writers:
+                return None
+            sessions = ", ".join(str(writer) for writer in writers)
+            how = "let go of" if not held else f"whose hold lapsed {-left:.1f} s ago"
+            return (
+                f"a write made under the hold of {who}, {how}, still open on the "
+                f"server (backend {sessions}), which this database role may not end; "
+                "it ends when the server's timeouts end it"
+            )
         running = f"running {template}; " if template else ""
-        renewed = f"its hold renewed {ago:.1f} s ago, lasting {ttl:g} s"
-        return f"process {pid} on {host} ({running}{renewed})"
+        return (
+            f"{who} ({running}its hold renewed {ago:.1f} s ago lapses in {left:.1f} s, "
+            f"at {at} UTC by the server's clock, unless renewed)"
+        )
 
     # -- renewing ----------------------------------------------------------------
 
@@ -334,7 +417,7 @@ class AgentHolds:
         The renewals' connection is made here the first time, so that a process
         that cannot have one more connection fails at its first turn, not a
         lease later; the hold is let go then. Later, the renewals make it again
-        themselves, should it break.
+        themselves, should it break, or renew through the pool meanwhile.
         """
         if self._thread is None:
             try:
@@ -387,7 +470,7 @@ class AgentHolds:
     def _renew(self, holds: list[_Hold], unreleased: list[tuple[str, str]]) -> bool:
         """Renew ``holds`` and let the ``unreleased`` (agent, token) go, in one round
         trip; whether it landed."""
-        sent = time.monotonic()
+        sent = clock()
         values = (
             [agent_id for agent_id, _ in unreleased],
             [token for _, token in unreleased],
@@ -395,29 +478,19 @@ class AgentHolds:
             [hold.token for hold in holds],
         )
         try:
-            with self._using:
-                try:
-                    rows = self._connection().execute(_RENEW, values).fetchall()
-                except psycopg.Error as error:
-                    self._drop()
-                    raise unavailable(error, self._db.url, self._db.location) from error
+            rows = self._renewed(values)
         except DurableError as error:
-            if not self._failing:
-                names = ", ".join(repr(h.agent_id) for h in holds[:5]) or "none"
-                log.warning(
-                    "could not renew this process's hold on %d agent(s) (%s) in %s: %s. A "
-                    "hold lapses %g s after its last renewal; its turn cannot commit then",
-                    len(holds),
-                    names,
-                    self._db.location,
-                    getattr(error, "reason", error),
-                    TTL,
-                )
-            self._failing = True
+            self._failed(
+                "failing",
+                "could not renew this process's hold on %d agent(s) (%s) in %s: %s. A hold "
+                "lapses %g s after its last renewal; its turn cannot commit then",
+                len(holds),
+                ", ".join(repr(h.agent_id) for h in holds[:5]) or "none",
+                self._db.location,
+                getattr(error, "reason", error),
+                TTL,
+            )
             return False
-        if self._failing:
-            log.info("this process's holds on agents are renewed again")
-            self._failing = False
         renewed = {str(agent_id) for (agent_id,) in rows}
         with self._mutex:
             for agent_id, token in unreleased:
@@ -438,9 +511,63 @@ class AgentHolds:
                 )
         return True
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _renewed(self, values: tuple[list[str], ...]) -> list[Any]:
+        """Send the renewal on the renewals' own connection, or through the pool when
+        that connection cannot be made: the agents renewed.
+
+        Raises:
+            DurableError: Neither way answered.
+        """
+        with self._using:
+            try:
+                conn = self._connection()
+            except DurableError as error:
+                own: DurableError | None = error
+            else:
+                own = None
+                try:
+                    rows: list[Any] = self._sent(self._db.as_conn(conn), values)
+                except psycopg.Error as error:
+                    self._drop()
+                    raise unavailable(error, self._db.url, self._db.location) from error
+        if own is None:
+            if self._failing is not None:
+                log.info("this process's holds on agents are renewed again")
+                self._failing = None
+            return rows
+        self._failed(
+            "pooled",
+            "could not make the connection that renews this process's holds on agents "
+            "(%s): %s. They are renewed through the Store's pool meanwhile, which a busy "
+            "pool delays; see the docs' production page, 'Renewals'",
+            self._db.location if self._renewal_url is None else "renewal_url",
+            getattr(own, "reason", own),
+        )
+        with self._db.autocommit() as pooled:
+            return self._sent(pooled, values)
+
+    def _sent(self, conn: Any, values: tuple[list[str], ...]) -> list[Any]:
+        """The renewal on ``conn`` (a PostgresConn), after its own settings, in one
+        round trip: a pooler's server session may carry anyone's. The server ends it
+        within half a renewal period, before the client gives up on its answer."""
+        wait = milliseconds(RENEW_EVERY / 2)
+        conn.settings = (
+            f"SELECT set_config('lock_timeout', '{wait}', true),"
+            f" set_config('statement_timeout', '{wait}', true)"
+        )
+        rows: list[Any] = conn.execute(_RENEW, values).fetchall()
+        return rows
+
+    def _failed(self, how: str, message: str, *args: Any) -> None:
+        """Log ``message`` once while renewing fails this way (``how``)."""
+        if self._failing != how:
+            log.warning(message, *args)
+        self._failing = how
+
+    def _connection(self) -> DeadlineConnection:
         """The renewals' connection, checked (a server or pooler may have ended it), or
-        a new one; hold ``_using``.
+        a new one, made within a renewal period; hold ``_using``. Each of its waits
+        for an answer ends within a renewal period too.
 
         Raises:
             DatabaseUnavailableError, DatabaseAccessError: No connection could be made.
@@ -451,7 +578,8 @@ class AgentHolds:
             except psycopg.OperationalError:
                 self._drop()
         if self._conn is None:
-            self._conn = self._db.connect()
+            self._conn = self._db.connect(self._renewal_url, timeout=RENEW_EVERY)
+            self._conn.answer_timeout = RENEW_EVERY
         return self._conn
 
     def _drop(self) -> None:

@@ -426,9 +426,205 @@ END
 $$;
 """
 
+# Schema 12: a hold changes hands only once the writes made under it are over
+# (issue 49). Each write under a hold takes the hold's transaction-level lock
+# shared, and a take takes it alone, ending the sessions of writes under a hold
+# that lapsed; the fence bounds the rest of its transaction by the lease.
+_V12 = """
+DROP FUNCTION effectful_durable_take(
+    text, text, text, bigint, text, double precision, text[], boolean,
+    text, text, text, double precision, text);
+
+-- When a hold lapses: ttl seconds after its last renewal, counted from the
+-- server's start when that is later (nobody could renew while the server was
+-- down; a crash restart, which keeps the start time, and a promoted standby,
+-- which has its own, give no such grace: docs' backends page).
+CREATE FUNCTION effectful_durable_lapses_at(renewed double precision, lease double precision)
+RETURNS double precision LANGUAGE sql STABLE AS $$
+    SELECT greatest(renewed, extract(epoch FROM pg_postmaster_start_time())) + lease
+$$;
+
+CREATE OR REPLACE FUNCTION effectful_durable_lapsed(
+    renewed double precision, lease double precision
+) RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT effectful_durable_lapses_at(renewed, lease) <= extract(epoch FROM clock_timestamp())
+$$;
+
+-- The transaction-level advisory lock of an agent's hold: each write under the
+-- hold takes it shared (effectful_durable_held) until its transaction ends, and
+-- a take takes it alone, so that no hold changes hands while a write made under
+-- it is still open.
+CREATE FUNCTION effectful_durable_hold_key(agent text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('effectful-durable hold ' || agent, 0)
+$$;
+
+-- The sessions whose transactions hold the hold's lock of effectful_durable_hold_key
+-- ``key`` shared: writes made under a hold, open (pg_locks shows a bigint key's
+-- halves as classid and objid).
+CREATE FUNCTION effectful_durable_writers(key bigint) RETURNS SETOF integer
+LANGUAGE sql STABLE AS $$
+    SELECT l.pid FROM pg_locks AS l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+       AND l.database = (SELECT d.oid FROM pg_database AS d
+                          WHERE d.datname = current_database())
+       AND l.classid = ((key >> 32) & 4294967295)::oid
+       AND l.objid = (key & 4294967295)::oid AND l.objsubid = 1
+       AND l.pid <> pg_backend_pid()
+$$;
+
+-- Functions that save a turn round trips to the server. A turn starts with
+-- effectful_durable_take: the agent's hold (a row let go or new, or one that is
+-- this hold's own, lapsed, or among ours: holds of this process that may be left
+-- in the table, or of a holder found gone) and,
+-- if it was taken and with_handoff, the turn's handoff row (engine/seam.py's
+-- HANDOFF_INSERT: none when an earlier handoff or a suspended turn is there), in
+-- one statement that raises nothing when the agent is held (no error for the
+-- server's log). Its values: whether the hold was taken; the version the turn
+-- starts from, or NULL when no row was written; else who holds the agent.
+--
+-- A hold changes hands only under the hold's lock, taken alone: a write made
+-- under the hold before is over first. Such a write still open when its hold is
+-- free, lapsed or ours can never commit (its last fence, just before COMMIT,
+-- would refuse it), and it may be a process stopped or cut off in the middle of
+-- it, which no server timeout ends (a pipeline half sent waits with none): its
+-- session is ended, where this role may (its own role's sessions, or with
+-- pg_signal_backend), and waited for up to lock_wait seconds otherwise (then
+-- the take is refused, and the writers' sessions tell why: effectful_durable_writers).
+CREATE FUNCTION effectful_durable_take(
+    agent text, hold text, holder_host text, holder_pid bigint, holder_place text,
+    lease double precision, ours text[], with_handoff boolean,
+    conv text, tmpl text, args text, started double precision, note text,
+    lock_wait double precision,
+    OUT taken boolean, OUT base bigint, OUT held_by text, OUT held_host text,
+    OUT held_pid bigint, OUT held_place text
+) LANGUAGE plpgsql AS $$
+DECLARE
+    clock double precision := extract(epoch FROM clock_timestamp());
+    key bigint := effectful_durable_hold_key(agent);
+    renewed double precision;
+    ttl double precision;
+    writer integer;
+    busy text;
+BEGIN
+    SELECT h.token, h.host, h.pid, h.place, h.renewed_at, h.ttl
+      INTO held_by, held_host, held_pid, held_place, renewed, ttl
+      FROM agent_holds AS h WHERE h.agent_id = agent;
+    IF held_by IS NOT NULL AND held_by <> hold AND NOT held_by = ANY(ours)
+       AND NOT effectful_durable_lapsed(renewed, ttl) THEN
+        taken := false;
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(key) THEN
+        FOR writer IN SELECT effectful_durable_writers(key) LOOP
+            BEGIN
+                PERFORM pg_terminate_backend(writer, 1000);
+            EXCEPTION WHEN insufficient_privilege THEN
+                NULL;  -- another role's session, and no pg_signal_backend: wait for it
+            END;
+        END LOOP;
+        busy := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', greatest(1, ceil(lock_wait * 1000))::bigint::text,
+                           true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock(key);
+        EXCEPTION WHEN lock_not_available THEN
+            taken := false;  -- the holder read above, and the writers, say who
+            RETURN;
+        END;
+        PERFORM set_config('lock_timeout', busy, true);
+    END IF;
+    INSERT INTO agent_holds AS h (agent_id, token, host, pid, place, taken_at, renewed_at, ttl)
+    VALUES (agent, hold, holder_host, holder_pid, holder_place, clock, clock, lease)
+    ON CONFLICT (agent_id) DO UPDATE SET token = excluded.token, host = excluded.host,
+        pid = excluded.pid, place = excluded.place, taken_at = excluded.taken_at,
+        renewed_at = excluded.renewed_at, ttl = excluded.ttl
+     WHERE h.token IS NULL OR h.token = hold OR h.token = ANY(ours)
+        OR effectful_durable_lapsed(h.renewed_at, h.ttl);
+    taken := FOUND;
+    IF NOT taken THEN
+        SELECT h.token, h.host, h.pid, h.place INTO held_by, held_host, held_pid, held_place
+          FROM agent_holds AS h WHERE h.agent_id = agent;
+        RETURN;
+    END IF;
+    held_by := NULL;
+    held_host := NULL;
+    held_pid := NULL;
+    held_place := NULL;
+    IF with_handoff THEN
+        INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
+            status, interrupted, host, pid, started_at)
+        SELECT agent, conv,
+            coalesce((SELECT a.version FROM agents AS a WHERE a.agent_id = agent), 0),
+            tmpl, args, 'running', note, holder_host, holder_pid, started
+         WHERE NOT EXISTS (SELECT 1 FROM approvals AS p
+                            WHERE p.agent_id = agent AND p.conversation = conv
+                              AND p.ended_in IS NULL)
+        ON CONFLICT (agent_id, conversation) DO NOTHING
+        RETURNING handoffs.base_version INTO base;
+    END IF;
+END
+$$;
+
+-- The fence of every write made under a hold, at its start and again just
+-- before its COMMIT: it raises (SQLSTATE EDLPS, the agent's id as message, what
+-- happened as detail) unless the agent's hold is still the token's and has not
+-- lapsed, and holds the hold's lock shared until the transaction ends, so that
+-- no take passes it (a take waits, or ends the transaction once the hold
+-- lapsed). It also bounds what is left of the transaction on the server's side,
+-- whatever the session's settings: each statement, and each wait for the
+-- client, to half of what is left of the lease (never longer than the session
+-- already allows), so that a writer stopped or cut off in the middle of it
+-- leaves no locks behind once its hold lapses.
+CREATE OR REPLACE FUNCTION effectful_durable_held(agent text, hold text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- No % here (no %ROWTYPE): the Store's connection doubles every % it sends.
+    holder text;
+    holder_host text;
+    holder_pid bigint;
+    taken double precision;
+    lapses double precision;
+    renewed double precision;
+    lease double precision;
+    clock double precision;
+    bound bigint;
+    setting text;
+    now_ms double precision;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(effectful_durable_hold_key(agent));
+    clock := extract(epoch FROM clock_timestamp());
+    SELECT h.token, h.host, h.pid, h.taken_at, h.renewed_at, h.ttl,
+           effectful_durable_lapses_at(h.renewed_at, h.ttl)
+      INTO holder, holder_host, holder_pid, taken, renewed, lease, lapses
+      FROM agent_holds AS h WHERE h.agent_id = agent;
+    IF NOT FOUND OR holder IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'no process holds it now: it was taken and let go since';
+    ELSIF holder <> hold THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'process ' || holder_pid || ' on ' || holder_host || ' took it '
+                || round((clock - taken)::numeric, 1) || ' s ago';
+    ELSIF lapses <= clock THEN
+        RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
+            DETAIL = 'it was last renewed ' || round((clock - renewed)::numeric, 1)
+                || ' s ago, and a hold lapses ' || lease || ' s after its last renewal';
+    END IF;
+    bound := greatest(1, floor((lapses - clock) * 500))::bigint;
+    FOREACH setting IN ARRAY ARRAY['statement_timeout', 'idle_in_transaction_session_timeout']
+    LOOP
+        now_ms := extract(epoch FROM current_setting(setting)::interval) * 1000;
+        IF now_ms = 0 OR now_ms > bound THEN
+            PERFORM set_config(setting, bound::text, true);
+        END IF;
+    END LOOP;
+END
+$$;
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
 MIGRATIONS: dict[int, str] = {
-    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11
+    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11, 11: _V12
 }  # fmt: skip
 
 #: The schema version this library writes on PostgreSQL.

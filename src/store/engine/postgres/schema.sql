@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 11.
+-- effectful-durable database schema on PostgreSQL, version 12.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -267,7 +267,9 @@ CREATE INDEX approvals_pending ON approvals (asked_at) WHERE status = 'pending';
 -- powered off or cut from the network loses its agents ttl seconds after its
 -- last renewal, however long the server believes its session lives. Taking and
 -- letting go update the row in place (no index changes: heap-only updates, room
--- for which the fillfactor keeps). See engine/postgres/holds.py.
+-- for which the fillfactor keeps); letting go of an agent the database has no
+-- version of (deleted, or never committed) deletes its row, and so does a prune
+-- for rows let go of agents gone since. See engine/postgres/holds.py.
 CREATE TABLE agent_holds (
     agent_id   text COLLATE "C" PRIMARY KEY,
     token      text COLLATE "C",
@@ -279,10 +281,42 @@ CREATE TABLE agent_holds (
     ttl        double precision NOT NULL CHECK (ttl > 0)
 ) WITH (fillfactor = 70);
 
-CREATE FUNCTION effectful_durable_lapsed(renewed double precision, lease double precision)
-RETURNS boolean LANGUAGE sql VOLATILE AS $$
+-- When a hold lapses: ttl seconds after its last renewal, counted from the
+-- server's start when that is later (nobody could renew while the server was
+-- down; a crash restart, which keeps the start time, and a promoted standby,
+-- which has its own, give no such grace: docs' backends page).
+CREATE FUNCTION effectful_durable_lapses_at(renewed double precision, lease double precision)
+RETURNS double precision LANGUAGE sql STABLE AS $$
     SELECT greatest(renewed, extract(epoch FROM pg_postmaster_start_time())) + lease
-           < extract(epoch FROM clock_timestamp())
+$$;
+
+CREATE FUNCTION effectful_durable_lapsed(
+    renewed double precision, lease double precision
+) RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT effectful_durable_lapses_at(renewed, lease) <= extract(epoch FROM clock_timestamp())
+$$;
+
+-- The transaction-level advisory lock of an agent's hold: each write under the
+-- hold takes it shared (effectful_durable_held) until its transaction ends, and
+-- a take takes it alone, so that no hold changes hands while a write made under
+-- it is still open.
+CREATE FUNCTION effectful_durable_hold_key(agent text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('effectful-durable hold ' || agent, 0)
+$$;
+
+-- The sessions whose transactions hold the hold's lock of effectful_durable_hold_key
+-- ``key`` shared: writes made under a hold, open (pg_locks shows a bigint key's
+-- halves as classid and objid).
+CREATE FUNCTION effectful_durable_writers(key bigint) RETURNS SETOF integer
+LANGUAGE sql STABLE AS $$
+    SELECT l.pid FROM pg_locks AS l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+       AND l.database = (SELECT d.oid FROM pg_database AS d
+                          WHERE d.datname = current_database())
+       AND l.classid = ((key >> 32) & 4294967295)::oid
+       AND l.objid = (key & 4294967295)::oid AND l.objsubid = 1
+       AND l.pid <> pg_backend_pid()
 $$;
 
 -- Functions that save a turn round trips to the server. A turn starts with
@@ -294,16 +328,58 @@ $$;
 -- one statement that raises nothing when the agent is held (no error for the
 -- server's log). Its values: whether the hold was taken; the version the turn
 -- starts from, or NULL when no row was written; else who holds the agent.
+--
+-- A hold changes hands only under the hold's lock, taken alone: a write made
+-- under the hold before is over first. Such a write still open when its hold is
+-- free, lapsed or ours can never commit (its last fence, just before COMMIT,
+-- would refuse it), and it may be a process stopped or cut off in the middle of
+-- it, which no server timeout ends (a pipeline half sent waits with none): its
+-- session is ended, where this role may (its own role's sessions, or with
+-- pg_signal_backend), and waited for up to lock_wait seconds otherwise (then
+-- the take is refused, and the writers' sessions tell why: effectful_durable_writers).
 CREATE FUNCTION effectful_durable_take(
     agent text, hold text, holder_host text, holder_pid bigint, holder_place text,
     lease double precision, ours text[], with_handoff boolean,
     conv text, tmpl text, args text, started double precision, note text,
+    lock_wait double precision,
     OUT taken boolean, OUT base bigint, OUT held_by text, OUT held_host text,
     OUT held_pid bigint, OUT held_place text
 ) LANGUAGE plpgsql AS $$
 DECLARE
     clock double precision := extract(epoch FROM clock_timestamp());
+    key bigint := effectful_durable_hold_key(agent);
+    renewed double precision;
+    ttl double precision;
+    writer integer;
+    busy text;
 BEGIN
+    SELECT h.token, h.host, h.pid, h.place, h.renewed_at, h.ttl
+      INTO held_by, held_host, held_pid, held_place, renewed, ttl
+      FROM agent_holds AS h WHERE h.agent_id = agent;
+    IF held_by IS NOT NULL AND held_by <> hold AND NOT held_by = ANY(ours)
+       AND NOT effectful_durable_lapsed(renewed, ttl) THEN
+        taken := false;
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(key) THEN
+        FOR writer IN SELECT effectful_durable_writers(key) LOOP
+            BEGIN
+                PERFORM pg_terminate_backend(writer, 1000);
+            EXCEPTION WHEN insufficient_privilege THEN
+                NULL;  -- another role's session, and no pg_signal_backend: wait for it
+            END;
+        END LOOP;
+        busy := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', greatest(1, ceil(lock_wait * 1000))::bigint::text,
+                           true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock(key);
+        EXCEPTION WHEN lock_not_available THEN
+            taken := false;  -- the holder read above, and the writers, say who
+            RETURN;
+        END;
+        PERFORM set_config('lock_timeout', busy, true);
+    END IF;
     INSERT INTO agent_holds AS h (agent_id, token, host, pid, place, taken_at, renewed_at, ttl)
     VALUES (agent, hold, holder_host, holder_pid, holder_place, clock, clock, lease)
     ON CONFLICT (agent_id) DO UPDATE SET token = excluded.token, host = excluded.host,
@@ -317,6 +393,10 @@ BEGIN
           FROM agent_holds AS h WHERE h.agent_id = agent;
         RETURN;
     END IF;
+    held_by := NULL;
+    held_host := NULL;
+    held_pid := NULL;
+    held_place := NULL;
     IF with_handoff THEN
         INSERT INTO handoffs (agent_id, conversation, base_version, template, arguments,
             status, interrupted, host, pid, started_at)
@@ -332,11 +412,16 @@ BEGIN
 END
 $$;
 
--- The fence of every write made under a hold: it raises (SQLSTATE EDLPS, the
--- agent's id as message, what happened as detail) unless the agent's hold is
--- still the token's and has not lapsed, and keeps the row from being taken until
--- the transaction ends (FOR KEY SHARE: a taker's upsert waits; the holder's own
--- renewal does not).
+-- The fence of every write made under a hold, at its start and again just
+-- before its COMMIT: it raises (SQLSTATE EDLPS, the agent's id as message, what
+-- happened as detail) unless the agent's hold is still the token's and has not
+-- lapsed, and holds the hold's lock shared until the transaction ends, so that
+-- no take passes it (a take waits, or ends the transaction once the hold
+-- lapsed). It also bounds what is left of the transaction on the server's side,
+-- whatever the session's settings: each statement, and each wait for the
+-- client, to half of what is left of the lease (never longer than the session
+-- already allows), so that a writer stopped or cut off in the middle of it
+-- leaves no locks behind once its hold lapses.
 CREATE FUNCTION effectful_durable_held(agent text, hold text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -345,13 +430,20 @@ DECLARE
     holder_host text;
     holder_pid bigint;
     taken double precision;
+    lapses double precision;
     renewed double precision;
     lease double precision;
-    clock double precision := extract(epoch FROM clock_timestamp());
+    clock double precision;
+    bound bigint;
+    setting text;
+    now_ms double precision;
 BEGIN
-    SELECT h.token, h.host, h.pid, h.taken_at, h.renewed_at, h.ttl
-      INTO holder, holder_host, holder_pid, taken, renewed, lease
-      FROM agent_holds AS h WHERE h.agent_id = agent FOR KEY SHARE;
+    PERFORM pg_advisory_xact_lock_shared(effectful_durable_hold_key(agent));
+    clock := extract(epoch FROM clock_timestamp());
+    SELECT h.token, h.host, h.pid, h.taken_at, h.renewed_at, h.ttl,
+           effectful_durable_lapses_at(h.renewed_at, h.ttl)
+      INTO holder, holder_host, holder_pid, taken, renewed, lease, lapses
+      FROM agent_holds AS h WHERE h.agent_id = agent;
     IF NOT FOUND OR holder IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
             DETAIL = 'no process holds it now: it was taken and let go since';
@@ -359,11 +451,19 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
             DETAIL = 'process ' || holder_pid || ' on ' || holder_host || ' took it '
                 || round((clock - taken)::numeric, 1) || ' s ago';
-    ELSIF effectful_durable_lapsed(renewed, lease) THEN
+    ELSIF lapses <= clock THEN
         RAISE EXCEPTION USING ERRCODE = 'EDLPS', MESSAGE = agent,
             DETAIL = 'it was last renewed ' || round((clock - renewed)::numeric, 1)
                 || ' s ago, and a hold lapses ' || lease || ' s after its last renewal';
     END IF;
+    bound := greatest(1, floor((lapses - clock) * 500))::bigint;
+    FOREACH setting IN ARRAY ARRAY['statement_timeout', 'idle_in_transaction_session_timeout']
+    LOOP
+        now_ms := extract(epoch FROM current_setting(setting)::interval) * 1000;
+        IF now_ms = 0 OR now_ms > bound THEN
+            PERFORM set_config(setting, bound::text, true);
+        END IF;
+    END LOOP;
 END
 $$;
 

@@ -27,7 +27,7 @@ from ....errors import (
     NotOurDatabaseError,
     StorageError,
 )
-from ..seam import Conn, Rows, TurnWrite, moved_by
+from ..seam import Conn, Rows, TurnWrite, forked, moved_by
 from ..watch import MarkerWatch
 from . import row_checks
 from .connection import Durability, connect, quarantine, read_transaction
@@ -71,6 +71,7 @@ class SQLiteDatabase:
         # that handler, one writer of ours at a time).
         self._writer = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
         # Each agent's row (version, creation time, state_in) as this Store last
         # read or wrote it: a hint, never trusted, that the statements using it
         # check (a turn's start, the commit's advance), so that a turn reads its
@@ -106,8 +107,9 @@ class SQLiteDatabase:
         """
         with self._connections_lock:
             self._closed = True
-            for conn in self._connections:
-                conn.close()
+            if os.getpid() == self._pid:  # a forked child's copies are the parent's
+                for conn in self._connections:
+                    conn.close()
             self._connections.clear()
 
     # -- connections and transactions ------------------------------------------
@@ -117,6 +119,8 @@ class SQLiteDatabase:
         if self._closed:
             msg = f"Store({self.path!r}) is closed; open a new Store to use {self.path}"
             raise DurableError(msg)
+        if os.getpid() != self._pid:
+            raise DurableError(forked(self.path, self._pid))
         conn: apsw.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = connect(
@@ -182,10 +186,15 @@ class SQLiteDatabase:
     ) -> _Held:
         """Hold the agent against every other thread and process (locks.py), then write
         the turn's ``handoff`` row (the statement's rows are the block's value)."""
+        if os.getpid() != self._pid:
+            raise DurableError(forked(self.path, self._pid))
         return _Held(self, agent_id, wait, handoff)
 
     def fence(self, conn: Conn, agent_id: str) -> None:
         """Nothing to check: a file's record lock lasts as long as the process holding it."""
+
+    def prune_holds(self, conn: Conn) -> None:
+        """Nothing to prune: a file's record locks leave no rows."""
 
     def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
         """Write the turn's handoff row, with its checksum, unless (see engine/seam.py).
