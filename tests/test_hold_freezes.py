@@ -68,10 +68,10 @@ def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
 class Holder:
     """The child process, driven one command at a time."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, lease: float = LEASE) -> None:
         env = {**os.environ, "PYTHONPATH": str(CHILD.parent)}
         self.process = subprocess.Popen(
-            [sys.executable, str(CHILD), url, str(LEASE)],
+            [sys.executable, str(CHILD), url, str(lease)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

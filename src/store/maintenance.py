@@ -195,6 +195,7 @@ class Maintenance(StoreBase):
                 part.delete(conn, agent_id)
             conn.execute("DELETE FROM agents WHERE agent_id = ?", (agent_id,))
             conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
+            self._db.agent_deleted(conn, agent_id)
 
     def prune(
         self,

@@ -298,7 +298,8 @@ class TestMigrations:
                 assert store.check()["schema"] == SCHEMA_VERSION
                 assert [a.agent_id for a in store.agents()] == ["bot"]  # rows kept
             assert catalog(old) == catalog(fresh)
-            assert catalog(fresh)["triggers"] == []  # schema 10: nothing notifies
+            # Schema 10: nothing notifies; schema 12: a turn's commit fences its hold.
+            assert [name for name, _ in catalog(fresh)["triggers"]] == ["agents_fenced"]
         finally:
             postgres_server.drop_database(fresh)
             postgres_server.drop_database(old)

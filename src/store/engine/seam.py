@@ -247,6 +247,10 @@ class Database(Protocol):
         say), never much later than a commit.
         """
 
+    def agent_deleted(self, conn: Conn, agent_id: str) -> None:
+        """``agent_id`` is deleted in ``conn``'s transaction, under this Store's hold:
+        what the database keeps of the hold goes too once it is let go."""
+
     def prune_holds(self, conn: Conn) -> None:
         """Delete what the database keeps of holds let go of agents that are gone
         (PostgreSQL's lease rows; a file's locks leave nothing)."""

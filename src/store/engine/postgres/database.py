@@ -114,7 +114,7 @@ _UNSUPPORTED_PREFIXES = ("Store.vacuum",)
 # (effectful_durable_held).
 _MOVED = "EDMVD"
 _LAPSED = "EDLPS"
-_HELD = "SELECT effectful_durable_held(%s, %s)"
+_HELD = "SELECT effectful_durable_held(%s, %s, false)"
 
 _POLL_SECONDS = 0.005
 # The client waits this much longer than the server's own statement_timeout, so
@@ -201,6 +201,7 @@ class PostgresDatabase:
         self._local = threading.local()
         self._closed = False
         self._pid = os.getpid()
+        self._deleted: set[str] = set()  # agents deleted under a hold of this Store
         # The user's own options (the URL's, else PGOPTIONS) go first: libpq would
         # otherwise drop them for ours.
         options = session_options(busy_timeout=busy_timeout, statement_timeout=statement_timeout)
@@ -862,10 +863,13 @@ class PostgresDatabase:
         ``holds.py``); the ``handoff`` row is written in the same statement."""
         self._not_forked()  # the parent's holds came along, and none of its renewals
         rows = self._holds.acquire(agent_id, wait=wait, handoff=handoff)
+        failed = True  # a first turn that failed, a rollback of an id never seen: no row
         try:
             yield rows
+            failed = False
         finally:
-            self._holds.release(agent_id)
+            self._holds.release(agent_id, tidy=failed or agent_id in self._deleted)
+            self._deleted.discard(agent_id)
 
     def fence(self, conn: Conn, agent_id: str) -> None:
         """Refuse this transaction's writes unless this Store's hold on ``agent_id``
@@ -879,6 +883,11 @@ class PostgresDatabase:
             conn.execute("SELECT effectful_durable_held(?, ?)", (agent_id, hold))
             if isinstance(conn, PostgresConn):
                 conn.holds.append((agent_id, hold))
+
+    def agent_deleted(self, conn: Conn, agent_id: str) -> None:
+        """``agent_id`` is deleted in ``conn``'s transaction, under this Store's hold:
+        letting the hold go deletes its row too."""
+        self._deleted.add(agent_id)
 
     def prune_holds(self, conn: Conn) -> None:
         """Delete the lease rows of holds let go of agents that are gone."""
@@ -921,7 +930,9 @@ class PostgresDatabase:
     ) -> None:
         """Move the agent's version, fenced by the agent's hold if this Store holds it,
         and by the version: a function of the schema raises, so that no answer needs
-        reading before the commit (a batch stays one round trip).
+        reading before the commit (a batch stays one round trip). The hold is fenced
+        again by the COMMIT itself (the schema's ``agents_fenced``, a check deferred
+        to it).
 
         The commit gets an id of its own, kept in its versions' rows
         (``versions.commit_id``): if the connection breaks while committing, a
@@ -929,14 +940,16 @@ class PostgresDatabase:
         """
         commit_id = secrets.token_hex(8)
         hold = self._holds.token(agent_id)
+        if hold is not None and isinstance(conn, PostgresConn) and conn.pipeline is None:
+            # A write of several round trips: its first fence bounds it (the
+            # advance's own fence does not, a pipeline being in the server's hands).
+            self.fence(conn, agent_id)
         conn.execute(
             "SELECT effectful_durable_advance(?, ?, ?, ?, ?, ?)",
             (agent_id, base_version, version, time.time(), commit_id, hold),
         )
         if isinstance(conn, PostgresConn):
             conn.fence = (agent_id, version, commit_id)
-            if hold is not None and (agent_id, hold) not in conn.holds:
-                conn.holds.append((agent_id, hold))
 
     # -- what differs from SQLite --------------------------------------------------
 
@@ -1078,8 +1091,10 @@ class PostgresConn:
         #: The turn this transaction commits, if it advanced an agent:
         #: ``(agent_id, version, commit_id)`` (PostgresDatabase.advance).
         self.fence: tuple[str, int, str] | None = None
-        #: The holds ``(agent_id, token)`` this transaction writes under (fenced at
-        #: its start, and again before its COMMIT: PostgresDatabase._commit).
+        #: The holds ``(agent_id, token)`` this transaction writes under, fenced at
+        #: its start (:meth:`PostgresDatabase.fence`) and again with its COMMIT
+        #: (:meth:`PostgresDatabase._commit`); a turn's commit is fenced in its
+        #: COMMIT by the schema (:meth:`PostgresDatabase.advance`).
         self.holds: list[tuple[str, str]] = []
         #: Outside a transaction through a pooler: the statement that gives each
         #: statement our sessions' settings (``session_settings``), sent before it in

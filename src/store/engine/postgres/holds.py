@@ -28,8 +28,8 @@ process a table of held ids decides between threads first.
   stopped or cut off in the middle of one), which could never commit. Known
   lapsed here (no renewal for :data:`TTL` seconds, suspended time included),
   a write fails before anything is sent.
-- Letting go clears the row's token, or deletes the row of an agent the
-  database has no version of (deleted, or never committed). If that fails, or
+- Letting go clears the row's token; after a block that failed, or a delete,
+  it deletes the row of an agent the database has no version of. If that fails, or
   a take's answer was lost (it may have landed), the hold is noted as this
   process's own: its next take of the agent takes it over, and the next
   renewal lets it go (it lapses meanwhile).
@@ -75,9 +75,11 @@ _MIN_LOCK_WAIT = 0.05  # seconds a take waits at least for the writes under a la
 _HOST = socket.gethostname()
 
 _TAKE = "SELECT * FROM effectful_durable_take(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-# An agent the database has no version of (deleted, or whose first turn never
-# committed) keeps no row: agent_holds does not grow with ids that come and go.
-_LET_GO = """
+_LET_GO = "UPDATE agent_holds SET token = NULL WHERE agent_id = ? AND token = ?"
+# After a block that failed: an agent the database has no version of (whose first
+# turn failed, or an id a rollback or delete did not find) keeps no row, so that
+# agent_holds does not grow with ids that come and go.
+_LET_GO_TIDY = """
     WITH gone AS (
         DELETE FROM agent_holds AS h
          WHERE h.agent_id = ?1 AND h.token = ?2
@@ -262,14 +264,15 @@ class AgentHolds:
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_POLL_SECONDS)
 
-    def release(self, agent_id: str) -> None:
-        """Let ``agent_id`` go; if the database cannot be told now, the next renewal
-        tells it (the hold lapses meanwhile)."""
+    def release(self, agent_id: str, *, tidy: bool = False) -> None:
+        """Let ``agent_id`` go (``tidy``: deleting its row if the database has no
+        version of it); if the database cannot be told now, the next renewal tells it
+        (the hold lapses meanwhile)."""
         with self._mutex:
             hold = self._held.pop(agent_id)
         try:
             with self._db.autocommit() as conn:
-                conn.execute(_LET_GO, (agent_id, hold.token))
+                conn.execute(_LET_GO_TIDY if tidy else _LET_GO, (agent_id, hold.token))
         except DurableError as error:
             log.debug("could not let agent %r go yet: %s", agent_id, error)
             self._left(agent_id, hold.token)

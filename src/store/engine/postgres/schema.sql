@@ -353,15 +353,16 @@ DECLARE
     writer integer;
     busy text;
 BEGIN
-    SELECT h.token, h.host, h.pid, h.place, h.renewed_at, h.ttl
-      INTO held_by, held_host, held_pid, held_place, renewed, ttl
-      FROM agent_holds AS h WHERE h.agent_id = agent;
-    IF held_by IS NOT NULL AND held_by <> hold AND NOT held_by = ANY(ours)
-       AND NOT effectful_durable_lapsed(renewed, ttl) THEN
-        taken := false;
-        RETURN;
-    END IF;
     IF NOT pg_try_advisory_xact_lock(key) THEN
+        -- A write under a hold of the agent is open, or another take is under way.
+        SELECT h.token, h.host, h.pid, h.place, h.renewed_at, h.ttl
+          INTO held_by, held_host, held_pid, held_place, renewed, ttl
+          FROM agent_holds AS h WHERE h.agent_id = agent;
+        IF held_by IS NOT NULL AND held_by <> hold AND NOT held_by = ANY(ours)
+           AND NOT effectful_durable_lapsed(renewed, ttl) THEN
+            taken := false;
+            RETURN;
+        END IF;
         FOR writer IN SELECT effectful_durable_writers(key) LOOP
             BEGIN
                 PERFORM pg_terminate_backend(writer, 1000);
@@ -413,8 +414,9 @@ END
 $$;
 
 -- The fence of every write made under a hold, at its start and again just
--- before its COMMIT: it raises (SQLSTATE EDLPS, the agent's id as message, what
--- happened as detail) unless the agent's hold is still the token's and has not
+-- before its COMMIT (with bound false: that one is sent with the COMMIT): it
+-- raises (SQLSTATE EDLPS, the agent's id as message, what happened as detail)
+-- unless the agent's hold is still the token's and has not
 -- lapsed, and holds the hold's lock shared until the transaction ends, so that
 -- no take passes it (a take waits, or ends the transaction once the hold
 -- lapsed). It also bounds what is left of the transaction on the server's side,
@@ -422,7 +424,8 @@ $$;
 -- client, to half of what is left of the lease (never longer than the session
 -- already allows), so that a writer stopped or cut off in the middle of it
 -- leaves no locks behind once its hold lapses.
-CREATE FUNCTION effectful_durable_held(agent text, hold text) RETURNS void
+CREATE FUNCTION effectful_durable_held(agent text, hold text, bound boolean DEFAULT true)
+RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     -- No % here (no %ROWTYPE): the Store's connection doubles every % it sends.
@@ -434,7 +437,7 @@ DECLARE
     renewed double precision;
     lease double precision;
     clock double precision;
-    bound bigint;
+    left_ms bigint;
     setting text;
     now_ms double precision;
 BEGIN
@@ -456,12 +459,15 @@ BEGIN
             DETAIL = 'it was last renewed ' || round((clock - renewed)::numeric, 1)
                 || ' s ago, and a hold lapses ' || lease || ' s after its last renewal';
     END IF;
-    bound := greatest(1, floor((lapses - clock) * 500))::bigint;
+    IF NOT bound THEN
+        RETURN;
+    END IF;
+    left_ms := greatest(1, floor((lapses - clock) * 500))::bigint;
     FOREACH setting IN ARRAY ARRAY['statement_timeout', 'idle_in_transaction_session_timeout']
     LOOP
         now_ms := extract(epoch FROM current_setting(setting)::interval) * 1000;
-        IF now_ms = 0 OR now_ms > bound THEN
-            PERFORM set_config(setting, bound::text, true);
+        IF now_ms = 0 OR now_ms > left_ms THEN
+            PERFORM set_config(setting, left_ms::text, true);
         END IF;
     END LOOP;
 END
@@ -472,8 +478,10 @@ $$;
 -- (EDLPS, above) or another writer moved the agent (EDMVD), makes the server skip
 -- the rest; it also names the commit (effectful_durable.commit, kept in
 -- versions.commit_id), so that a commit whose answer was lost can be looked up.
--- A write made without a hold (hold NULL) is fenced by the version alone. See
--- engine/postgres/database.py.
+-- A write made without a hold (hold NULL) is fenced by the version alone. The
+-- hold's fence here bounds nothing: the statements of a pipeline are in the
+-- server's hands already (a write of several round trips is fenced on its own
+-- first). See engine/postgres/database.py.
 CREATE FUNCTION effectful_durable_advance(
     agent text, base bigint, new_version bigint, now double precision, commit text, hold text
 ) RETURNS void LANGUAGE plpgsql AS $$
@@ -481,7 +489,7 @@ DECLARE
     found_version bigint;
 BEGIN
     IF hold IS NOT NULL THEN
-        PERFORM effectful_durable_held(agent, hold);
+        PERFORM effectful_durable_held(agent, hold, false);
     END IF;
     IF base = 0 THEN
         INSERT INTO agents (agent_id, version, created_at, updated_at)
@@ -496,5 +504,28 @@ BEGIN
             DETAIL = 'moved to version ' || coalesce(found_version, 0) || ' during this turn';
     END IF;
     PERFORM set_config('effectful_durable.commit', commit, true);
+    IF hold IS NOT NULL THEN
+        PERFORM set_config('effectful_durable.hold', hold, true);  -- agents_fenced
+    END IF;
 END
 $$;
+
+-- The last fence of a turn's commit, in its COMMIT itself: effectful_durable_advance
+-- names the hold (effectful_durable.hold, for the transaction), and this check,
+-- deferred to the commit, refuses it there unless the hold is still the token's
+-- and has not lapsed (no statement of its own: a turn costs no more round trips
+-- or statements for it). Other writes under a hold send their last fence with
+-- their COMMIT instead.
+CREATE FUNCTION effectful_durable_fenced() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    hold text := current_setting('effectful_durable.hold', true);
+BEGIN
+    IF hold <> '' THEN
+        PERFORM effectful_durable_held(NEW.agent_id, hold, false);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER agents_fenced AFTER INSERT OR UPDATE ON agents
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION effectful_durable_fenced();

@@ -193,6 +193,9 @@ class SQLiteDatabase:
     def fence(self, conn: Conn, agent_id: str) -> None:
         """Nothing to check: a file's record lock lasts as long as the process holding it."""
 
+    def agent_deleted(self, conn: Conn, agent_id: str) -> None:
+        """Nothing kept: a file's record lock leaves no row."""
+
     def prune_holds(self, conn: Conn) -> None:
         """Nothing to prune: a file's record locks leave no rows."""
 
