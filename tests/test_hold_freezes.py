@@ -216,4 +216,3 @@ class TestFreezeLoop:
         with pgbouncer_running(postgres_server) as pooler:
             counts = freeze_loop(pooler.pooled(postgres_url), every_point=True)
         assert counts["usable_max"] < 4 * LEASE
-
