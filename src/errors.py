@@ -183,8 +183,9 @@ class HoldLapsedError(AgentInUseError):
         self.reason = reason
         msg = (
             f"this process's hold on agent {agent_id!r} lapsed before its write committed: "
-            f"{reason}. Nothing of that write (a turn's commit, or the record of its "
-            "failure) was written, and another process may be running the agent now. A "
+            f"{reason}. Nothing of that write (a turn's commit, the record of its "
+            "failure, or a change such as a rollback) was written, and another process "
+            "may be running the agent now. A "
             "hold lapses when its process cannot renew it in time (cut off from the "
             "database, or stalled); run the turn again once the database answers."
         )
