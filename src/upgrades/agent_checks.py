@@ -8,11 +8,11 @@ import dataclasses
 import inspect
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
-from effectful.handlers.llm import Template, Tool
+from effectful.handlers.llm import Agent, Template, Tool
 
 from ..agents.memory import MemoryLimits, StateTools
 from ..agents.persistent import PersistentAgent
@@ -50,15 +50,23 @@ class Shape:
 
     @classmethod
     def of(cls, agent: PersistentAgent) -> Shape:
-        """The shape of ``agent``'s class, read off ``agent`` (its bound templates)."""
+        """The shape of ``agent``'s class, read off ``agent`` (its bound templates).
+
+        Only the class's tools and templates are read off the agent: no other
+        attribute, so that no property runs (``__memory__`` needs a turn's store).
+        """
+        from effectful.handlers.llm.completions import collect_tools
+        from effectful.ops.semantics import handler
+
         templates: dict[str, Template[..., Any]] = {}
         for klass in type(agent).__mro__:
             for name, value in vars(klass).items():
                 if isinstance(value, Template) and name not in templates:
                     templates[name] = getattr(agent, name)
         tools: dict[str, Tool[..., Any]] = {}
-        for template in templates.values():
-            tools.update(template.tools)
+        with handler({collect_tools: _class_tools}):
+            for template in templates.values():
+                tools.update(template.tools)
         return cls(templates, tools)
 
     def tool(self, name: str) -> tuple[str, Tool[..., Any]] | None:
@@ -72,6 +80,24 @@ class Shape:
     def tool_names(self) -> str:
         names = sorted(name.removeprefix(_METHOD) for name in self.tools)
         return ", ".join(names) or "none"
+
+
+def _class_tools(env: Mapping[str, Any]) -> dict[str, Tool[..., Any]]:
+    """effectful's ``collect_tools`` (0.4), reading an agent's class attributes without
+    running them: an attribute is a tool when the class holds a Tool under its name
+    (effectful reads every attribute off the instance, properties included)."""
+    found: dict[str, Tool[..., Any]] = {}
+    for name, value in env.items():
+        if isinstance(value, Tool):  # a Template is a Tool too
+            found[name] = value
+        elif isinstance(value, Agent):
+            for klass in type(value).__mro__:
+                for attribute in vars(klass):
+                    if isinstance(inspect.getattr_static(value, attribute), Tool):
+                        found[f"{name}__{attribute}"] = getattr(value, attribute)
+    # One name per tool, the last in order, as effectful keeps it.
+    names = {tool: name for name, tool in sorted(found.items())}
+    return {name: tool for name, tool in found.items() if names[tool] == name}
 
 
 def check_agent(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
