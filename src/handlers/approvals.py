@@ -33,7 +33,7 @@ from effectful.ops.syntax import ObjectInterpretation
 from ..agents.approvals import ApprovalPolicy, approval_rule, running_approved
 from ..agents.persistent import PersistentAgent
 from ..errors import DurableError, NotFoundError, TurnSuspended
-from ..store.parts.approvals import Asked, new_approval_id
+from ..store.parts.approvals import DENIAL, Asked, new_approval_id
 from ..store.records import ApprovalInfo, Suspension
 from .effectful_hooks import (
     active_history,
@@ -384,10 +384,7 @@ def _decided(tool_call: Any, decided: ApprovalInfo) -> Any:
     """Run an approved call with its decided arguments, or answer a denied one."""
     who = f"{decided.decided_by}" + (f" ({decided.note})" if decided.note else "")
     if decided.status == "denied":
-        text = (
-            f"Not run: a person ({decided.decided_by}) denied this call. "
-            f"Their reason: {decided.note}"
-        )
+        text = DENIAL.format(by=decided.decided_by, reason=decided.note)
         message = tool_message(tool_call.id, text)
         append_to_history(message)
         return message
