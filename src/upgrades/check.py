@@ -12,10 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..agents.persistent import PersistentAgent
+from ..runner.cli import failure
 from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.inflight import AgentInFlight
-from .agent_checks import Shape, StoredAgent, check_agent
+from .agent_checks import Commands, Shape, StoredAgent, check_agent, factory_name
 from .dry_run import dry_run
 from .report import Break, UpgradeReport
 
@@ -81,6 +82,9 @@ def check_upgrade(
         raise ValueError(msg)
     started = time.monotonic()
     store = db if isinstance(db, Store) else Store(db, readonly=True)
+    run = Commands(
+        redacted(store.path if isinstance(db, Store) else os.fspath(db)), factory_name(agents)
+    )
     try:
         total = store.agent_count()
         waiting = _Waiting(store)
@@ -93,7 +97,7 @@ def check_upgrade(
             for held in held_page:
                 versions[held.code_version or "(not recorded)"] += 1
                 counts["conversations"] += len(held.conversations)
-                breaks += _check_one(agents, held, waiting, shapes)
+                breaks += _check_one(agents, held, waiting, shapes, run)
             checked += len(held_page)
             if progress is not None:
                 progress(checked, max(total, checked))
@@ -171,6 +175,7 @@ def _check_one(
     held: AgentInFlight,
     waiting: _Waiting,
     shapes: dict[type, Shape],
+    run: Commands,
 ) -> list[Break]:
     agent_id = held.agent_id
     try:
@@ -184,7 +189,7 @@ def _check_one(
                 "agent",
                 agent_id,
                 agent_id,
-                f"the new code cannot build it: {type(error).__name__}: {error}",
+                f"the new code cannot build it: {failure(error)}",
                 "make the --agents factory build every agent id the database holds",
             )
         ]
@@ -197,4 +202,4 @@ def _check_one(
         waiting.alarms.get(agent_id, []),
         waiting.events.get(agent_id, []),
     )
-    return check_agent(agent, shape, stored)
+    return check_agent(agent, shape, stored, run)
