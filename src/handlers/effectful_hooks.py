@@ -202,7 +202,7 @@ def decode_tool_call(raw: Mapping[str, Any], tools: Mapping[str, Any]) -> Any:
     parameters = inspect.signature(tool).parameters
     unknown = [key for key in arguments if key not in parameters]
     if unknown:
-        msg = f"{name} has no parameter {', '.join(map(repr, unknown))}"
+        msg = f"it has no parameter {', '.join(map(repr, unknown))}"
         raise TypeError(msg)
     encoding: Any = pydantic.TypeAdapter(Encodable[DecodedToolCall])  # type: ignore[arg-type, type-arg]
     return encoding.validate_python(dict(raw), context=dict(tools))

@@ -254,6 +254,9 @@ def _approval_problem(
     way = _Way(run)
     again = () if pending else (run("approve", ident, "--agents", run.agents),)
     then = "" if pending else ", then approve it again ({})"
+    # What runs: the approved arguments (a person's edit kept through a retarget).
+    arguments = approval.decided_arguments or approval.arguments
+    edited = () if arguments == approval.arguments else ("--arguments", json.dumps(arguments))
     tool = shape.tool(approval.tool)
     if tool is None:
         problem = (
@@ -263,13 +266,13 @@ def _approval_problem(
         fits = [
             key
             for key, new in sorted(shape.tools.items())
-            if not tool_call_problem(key, new, approval.arguments)
+            if not tool_call_problem(key, new, arguments)
         ]
         for key in fits[:3]:
             new_name = key.removeprefix(_METHOD)
             way.say(
                 f"point it at {new_name}, if that is the tool's new name ({{}}){then}",
-                run("retarget", ident, new_name, "--agents", run.agents),
+                run("retarget", ident, new_name, "--agents", run.agents, *edited),
                 *again,
             )
         if not fits:
@@ -283,7 +286,6 @@ def _approval_problem(
                 run("deny", ident, "--reason", f"{approval.tool} is no longer available"),
             )
     else:
-        arguments = approval.decided_arguments or approval.arguments
         unfit = tool_call_problem(*tool, arguments)
         if unfit is None:
             return None, way
@@ -293,12 +295,19 @@ def _approval_problem(
             + ("" if pending else "; the resumed turn would not run it")
         )
         text, holes = _fitting(tool[1], arguments)
-        filled = " (with <...> filled in)" if holes else ""
+        complete = not holes and tool_call_problem(*tool, json.loads(text)) is None
+        filled = (
+            " (with <...> filled in)"
+            if holes
+            else ""
+            if complete
+            else " (with the values that do not fit corrected)"
+        )
         if pending:
             way.say(
                 f"approve it with arguments that fit the new code ({{}}{filled})",
                 run("approve", ident, "--agents", run.agents, "--arguments", text),
-                runnable=not holes,
+                runnable=complete,
             )
             way.say(
                 "deny it ({}): the model reads the reason",
@@ -314,7 +323,7 @@ def _approval_problem(
                 *again,
                 runnable=False,
             )
-            if not holes:
+            if complete:
                 way.commands += [line for line in (retarget, *again) if run.runnable(line)]
     before = approval.suspended_in - 1
     if before >= 1:
