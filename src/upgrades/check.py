@@ -42,10 +42,12 @@ def check_upgrade(
     read-only (an open Store is only read). For each agent, built by
     ``agents(agent_id)`` from the new code, it reports each piece of in-flight
     work the new code cannot carry: approvals whose tool is gone or whose
-    arguments no longer fit; alarms and events whose callback is gone or no
-    longer takes them; stored fields that no longer load (or that the new class
-    drops); memory the agent can no longer reach; tool calls in the context its
-    model will see that name tools it no longer has, or that have no result.
+    arguments no longer fit (a call is judged as it will run: a retarget's tool
+    and arguments, or the approved ones; a denied call never runs); alarms and
+    events whose callback is gone or no longer takes them; stored fields that no
+    longer load (or that the new class drops); memory the agent can no longer
+    reach; tool calls in the context its model will see that name tools it no
+    longer has, or that have no result.
     ``workflow(persistence)``, if given, runs the workflow's program in a dry run:
     it must call ``persistence(workflow="name")`` where it would build
     ``PersistenceHandler(db, workflow="name")``, and install the result as it
@@ -59,6 +61,10 @@ def check_upgrade(
         report = check_upgrade("state.db", agents=make_agent, workflow=program)
         for problem in report.breaks:
             print(problem.agent_id, problem.problem, "->", problem.way_forward)
+
+    Each way forward names the commands that follow it, runnable as printed
+    (``Break.commands``): with ``db`` as given and ``agents`` by the
+    ``MODULE:NAME`` its module holds it under (``MODULE:FUNC`` for a lambda).
 
     Args:
         db: The database (file or ``postgresql://`` URL), or an open Store.

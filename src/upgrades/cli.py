@@ -1,5 +1,6 @@
-"""``effectful-durable check --agents``, ``migrate-state`` and ``retarget``: the commands
-that import the user's new agent code (and so effectful's LLM layer)."""
+"""``effectful-durable check --agents``, ``migrate-state``, ``retarget`` and ``approve
+--agents``: the commands that import the user's new agent code (and so effectful's LLM
+layer)."""
 
 from __future__ import annotations
 
