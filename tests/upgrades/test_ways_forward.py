@@ -307,6 +307,44 @@ class TestAddedArgument:
             assert store.approval(approval).status == "pending"
 
 
+class TestDroppedArgument:
+    def test_approve_as_printed(self, deploy: Deploy) -> None:
+        """An argument the tool no longer takes: the printed approve, cut to what it
+        takes, runs as printed, and the resumed turn pays once with it."""
+        deploy.suspend(deploy.code())
+        new = deploy.code(
+            ("def refund(self, order: str, amount: float)", "def refund(self, order: str)"),
+            ("when=lambda order, amount: amount > 100", "when=lambda order: True"),
+            (
+                '"""Refund ``amount`` EUR on ``order`` to the customer\'s card."""',
+                '"""Refund ``order`` in full to the customer\'s card."""\n        amount = 99.0',
+            ),
+        )
+        status, out = deploy.check(new)
+        assert status == 3 and "it has no parameter 'amount'" in out
+        approve = pick(printed(out), "approve")
+        assert shlex.split(approve)[-2:] == ["--arguments", '{"order": "A-1002"}']
+        deploy.run(approve)
+        assert deploy.check(new)[0] == 0
+        model, _ = deploy.resume(new, "Refunded, Ann.")
+        assert len(model.calls) == 1 and deploy.payments() == [("A-1002", 99.0)]
+
+    def test_a_value_that_no_longer_fits(self, deploy: Deploy) -> None:
+        """A value of a type the tool no longer takes: the printed approve asks for it
+        to be corrected, and is not among the commands that run as printed."""
+        deploy.suspend(deploy.code())
+        new = deploy.code(
+            (
+                "def refund(self, order: str, amount: float)",
+                "def refund(self, order: int, amount: float)",
+            )
+        )
+        assert main(["check", deploy.db, "--agents", new, "--json"]) == 3
+        [problem] = json.loads(deploy.capsys.readouterr().out)["breaks"]
+        assert "with the values that do not fit corrected" in problem["way_forward"]
+        assert [shlex.split(line)[1] for line in problem["commands"]] == ["deny"]
+
+
 # -- approved before the deploy ------------------------------------------------------------
 
 
