@@ -622,9 +622,13 @@ def _approve(store: Store, args: argparse.Namespace) -> int:
             parameters=parameters,
         )
     except InvalidDecisionError as error:
-        if parameters is not None or "as stored with the approval" not in str(error):
+        if parameters is not None or "do not fit its parameters" not in str(error):
             raise
-        msg = f"{error} (pass --agents MODULE:FUNC to check them against the code that runs it)"
+        msg = (
+            f"{error} (checked against the schema stored with the approval when the turn "
+            "suspended; pass --agents MODULE:FUNC to check them against the code that will "
+            "run it)"
+        )
         raise InvalidDecisionError(msg) from error
     changed = ""
     if decided.decided_arguments not in (None, decided.arguments):

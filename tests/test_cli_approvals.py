@@ -278,8 +278,7 @@ class TestRefusals:
             (
                 ["approve", "DB", "SHOP", "--arguments", '{"order": "A-1", "amount": "lots"}'],
                 1,
-                "arguments for refund do not fit its parameters as stored with the approval: "
-                "amount: 'lots' is not of "
+                "arguments for refund do not fit its parameters: amount: 'lots' is not of "
                 "type 'number'; nothing was changed",
             ),
             (

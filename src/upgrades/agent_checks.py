@@ -20,7 +20,7 @@ from ..agents.memory import MemoryLimits, StateTools
 from ..agents.persistent import PersistentAgent
 from ..agents.state import FieldProblem, state_problems
 from ..handlers.effectful_hooks import decode_tool_call
-from ..store.inflight import AgentInFlight
+from ..store.inflight import AgentInFlight, ConversationInFlight
 from ..store.parts.alarms import AlarmInfo
 from ..store.parts.events import EventInfo
 from ..store.records import ApprovalInfo
@@ -263,6 +263,11 @@ def _approval_problem(
             f"the call {call} {waiting}, but {name} has no tool {approval.tool!r} any more "
             f"(it has: {shape.tool_names()}); resuming the turn would fail"
         )
+        if pending:
+            way.say(
+                "deny it ({}): the model reads the reason",
+                run("deny", ident, "--reason", f"{approval.tool} is no longer available"),
+            )
         fits = [
             key
             for key, new in sorted(shape.tools.items())
@@ -279,11 +284,6 @@ def _approval_problem(
             way.say(
                 "re-target it to the tool's new name, with --arguments that fit it "
                 f"({PROG} retarget with --agents {run.agents})"
-            )
-        if pending:
-            way.say(
-                "deny it ({}): the model reads the reason",
-                run("deny", ident, "--reason", f"{approval.tool} is no longer available"),
             )
     else:
         unfit = tool_call_problem(*tool, arguments)
@@ -522,21 +522,31 @@ def _memory(agent: PersistentAgent, stored: StoredAgent, run: Commands) -> list[
 
 def _histories(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> list[Break]:
     found: list[Break] = []
-    waiting = {(a.conversation, a.tool_call_id) for a in stored.approvals}
+    waiting = {(a.conversation, a.tool_call_id): a for a in stored.approvals}
     for conversation in stored.held.conversations:
         calls = dict(conversation.calls)
-        # A call under an approval whose turn has not resumed is judged by the approval
-        # (its tool is what will run: a retarget's); a denied call never runs.
+        resumed = _calls_as_resumed(conversation, waiting)
         gone = Counter(
-            name.removeprefix(_METHOD)
-            for call_id, name in conversation.calls
-            if name not in shape.tools
-            and (conversation.conversation, call_id) not in waiting
-            and call_id not in conversation.denied
+            name.removeprefix(_METHOD) for _, name, _ in resumed if name not in shape.tools
         )
+        asked = sum(1 for _, name, waits in resumed if waits and name not in shape.tools)
         where = f"conversation {conversation.conversation!r}"
         if gone:
             listed = ", ".join(f"{name} ({count}x)" for name, count in sorted(gone.items()))
+            way = (
+                "keep the old tools (a stub that says the tool is gone will do), or compact "
+                "the conversation, or start a new one"
+            )
+            if asked == gone.total():  # only calls that wait: their approvals settle them
+                way = (
+                    "re-target or deny the approval the call waits on (see the approval): "
+                    "that settles the call here too"
+                )
+            elif asked:
+                way = (
+                    "for the call that waits, re-target or deny its approval; for the others, "
+                    + way
+                )
             found.append(
                 Break(
                     "history",
@@ -544,8 +554,7 @@ def _histories(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> lis
                     conversation.conversation,
                     f"the {where}'s context calls tools {type(agent).__name__} no longer has: "
                     f"{listed}; some providers refuse such a history",
-                    "keep the old tools (a stub that says the tool is gone will do), or compact "
-                    "the conversation, or start a new one",
+                    way,
                 )
             )
         unanswered = [
@@ -567,6 +576,26 @@ def _histories(agent: PersistentAgent, shape: Shape, stored: StoredAgent) -> lis
                     "conversation",
                 )
             )
+    return found
+
+
+def _calls_as_resumed(
+    conversation: ConversationInFlight, waiting: Mapping[tuple[str, str], ApprovalInfo]
+) -> list[tuple[str, str, bool]]:
+    """The tool calls of the conversation's context as the resumed turns leave it:
+    ``(call id, tool name, whether it waits on an approval)``. A call under an
+    approval names the approval's tool (a retarget's: the resumed turn rewrites the
+    call so); a call a person denied is left out (it never ran, and its result says
+    so to the model, whatever the tool became)."""
+    found = []
+    for call_id, name in conversation.calls:
+        approval = waiting.get((conversation.conversation, call_id))
+        if approval is None:
+            if call_id not in conversation.denied:
+                found.append((call_id, name, False))
+        elif approval.status != "denied":
+            prefix = _METHOD if name.startswith(_METHOD) else ""
+            found.append((call_id, prefix + approval.tool, True))
     return found
 
 

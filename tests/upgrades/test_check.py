@@ -103,15 +103,15 @@ class TestApprovals:
         assert report.in_flight["approvals"] == 1 and report.in_flight["agents"] == 1
 
     def test_renamed_tool(self, refund_waits: str, tmp_path: Path) -> None:
-        """A renamed tool strands the approval, which is said once: the call it waits on
-        is judged by the approval, not again as the history's."""
+        """A renamed tool strands the approval and the call in the history; both are said."""
         shop = edited(REFUNDS, tmp_path, RENAME_REFUND)
         report = checked(refund_waits, lambda i: shop.SupportAgent(agent_id=i))
         assert report.exit_status == 3
-        [approval] = report.breaks
-        assert approval.kind == "approval"
+        [approval] = [b for b in report.breaks if b.kind == "approval"]
         assert "no tool 'refund'" in approval.problem and "pay_refund" in approval.problem
         assert "retarget" in approval.way_forward and "deny" in approval.way_forward
+        [history] = [b for b in report.breaks if b.kind == "history"]
+        assert "refund (1x)" in history.problem
 
     def test_added_required_argument(self, refund_waits: str, tmp_path: Path) -> None:
         """A new required argument: the waiting call's arguments no longer fit the tool."""

@@ -53,7 +53,10 @@ class TestCheckCommand:
         assert done.returncode == 3, done.stderr
         report = json.loads(done.stdout)
         assert report["ok"] is False
-        assert [(b["kind"], b["subject"]) for b in report["breaks"]] == [("approval", approval)]
+        assert {(b["kind"], b["subject"]) for b in report["breaks"]} == {
+            ("approval", approval),
+            ("history", "default"),
+        }
         done = subprocess.run(
             [*command, "--agents", same], cwd=tmp_path, env=ENV, capture_output=True, text=True
         )
@@ -91,8 +94,7 @@ class TestCheckCommand:
         )
         out = capsys.readouterr().out
         assert "code versions in flight: v1 (1)" in out and "new code: v2" in out
-        assert "no tool 'refund'" in out and "-> point it at pay_refund" in out
-        assert "or deny it (`effectful-durable deny " in out
+        assert "no tool 'refund'" in out and "-> deny it" in out
         assert "nothing was written" in out
         assert json.loads(report.read_text())["code_version"] == "v2"
 

@@ -175,11 +175,14 @@ def called_tools(history: list[dict[str, Any]]) -> list[str]:
 
 class TestRenamedTool:
     def test_retarget(self, deploy: Deploy) -> None:
-        """Re-targeted as printed, the check passes before the deploy; approved, the
-        resumed turn runs the renamed tool once, and the check still passes after it."""
+        """Re-targeted as printed, the check passes before the deploy (the history's
+        view of the call follows the retarget); approved, the resumed turn runs the
+        renamed tool once, and the check still passes after it."""
         approval = deploy.suspend(deploy.code())
         new = deploy.code(RENAME)
-        retarget = pick(deploy.ways(new), "retarget")
+        status, out = deploy.check(new)
+        assert status == 3 and "calls tools SupportAgent no longer has: refund (1x)" in out
+        retarget = pick(printed(out), "retarget")
         assert shlex.split(retarget)[2:] == [deploy.db, approval, "pay_refund", "--agents", new]
         said = deploy.run(retarget)
         assert "now asks to run pay_refund" in said
@@ -191,6 +194,21 @@ class TestRenamedTool:
         assert deploy.payments() == [("A-1002", 250.0)]
         assert called_tools(deploy.history())[-1] == "self__pay_refund"
         assert deploy.check(new)[0] == 0
+
+    def test_a_call_that_ran_stays_in_the_history(self, deploy: Deploy) -> None:
+        """A call of the old name that ran beside the one that waits stays in the
+        history: the retarget settles the waiting call, and the check still names the
+        other, with the history's own way forward."""
+        small = ToolCall("refund", {"order": "A-1001", "amount": 35})
+        deploy.suspend(deploy.code(), calls=[small, REFUND_CALL])
+        new = deploy.code(RENAME)
+        status, out = deploy.check(new)
+        assert status == 3 and "no longer has: refund (2x)" in out
+        assert "for the call that waits, re-target or deny its approval; for the others" in out
+        deploy.run(pick(printed(out), "retarget"))
+        status, out = deploy.check(new)
+        assert status == 3 and "no longer has: refund (1x)" in out
+        assert "-> keep the old tools" in out and "re-target or deny" not in out
 
     def test_deny(self, deploy: Deploy) -> None:
         """Denied as printed, the check passes; the resumed turn never looks the gone
@@ -301,7 +319,8 @@ class TestAddedArgument:
         arguments = '{"order": "A-1002", "amount": 250, "currency": "EUR"}'
         assert main(["approve", deploy.db, approval, "--arguments", arguments]) == 1
         err = deploy.capsys.readouterr().err
-        assert "as stored with the approval" in err and "pass --agents MODULE:FUNC" in err
+        assert "checked against the schema stored with the approval" in err
+        assert "pass --agents MODULE:FUNC" in err
         assert len(err.strip().splitlines()) == 1
         with Store(deploy.db, readonly=True) as store:
             assert store.approval(approval).status == "pending"
@@ -586,7 +605,8 @@ class TestEveryPrintedCommand:
 
         with in_flight() as (deploy, new):
             assert main(["check", deploy.db, "--agents", new, "--json"]) == 3
-            [problem] = json.loads(capsys.readouterr().out)["breaks"]
+            breaks = json.loads(capsys.readouterr().out)["breaks"]
+            [problem] = [b for b in breaks if b["kind"] == "approval"]
             lines = deploy.ways(new)
         assert sorted(problem["commands"]) == sorted(line for line in lines if "<" not in line)
         verbs = sorted(shlex.split(line)[1] for line in lines)

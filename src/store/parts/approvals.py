@@ -397,8 +397,7 @@ def decide(
             )
         else:
             schema, schema_text = dict(parameters), dumps(dict(parameters))
-        stored = " as stored with the approval" if parameters is None else ""
-        decided = _checked_arguments(found, chosen, schema, stored)
+        decided = _checked_arguments(found, chosen, schema)
     conn.execute(
         """
         UPDATE approvals SET status = ?2, decided_at = ?3, decided_by = ?4, note = ?5,
@@ -544,11 +543,8 @@ def _queue_resume(conn: Conn, suspension: Suspension, now: float) -> None:
     )
 
 
-def _checked_arguments(
-    found: ApprovalInfo, arguments: object, schema: Mapping[str, Any], whose: str = ""
-) -> str:
-    """``arguments`` as JSON text, if they fit the tool's parameters (``schema``, which
-    ``whose`` describes in an error)."""
+def _checked_arguments(found: ApprovalInfo, arguments: object, schema: Mapping[str, Any]) -> str:
+    """``arguments`` as JSON text, if they fit the tool's parameters (``schema``)."""
     if not isinstance(arguments, Mapping):
         msg = f"arguments must be a JSON object of the tool's parameters; got {arguments!r}"
         raise InvalidDecisionError(msg)
@@ -567,7 +563,7 @@ def _checked_arguments(
     if problems:
         where = ".".join(str(p) for p in problems[0].path) or "arguments"
         msg = (
-            f"arguments for {found.tool} do not fit its parameters{whose}: {where}: "
+            f"arguments for {found.tool} do not fit its parameters: {where}: "
             f"{problems[0].message}; nothing was changed"
         )
         raise InvalidDecisionError(msg)
