@@ -10,7 +10,7 @@ import json
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -181,11 +181,18 @@ class _Way:
     parts: list[str] = dataclasses.field(default_factory=list)
     commands: list[str] = dataclasses.field(default_factory=list)
 
-    def say(self, text: str, *commands: str, runnable: bool = True) -> None:
-        """Add ``text``, in which ``{}`` stands for each command in turn (in backticks)."""
-        self.parts.append(text.format(*(f"`{c}`" for c in commands)))
-        if runnable:
-            self.commands += [line for line in commands if self.run.runnable(line)]
+    def say(self, text: str, *commands: str, unrunnable: Collection[str] = ()) -> None:
+        """Add ``text``, in which ``{}`` stands for each command in turn: in backticks
+        if it runs as printed, else as it is (it holds a ``<...>`` to fill in, or the
+        factory has no name), so that every command in backticks runs as printed."""
+        shown = []
+        for line in commands:
+            if line in unrunnable or not self.run.runnable(line):
+                shown.append(line)
+            else:
+                shown.append(f"`{line}`")
+                self.commands.append(line)
+        self.parts.append(text.format(*shown))
 
     def __str__(self) -> str:
         if len(self.parts) <= 1:
@@ -296,18 +303,19 @@ def _approval_problem(
         )
         text, holes = _fitting(tool[1], arguments)
         complete = not holes and tool_call_problem(*tool, json.loads(text)) is None
-        filled = (
-            " (with <...> filled in)"
+        fill = (
+            "with each <...> filled in: "
             if holes
             else ""
             if complete
-            else " (with the values that do not fit corrected)"
+            else "with the values that do not fit corrected: "
         )
         if pending:
+            approve = run("approve", ident, "--agents", run.agents, "--arguments", text)
             way.say(
-                f"approve it with arguments that fit the new code ({{}}{filled})",
-                run("approve", ident, "--agents", run.agents, "--arguments", text),
-                runnable=complete,
+                f"approve it with arguments that fit the new code ({fill}{{}})",
+                approve,
+                unrunnable=() if complete else (approve,),
             )
             way.say(
                 "deny it ({}): the model reads the reason",
@@ -318,13 +326,11 @@ def _approval_problem(
                 "retarget", ident, approval.tool, "--agents", run.agents, "--arguments", text
             )
             way.say(
-                f"re-target it to arguments that fit ({{}}{filled}){then}",
+                f"re-target it to arguments that fit ({fill}{{}}){then}",
                 retarget,
                 *again,
-                runnable=False,
+                unrunnable=() if complete else (retarget,),
             )
-            if complete:
-                way.commands += [line for line in (retarget, *again) if run.runnable(line)]
     before = approval.suspended_in - 1
     if before >= 1:
         way.say(

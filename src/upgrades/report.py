@@ -20,9 +20,9 @@ class Break:
     when the agent cannot even be built); ``subject`` names it (an approval or
     alarm id, a field, a conversation, a step); ``problem`` says what the new
     code would do to it, and ``way_forward`` what to do about it. ``commands``
-    are the command lines ``way_forward`` names in backticks that run as printed
-    (one with a ``<name: type>`` hole for a value a person chooses is not among
-    them).
+    are the command lines ``way_forward`` names in backticks, each runnable as
+    printed (one that needs a value a person chooses is named without backticks,
+    with a ``<name: type>`` hole, and is not among them).
 
     .. versionadded:: 0.2.0
     """

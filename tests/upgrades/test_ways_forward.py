@@ -56,8 +56,14 @@ EUROS = {"<currency: str>": '"EUR"'}
 
 
 def printed(out: str) -> list[str]:
-    """The command lines a report (or a command's output) prints in backticks."""
+    """The command lines a report (or a command's output) prints in backticks: those
+    that run as printed."""
     return re.findall(r"`(effectful-durable [^`]+)`", out)
+
+
+def to_fill(out: str) -> list[str]:
+    """The command lines a report prints for a person to complete (not in backticks)."""
+    return re.findall(r"filled in: (effectful-durable .*?')\)", out)
 
 
 def pick(lines: list[str], verb: str) -> str:
@@ -264,7 +270,9 @@ class TestAddedArgument:
         against the new signature (and says so); the resumed turn pays once, in EUR."""
         approval = deploy.suspend(deploy.code())
         new = deploy.code(*CURRENCY)
-        approve = pick(deploy.ways(new), "approve")
+        status, out = deploy.check(new)
+        assert status == 3 and not [line for line in printed(out) if "<" in line]
+        approve = pick(to_fill(out), "approve")
         assert "<currency: str>" in approve and f"--agents {new}" in approve
         said = deploy.run(approve, EUROS)
         assert "checked against the new code's signature of refund" in said
@@ -589,9 +597,10 @@ class TestEveryPrintedCommand:
         capsys: pytest.CaptureFixture[str],
         edit: str,
     ) -> None:
-        """Each command a report prints runs from the shell as printed (a value a person
-        chooses filled in), on in-flight work made afresh for it, and the check then
-        passes; the JSON report lists the ones that need nothing filled in."""
+        """Each command a report prints in backticks runs from the shell as printed, and
+        one printed for a person to complete runs once completed, each on in-flight work
+        made afresh for it, and the check then passes; the JSON report lists exactly
+        those in backticks."""
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))
         edits = [RENAME] if edit == "renamed" else CURRENCY
@@ -606,15 +615,19 @@ class TestEveryPrintedCommand:
         with in_flight() as (deploy, new):
             assert main(["check", deploy.db, "--agents", new, "--json"]) == 3
             breaks = json.loads(capsys.readouterr().out)["breaks"]
-            [problem] = [b for b in breaks if b["kind"] == "approval"]
-            lines = deploy.ways(new)
-        assert sorted(problem["commands"]) == sorted(line for line in lines if "<" not in line)
-        verbs = sorted(shlex.split(line)[1] for line in lines)
-        other = "retarget" if edit == "renamed" else "approve"
-        assert verbs == sorted(["deny", "rollback", other])
-        for verb in verbs:
+            status, out = deploy.check(new)
+        listed = [line for b in breaks for line in b["commands"]]
+        assert sorted(listed) == sorted(printed(out))
+        ways = [(shlex.split(line)[1], False) for line in printed(out)]
+        ways += [(shlex.split(line)[1], True) for line in to_fill(out)]
+        if edit == "renamed":
+            assert sorted(ways) == [("deny", False), ("retarget", False), ("rollback", False)]
+        else:
+            assert sorted(ways) == [("approve", True), ("deny", False), ("rollback", False)]
+        for verb, filled in ways:
             with in_flight() as (deploy, new):
-                line = pick(deploy.ways(new), verb)
+                status, out = deploy.check(new)
+                line = pick(to_fill(out) if filled else printed(out), verb)
                 for hole, value in EUROS.items():
                     line = line.replace(hole, value)
                 done = shell(line, tmp_path)
