@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .errors import DurableError
+from .errors import DurableError, InvalidDecisionError
 from .store import Store
 from .store.copy import copy_store
 from .store.engine.seam import is_postgres_url, redacted
@@ -603,13 +603,40 @@ def _rearm(store: Store, args: argparse.Namespace) -> int:
 
 
 def _approve(store: Store, args: argparse.Namespace) -> int:
-    decided = store.approve(
-        args.approval, by=args.by, arguments=args.arguments_value, note=args.note
-    )
+    parameters: dict[str, Any] | None = None
+    checked: str | None = None
+    if args.agents is not None:
+        # The new code's signature of the tool that will run: it imports the user's
+        # code, and with it effectful's LLM layer (litellm), only when asked to.
+        from .upgrades.cli import approve_parameters
+
+        parameters, checked = approve_parameters(
+            store, args.approval, args.agents, args.arguments_value
+        )
+    try:
+        decided = store.approve(
+            args.approval,
+            by=args.by,
+            arguments=args.arguments_value,
+            note=args.note,
+            parameters=parameters,
+        )
+    except InvalidDecisionError as error:
+        if parameters is not None or "do not fit its parameters" not in str(error):
+            raise
+        msg = (
+            f"{error} (checked against the schema stored with the approval when the turn "
+            "suspended; pass --agents MODULE:FUNC to check them against the code that will "
+            "run it)"
+        )
+        raise InvalidDecisionError(msg) from error
     changed = ""
     if decided.decided_arguments not in (None, decided.arguments):
         changed = f", with arguments {_cell(decided.decided_arguments)}"
-    return _decided(store, args, decided, f"approved by {decided.decided_by}{changed}")
+    status = _decided(store, args, decided, f"approved by {decided.decided_by}{changed}")
+    if checked is not None:
+        print(checked, file=sys.stderr if args.json else sys.stdout)
+    return status
 
 
 def _deny(store: Store, args: argparse.Namespace) -> int:
@@ -1091,6 +1118,13 @@ def _parser() -> argparse.ArgumentParser:
         "--arguments",
         metavar="JSON",
         help="run the tool with this JSON object instead of the model's arguments",
+    )
+    sub.add_argument(
+        "--agents",
+        metavar="MODULE:FUNC",
+        help="the code that will resume the turn (its factory of an agent from its id): "
+        "check the arguments against its signature of the tool, not the schema stored "
+        "when the turn suspended",
     )
     sub.add_argument("--note", metavar="TEXT", help="a note kept with the decision")
     sub = command("deny", _deny, "refuse a tool call that waits; the model reads the reason")

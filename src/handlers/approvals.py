@@ -33,17 +33,20 @@ from effectful.ops.syntax import ObjectInterpretation
 from ..agents.approvals import ApprovalPolicy, approval_rule, running_approved
 from ..agents.persistent import PersistentAgent
 from ..errors import DurableError, NotFoundError, TurnSuspended
-from ..store.parts.approvals import Asked, new_approval_id
+from ..store.parts.approvals import DENIAL, Asked, new_approval_id
 from ..store.records import ApprovalInfo, Suspension
 from .effectful_hooks import (
     active_history,
     append_to_history,
-    decode_tool_calls,
-    rebind_tool_call,
+    decode_tool_call,
+    env_tools,
+    stand_in_call,
+    stand_in_reason,
     tool_arguments,
     tool_message,
     tool_name,
     tool_parameters,
+    with_arguments,
 )
 from .turn import Replay, Turn
 
@@ -114,7 +117,7 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
                 history = active_history()
                 if message is not recorded and history is not None and message["id"] in history:
                     history[message["id"]] = message  # committed so, by the resumed turn
-                return message, decode_tool_calls(env, message), None
+                return message, _replayed_calls(turn.agent, env, message, replay), None
             if turn.asked:
                 history = active_history()
                 raise Suspend(list(history.values()) if history is not None else [])
@@ -310,35 +313,92 @@ def workflow_message(suspension: Suspension) -> str:
     )
 
 
+def _replayed_calls(
+    agent: PersistentAgent, env: Mapping[str, Any], message: Any, replay: Replay
+) -> list[Any]:
+    """The tool calls of a recorded assistant ``message``, decoded for the resumed loop.
+
+    A call that does not run again (its result is recorded, or a person denied it)
+    is decoded against the new code if it can be, else stood in for: its tool is
+    never looked up, so a tool renamed or changed since does not stop the turn. An
+    approved call is decoded with the arguments it runs with; its tool must exist.
+
+    Raises:
+        DurableError: An approved call's tool is gone (nothing was run or committed).
+    """
+    tools = env_tools(env)
+    calls = []
+    for raw in message.get("tool_calls") or []:
+        decided = replay.decisions.get(raw.get("id"))
+        if decided is not None and decided.status == "approved":
+            calls.append(_approved_call(agent, raw, decided, tools))
+            continue
+        try:
+            calls.append(decode_tool_call(raw, tools))
+        except (LookupError, TypeError, ValueError) as error:
+            if decided is None and raw.get("id") not in replay.tool_results:
+                msg = (
+                    f"cannot resume the suspended turn of {agent.agent_id!r}: its recorded "
+                    f"call {_call_text(raw)} no longer decodes ({_one_line(error)})"
+                )
+                raise DurableError(msg) from error
+            calls.append(stand_in_call(raw, f"{_call_text(raw)} does not run again"))
+    return calls
+
+
+def _approved_call(
+    agent: PersistentAgent, raw: Any, decided: ApprovalInfo, tools: Mapping[str, Any]
+) -> Any:
+    """The approved call ``raw``, decoded with the arguments it runs with; a stand-in
+    that says why when they no longer fit the tool (the model is told, nothing runs)."""
+    name = str((raw.get("function") or {}).get("name"))
+    if name not in tools:
+        offered = ", ".join(sorted(k.removeprefix("self__") for k in tools)) or "none"
+        before = decided.suspended_in - 1
+        rollback = (
+            f", or roll the agent back to version {before} to drop the suspended turn"
+            if before >= 1
+            else ""
+        )
+        msg = (
+            f"cannot resume the suspended turn of {agent.agent_id!r}: approval "
+            f"{decided.approval_id} lets {decided.tool}({json.dumps(decided.arguments)}) run, "
+            f"but {type(agent).__name__} has no tool {decided.tool!r} any more (it has: "
+            f"{offered}). Nothing was run or committed. Re-target the approval to the "
+            f"tool's new name (`effectful-durable retarget DB {decided.approval_id} TOOL "
+            f"--agents MODULE:FUNC`, then approve it again){rollback}, or keep the tool"
+        )
+        raise DurableError(msg)
+    arguments = decided.decided_arguments or decided.arguments
+    try:
+        return decode_tool_call(with_arguments(raw, name, arguments), tools)
+    except (LookupError, TypeError, ValueError) as error:
+        return stand_in_call(
+            raw,
+            f"Not run: the arguments {decided.decided_by} approved no longer fit the tool "
+            f"({_one_line(error)}).",
+        )
+
+
 def _decided(tool_call: Any, decided: ApprovalInfo) -> Any:
     """Run an approved call with its decided arguments, or answer a denied one."""
     who = f"{decided.decided_by}" + (f" ({decided.note})" if decided.note else "")
     if decided.status == "denied":
-        text = (
-            f"Not run: a person ({decided.decided_by}) denied this call. "
-            f"Their reason: {decided.note}"
-        )
+        text = DENIAL.format(by=decided.decided_by, reason=decided.note)
         message = tool_message(tool_call.id, text)
         append_to_history(message)
         return message
-    arguments = decided.decided_arguments or decided.arguments
-    call = tool_call
-    if arguments != tool_arguments(tool_call):
-        try:
-            call = rebind_tool_call(tool_call, arguments)
-        except (pydantic.ValidationError, ValueError, TypeError) as error:
-            message = tool_message(
-                tool_call.id,
-                f"Not run: the arguments {decided.decided_by} approved no longer fit the "
-                f"tool ({error}).",
-            )
-            append_to_history(message)
-            return message
+    unfit = stand_in_reason(tool_call)
+    if unfit is not None:  # the approved arguments no longer fit the tool
+        message = tool_message(tool_call.id, unfit)
+        append_to_history(message)
+        return message
     with running_approved(decided.approval_id):
-        message = fwd(call)
+        message = fwd(tool_call)
     note = f"Approved by {who}"
-    if call is not tool_call:
-        note += f", with the arguments changed to {json.dumps(arguments)}"
+    changed = decided.decided_arguments
+    if changed is not None and changed != decided.arguments:
+        note += f", with the arguments changed to {json.dumps(changed)}"
     content = message.get("content")
     if isinstance(content, list):
         content.append({"type": "text", "text": f"\n({note}.)"})
@@ -353,8 +413,9 @@ def _decided(tool_call: Any, decided: ApprovalInfo) -> Any:
 
 
 def _retargeted(message: Any, approvals: Mapping[str, ApprovalInfo]) -> Any:
-    """The recorded assistant ``message`` with each call an approval was re-targeted
-    from (its tool renamed in new code) naming the approval's tool and arguments."""
+    """The recorded assistant ``message`` with each call an approval names otherwise
+    (re-targeted to a tool renamed in new code, or to other arguments) naming the
+    approval's tool and arguments: the call is replayed, and committed, as it runs."""
     calls = message.get("tool_calls") or []
     if not any(_moved(call, approvals) for call in calls):
         return message
@@ -364,18 +425,34 @@ def _retargeted(message: Any, approvals: Mapping[str, ApprovalInfo]) -> Any:
         if approval is not None:
             # The model named a method tool ``self__name`` (effectful's collect_tools).
             prefix = "self__" if call["function"]["name"].startswith("self__") else ""
-            name = prefix + approval.tool
-            function = {"name": name, "arguments": json.dumps(approval.arguments)}
-            call = {**call, "function": {**call.get("function", {}), **function}}
+            call = with_arguments(call, prefix + approval.tool, approval.arguments)
         renamed.append(call)
     return {**message, "tool_calls": renamed}
 
 
 def _moved(call: Any, approvals: Mapping[str, ApprovalInfo]) -> ApprovalInfo | None:
     approval = approvals.get(call.get("id"))
-    name = str((call.get("function") or {}).get("name"))
-    moved = approval is not None and approval.tool != name.removeprefix("self__")
-    return approval if moved else None
+    if approval is None:
+        return None
+    function = call.get("function") or {}
+    if approval.tool != str(function.get("name")).removeprefix("self__"):
+        return approval
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        return approval
+    return approval if arguments != approval.arguments else None
+
+
+def _call_text(raw: Any) -> str:
+    function = raw.get("function") or {}
+    name = str(function.get("name")).removeprefix("self__")
+    return f"{name}({function.get('arguments') or ''})"
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @functools.cache

@@ -169,29 +169,93 @@ def tool_parameters(tool_call: Any) -> dict[str, Any]:
     return parameters
 
 
-def decode_tool_calls(env: Mapping[str, Any], message: Mapping[str, Any]) -> list[Any]:
-    """The tool calls of a recorded assistant ``message``, decoded as effectful decodes them."""
-    import pydantic
+def env_tools(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The tools a template's model loop offers, by the name the model calls them."""
     from effectful.handlers.llm.completions import collect_tools
-    from effectful.handlers.llm.encoding import DecodedToolCall, Encodable
 
-    tools = dict(collect_tools(env))
-    encoding: Any = pydantic.TypeAdapter(Encodable[DecodedToolCall])  # type: ignore[arg-type, type-arg]
-    raws = message.get("tool_calls") or []
-    return [encoding.validate_python(raw, context=tools) for raw in raws]
+    return dict(collect_tools(env))
 
 
-def rebind_tool_call(tool_call: Any, arguments: Mapping[str, Any]) -> Any:
-    """``tool_call`` with other ``arguments`` (JSON values), decoded as the model's are."""
+def decode_tool_call(raw: Mapping[str, Any], tools: Mapping[str, Any]) -> Any:
+    """A recorded tool call (``raw``, as an assistant message holds it), decoded as
+    effectful decodes the model's, against ``tools``.
+
+    Raises:
+        LookupError: ``tools`` has no tool of its name.
+        TypeError: It passes an argument the tool does not take (effectful asserts
+            this, and asserts vanish under -O), or misses one.
+        ValueError: A value does not fit its parameter (pydantic's ValidationError).
+    """
+    import inspect
     import json
 
     import pydantic
     from effectful.handlers.llm.encoding import DecodedToolCall, Encodable
 
-    raw = {
-        "id": tool_call.id,
-        "type": "function",
-        "function": {"name": tool_call.name, "arguments": json.dumps(dict(arguments))},
-    }
+    function = raw.get("function") or {}
+    name = str(function.get("name"))
+    tool = tools.get(name)
+    if tool is None:
+        msg = f"no tool {name!r}"
+        raise LookupError(msg)
+    arguments = json.loads(function.get("arguments") or "{}")
+    parameters = inspect.signature(tool).parameters
+    unknown = [key for key in arguments if key not in parameters]
+    if unknown:
+        msg = f"it has no parameter {', '.join(map(repr, unknown))}"
+        raise TypeError(msg)
     encoding: Any = pydantic.TypeAdapter(Encodable[DecodedToolCall])  # type: ignore[arg-type, type-arg]
-    return encoding.validate_python(raw, context={tool_call.name: tool_call.tool})
+    return encoding.validate_python(dict(raw), context=dict(tools))
+
+
+def with_arguments(raw: Mapping[str, Any], name: str, arguments: Mapping[str, Any]) -> Any:
+    """The recorded tool call ``raw`` naming ``name`` with ``arguments`` (JSON values)."""
+    import json
+
+    function = {**(raw.get("function") or {}), "name": name}
+    function["arguments"] = json.dumps(dict(arguments))
+    return {**raw, "function": function}
+
+
+def stand_in_call(raw: Mapping[str, Any], why: str) -> Any:
+    """A decoded tool call for ``raw`` whose tool is not looked up, for a call that
+    never runs (its result is recorded, or a person denied it): its tool raises
+    ``DurableError(why)`` if anything calls it."""
+    import inspect
+    import json
+
+    from effectful.handlers.llm.encoding import DecodedToolCall
+
+    from ..errors import DurableError
+
+    function = raw.get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        arguments = {}
+    if not isinstance(arguments, dict) or not all(str(k).isidentifier() for k in arguments):
+        arguments = {}
+    signature = inspect.Signature(
+        [inspect.Parameter(str(k), inspect.Parameter.KEYWORD_ONLY) for k in arguments]
+    )
+
+    def gone(**_: Any) -> Any:
+        raise DurableError(why)
+
+    gone.__name__ = str(function.get("name"))
+    setattr(gone, _STAND_IN, why)
+    return DecodedToolCall(
+        tool=gone,  # type: ignore[arg-type]
+        bound_args=signature.bind(**arguments),
+        id=raw.get("id"),  # type: ignore[arg-type]
+        name=str(function.get("name")),
+    )
+
+
+_STAND_IN = "__durable_stand_in__"
+
+
+def stand_in_reason(tool_call: Any) -> str | None:
+    """Why ``tool_call`` is a stand-in (:func:`stand_in_call`), or None if it is not one."""
+    why = getattr(tool_call.tool, _STAND_IN, None)
+    return why if isinstance(why, str) else None

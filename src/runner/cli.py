@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import sys
+import sysconfig
+import traceback
 from typing import Any
 
 from ..errors import DurableError
@@ -45,7 +47,13 @@ class JsonFormatter(logging.Formatter):
 
 
 def load(spec: str, what: str) -> Any:
-    """Import ``module:attribute`` (the current directory is on the path, as for uvicorn)."""
+    """Import ``module:attribute`` (the current directory is on the path, as for uvicorn).
+
+    Raises:
+        DurableError: In one line, naming the module, its file and line: the
+            module is missing, does not parse, or raised while it was imported,
+            or has no such attribute.
+    """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         msg = f"{what} must be given as MODULE:FUNCTION, not {spec!r}"
@@ -53,10 +61,55 @@ def load(spec: str, what: str) -> Any:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as e:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module_name + ".").startswith(e.name + "."):
+            msg = f"cannot load {what} {spec!r}: {e}"
+            raise DurableError(msg) from e
+        msg = f"cannot load {what} {spec!r}: importing {module_name} failed: {failure(e)}"
+        raise DurableError(msg) from e
+    except (Exception, SystemExit) as e:  # a SyntaxError, or the module raised at import
+        msg = f"cannot load {what} {spec!r}: importing {module_name} failed: {failure(e)}"
+        raise DurableError(msg) from e
+    try:
+        return getattr(module, attribute)
+    except AttributeError as e:
         msg = f"cannot load {what} {spec!r}: {e}"
         raise DurableError(msg) from e
+
+
+def failure(error: BaseException) -> str:
+    """``error`` in one line, with where the user's code raised it: ``KeyError: 'x' (at
+    shop.py, line 12)``. That is the innermost frame outside the standard library,
+    the installed packages and this package; else the innermost frame."""
+    text = " ".join(str(error).split())
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{type(error).__name__}: {error.msg} (at {error.filename}, line {error.lineno})"
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if not _library(frame.filename)]
+    frame = (own or frames)[-1] if frames else None
+    where = f" (at {frame.filename}, line {frame.lineno})" if frame is not None else ""
+    return f"{type(error).__name__}: {text}{where}" if text else f"{type(error).__name__}{where}"
+
+
+# Where code that is not the user's lives: the standard library, installed packages, us.
+_LIBRARIES = tuple(
+    {
+        os.path.realpath(path) + os.sep
+        for path in (
+            sysconfig.get_paths()["stdlib"],
+            sysconfig.get_paths()["purelib"],
+            sysconfig.get_paths()["platlib"],
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+    }
+)
+
+
+def _library(filename: str) -> bool:
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return True
+    return os.path.realpath(filename).startswith(_LIBRARIES)
 
 
 def run_command(args: argparse.Namespace) -> int:

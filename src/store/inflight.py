@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .engine.seam import Conn
+from .parts.approvals import DENIAL_OPENS
 from .rows import code_version_in, decode_messages, state_at
 
 # Messages are stored as compact JSON (history.message_json): an assistant message that
@@ -21,6 +22,9 @@ from .rows import code_version_in, decode_messages, state_at
 # page's reads small (a result can be megabytes).
 _RESULT_HEAD = 400
 _CALL_ID = re.compile(r'"tool_call_id"\s*:\s*"((?:[^"\\]|\\.)*)"')
+# A person's denial, as the resumed turn answers a denied call (parts/approvals.py),
+# opens the result's text.
+_DENIED = re.compile(r'"text"\s*:\s*"' + re.escape(json.dumps(DENIAL_OPENS)[1:-1]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +33,8 @@ class ConversationInFlight:
 
     ``calls`` are the tool calls its assistant messages made, ``(call id, tool name
     as the model called it)``; ``answered`` the call ids a tool result answers;
-    ``fields`` the JSON of its own fields (declared per conversation), if any.
+    ``fields`` the JSON of its own fields (declared per conversation), if any;
+    ``denied`` the call ids answered by a person's denial (they never ran).
 
     .. versionadded:: 0.2.0
     """
@@ -38,6 +43,7 @@ class ConversationInFlight:
     calls: tuple[tuple[str, str], ...] = ()
     answered: frozenset[str] = frozenset()
     fields: str | None = None
+    denied: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +119,7 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
             name = (call.get("function") or {}).get("name")
             calls[agent_id, conversation].append((str(call.get("id")), str(name)))
     answered: dict[tuple[str, str], set[str]] = defaultdict(set)
+    denied: dict[tuple[str, str], set[str]] = defaultdict(set)
     for agent_id, conversation, message_id, text in rows(
         f"""
         SELECT agent_id, conversation, message_id,
@@ -125,7 +132,10 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
     ):
         named = _CALL_ID.search(text)
         if named is not None:
-            answered[agent_id, conversation].add(json.loads(f'"{named[1]}"'))
+            call_id = json.loads(f'"{named[1]}"')
+            answered[agent_id, conversation].add(call_id)
+            if _DENIED.search(text, 0, _RESULT_HEAD) is not None:
+                denied[agent_id, conversation].add(call_id)
             continue
         # Named in the middle of a long result, or not at all: rare, so read it whole.
         for (body,) in conn.execute(
@@ -138,6 +148,8 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
             call_id = json.loads(body).get("tool_call_id")
             if call_id is not None:
                 answered[agent_id, conversation].add(str(call_id))
+                if _DENIED.search(body, 0, _RESULT_HEAD) is not None:
+                    denied[agent_id, conversation].add(str(call_id))
     conversations: dict[str, set[str]] = defaultdict(set)
     for agent_id, conversation in rows(
         """
@@ -176,6 +188,7 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
                 tuple(calls.get((agent_id, name), ())),
                 frozenset(answered.get((agent_id, name), ())),
                 fields.get((agent_id, name)),
+                frozenset(denied.get((agent_id, name), ())),
             )
             for name in sorted(conversations.get(agent_id, ()))
         )

@@ -125,6 +125,7 @@ class WaitingMethods(StoreBase):
         by: str | None = None,
         arguments: Mapping[str, Any] | None = None,
         note: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> ApprovalInfo:
         """Approve a tool call that waits: the suspended turn may then run it, once.
 
@@ -134,6 +135,11 @@ class WaitingMethods(StoreBase):
             arguments: Run the tool with these instead of the model's: a JSON
                 object that must fit the tool's parameters. The model is told.
             note: A note kept with the decision, shown to the model.
+            parameters: The JSON schema of the tool's parameters in the code that
+                will resume the turn, which the arguments must fit instead of the
+                schema stored when the turn suspended (:meth:`approval_parameters`);
+                it is stored in its place. ``effectful-durable approve --agents``
+                finds it in the new code.
 
         Returns:
             The approval, decided. Once the last approval of its turn is decided, a
@@ -146,7 +152,14 @@ class WaitingMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        return self._decide(approval_id, approve=True, by=by, note=note, arguments=arguments)
+        return self._decide(
+            approval_id,
+            approve=True,
+            by=by,
+            note=note,
+            arguments=arguments,
+            parameters=parameters,
+        )
 
     def deny(self, approval_id: str, *, reason: str, by: str | None = None) -> ApprovalInfo:
         """Deny a tool call that waits: the model reads ``reason`` as the tool's result.
@@ -158,7 +171,9 @@ class WaitingMethods(StoreBase):
 
         .. versionadded:: 0.2.0
         """
-        return self._decide(approval_id, approve=False, by=by, note=reason, arguments=None)
+        return self._decide(
+            approval_id, approve=False, by=by, note=reason, arguments=None, parameters=None
+        )
 
     def retarget_approval(
         self,
@@ -169,22 +184,33 @@ class WaitingMethods(StoreBase):
         parameters: Mapping[str, Any],
         by: str | None = None,
     ) -> ApprovalInfo:
-        """Make a pending approval name ``tool`` instead: the tool it named was renamed.
+        """Make an approval name ``tool`` (and ``arguments``) instead: new code renamed
+        its tool, or changed what it takes.
 
-        When the suspended turn resumes, the model's call is replayed as a call of
-        ``tool`` with ``arguments``, which is what an approval then lets run. Use it
-        after ``effectful-durable check`` reports an approval whose tool is gone
+        When the suspended turn resumes, the model's call is replayed, and
+        committed, as a call of ``tool`` with ``arguments``, which is what an
+        approval then lets run. Use it after ``effectful-durable check`` reports an
+        approval whose tool is gone or whose arguments no longer fit
         (``effectful-durable retarget`` finds ``parameters``, the new tool's JSON
-        schema, in the new code).
+        schema, in the new code). An approval that was approved, and whose turn
+        has not resumed, waits for a decision again: the decision was about
+        another call.
 
         Raises:
             NotFoundError: No approval has that id.
-            InvalidDecisionError: It is not pending, or ``arguments`` do not fit
-                ``parameters``. Nothing was changed.
+            InvalidDecisionError: It is denied, cancelled or used already, or
+                ``arguments`` do not fit ``parameters``. Nothing was changed.
+            AgentInUseError: It was approved and a turn of the agent is running,
+                or a runner is resuming its turn now.
 
         .. versionadded:: 0.2.0
         """
-        with self._writing() as conn:
+        with self._reading() as conn:
+            found = _approvals.one(conn, approval_id)
+        # An approved call's turn may be resuming: hold the agent, as that turn does.
+        approved = found is not None and found.status == "approved"
+        writing = self._holding(found.agent_id) if found and approved else self._writing()
+        with writing as conn:
             found = _approvals.one(conn, approval_id)
             if found is not None:
                 self._db.serialize(conn, "approvals", found.agent_id)
@@ -205,6 +231,7 @@ class WaitingMethods(StoreBase):
         by: str | None,
         note: str | None,
         arguments: Mapping[str, Any] | None,
+        parameters: Mapping[str, Any] | None,
     ) -> ApprovalInfo:
         with self._writing() as conn:
             found = _approvals.one(conn, approval_id)
@@ -217,6 +244,7 @@ class WaitingMethods(StoreBase):
                 by=getpass.getuser() if by is None else by,
                 note=note,
                 arguments=arguments,
+                parameters=parameters,
                 now=time.time(),
             )
 

@@ -12,10 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..agents.persistent import PersistentAgent
+from ..runner.cli import failure
 from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.inflight import AgentInFlight
-from .agent_checks import Shape, StoredAgent, check_agent
+from .agent_checks import Commands, Shape, StoredAgent, check_agent, factory_name
 from .dry_run import dry_run
 from .report import Break, UpgradeReport
 
@@ -41,10 +42,12 @@ def check_upgrade(
     read-only (an open Store is only read). For each agent, built by
     ``agents(agent_id)`` from the new code, it reports each piece of in-flight
     work the new code cannot carry: approvals whose tool is gone or whose
-    arguments no longer fit; alarms and events whose callback is gone or no
-    longer takes them; stored fields that no longer load (or that the new class
-    drops); memory the agent can no longer reach; tool calls in the context its
-    model will see that name tools it no longer has, or that have no result.
+    arguments no longer fit (a call is judged as it will run: a retarget's tool
+    and arguments, or the approved ones; a denied call never runs); alarms and
+    events whose callback is gone or no longer takes them; stored fields that no
+    longer load (or that the new class drops); memory the agent can no longer
+    reach; tool calls in the context its model will see that name tools it no
+    longer has, or that have no result.
     ``workflow(persistence)``, if given, runs the workflow's program in a dry run:
     it must call ``persistence(workflow="name")`` where it would build
     ``PersistenceHandler(db, workflow="name")``, and install the result as it
@@ -58,6 +61,10 @@ def check_upgrade(
         report = check_upgrade("state.db", agents=make_agent, workflow=program)
         for problem in report.breaks:
             print(problem.agent_id, problem.problem, "->", problem.way_forward)
+
+    Each way forward names the commands that follow it, runnable as printed
+    (``Break.commands``): with ``db`` as given and ``agents`` by the
+    ``MODULE:NAME`` its module holds it under (``MODULE:FUNC`` for a lambda).
 
     Args:
         db: The database (file or ``postgresql://`` URL), or an open Store.
@@ -81,6 +88,9 @@ def check_upgrade(
         raise ValueError(msg)
     started = time.monotonic()
     store = db if isinstance(db, Store) else Store(db, readonly=True)
+    run = Commands(
+        redacted(store.path if isinstance(db, Store) else os.fspath(db)), factory_name(agents)
+    )
     try:
         total = store.agent_count()
         waiting = _Waiting(store)
@@ -93,7 +103,7 @@ def check_upgrade(
             for held in held_page:
                 versions[held.code_version or "(not recorded)"] += 1
                 counts["conversations"] += len(held.conversations)
-                breaks += _check_one(agents, held, waiting, shapes)
+                breaks += _check_one(agents, held, waiting, shapes, run)
             checked += len(held_page)
             if progress is not None:
                 progress(checked, max(total, checked))
@@ -171,6 +181,7 @@ def _check_one(
     held: AgentInFlight,
     waiting: _Waiting,
     shapes: dict[type, Shape],
+    run: Commands,
 ) -> list[Break]:
     agent_id = held.agent_id
     try:
@@ -184,7 +195,7 @@ def _check_one(
                 "agent",
                 agent_id,
                 agent_id,
-                f"the new code cannot build it: {type(error).__name__}: {error}",
+                f"the new code cannot build it: {failure(error)}",
                 "make the --agents factory build every agent id the database holds",
             )
         ]
@@ -197,4 +208,4 @@ def _check_one(
         waiting.alarms.get(agent_id, []),
         waiting.events.get(agent_id, []),
     )
-    return check_agent(agent, shape, stored)
+    return check_agent(agent, shape, stored, run)

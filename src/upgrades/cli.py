@@ -1,5 +1,6 @@
-"""``effectful-durable check --agents``, ``migrate-state`` and ``retarget``: the commands
-that import the user's new agent code (and so effectful's LLM layer)."""
+"""``effectful-durable check --agents``, ``migrate-state``, ``retarget`` and ``approve
+--agents``: the commands that import the user's new agent code (and so effectful's LLM
+layer)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+from ..agents.persistent import PersistentAgent
 from ..errors import DurableError
 from ..handlers.effectful_hooks import tool_parameters
-from ..runner.cli import load
+from ..runner.cli import failure, load
 from ..runner.config import RunnerConfig
 from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.rows import typed_json
-from .agent_checks import Shape, tool_call_problem
+from .agent_checks import Shape, command, tool_call_problem
 from .check import check_upgrade
 from .migrate import migrate_states
 from .report import UpgradeReport
@@ -41,6 +43,14 @@ def check_command(args: argparse.Namespace) -> int:
         return _fail(str(error))
     except KeyboardInterrupt:
         return 130
+    unbuilt = [b for b in report.breaks if b.kind == "agent"]
+    if unbuilt and len(unbuilt) == report.in_flight["agents"]:
+        # The factory builds no agent at all: the new code is broken, not the agents.
+        return _fail(
+            f"the --agents factory {args.agents!r} cannot build any agent the database "
+            f"holds ({len(unbuilt):,}); {unbuilt[0].agent_id!r}: "
+            f"{unbuilt[0].problem.removeprefix('the new code cannot build it: ')}"
+        )
     saved = args.report
     if saved is not None:
         try:
@@ -129,10 +139,10 @@ def _counted(number: int, plural: str) -> str:
 def migrate_command(args: argparse.Namespace) -> int:
     """``migrate-state DB --agents MOD:FUNC``: commit migrated fields, one version an agent."""
     try:
-        agents = load(args.agents, "--agents")
+        factory = load(args.agents, "--agents")
         migrated = migrate_states(
             args.db,
-            agents=agents,
+            agents=lambda agent_id: build(factory, args.agents, agent_id),
             agent_id=args.agent,
             dry_run=args.dry_run,
             code_version=args.code_version,
@@ -156,7 +166,7 @@ def retarget_command(args: argparse.Namespace) -> int:
         agents = load(args.agents, "--agents")
         with Store(args.db) as store:
             approval = store.approval(args.approval)
-            agent = agents(approval.agent_id)
+            agent = build(agents, args.agents, approval.agent_id)
             shape = Shape.of(agent)
             found = shape.tool(args.tool)
             if found is None:
@@ -169,8 +179,9 @@ def retarget_command(args: argparse.Namespace) -> int:
             problem = tool_call_problem(*found, arguments)
             if problem is not None:
                 msg = (
-                    f"the arguments {json.dumps(arguments)} do not fit {args.tool}: {problem}; "
-                    "pass --arguments JSON that fit; nothing was changed"
+                    f"the arguments {json.dumps(arguments)} do not fit {args.tool} in the new "
+                    f"code ({args.agents}): {problem}; pass --arguments JSON that fit; nothing "
+                    "was changed"
                 )
                 raise DurableError(msg)
             changed = store.retarget_approval(
@@ -184,9 +195,81 @@ def retarget_command(args: argparse.Namespace) -> int:
         return _fail(str(error))
     print(
         f"{changed.approval_id}: agent {changed.agent_id!r} now asks to run "
-        f"{changed.tool}({json.dumps(changed.arguments)}); approve or deny it as before"
+        f"{changed.tool}({json.dumps(changed.arguments)}), checked against the new code's "
+        f"signature of {changed.tool} ({args.agents})"
     )
+    if approval.status == "approved":
+        print(f"it waits for a decision again: {approval.decided_by} approved the call before")
+    approve = command("approve", redacted(args.db), changed.approval_id, "--agents", args.agents)
+    print(f"approve it (`{approve}`) or deny it as before")
     return 0
+
+
+def approve_parameters(
+    store: Store, approval_id: str, spec: str, arguments: Any
+) -> tuple[dict[str, Any], str]:
+    """``approve --agents``: the JSON schema of the approval's tool in the new code, which
+    its arguments (``arguments``, or the model's if None) fit, and a line saying so.
+
+    Raises:
+        DurableError: The new code cannot be loaded or build the agent, has no such
+            tool, or the arguments do not fit it. Nothing was changed.
+    """
+    agents = load(spec, "--agents")
+    approval = store.approval(approval_id)
+    agent = build(agents, spec, approval.agent_id)
+    shape = Shape.of(agent)
+    found = shape.tool(approval.tool)
+    if found is None:
+        retarget = command("retarget", redacted(store.path), approval_id, "TOOL", "--agents", spec)
+        msg = (
+            f"{type(agent).__name__} has no tool {approval.tool!r} in the new code ({spec}; it "
+            f"has: {shape.tool_names()}): re-target the approval to the tool's new name "
+            f"first (`{retarget}`); nothing was changed"
+        )
+        raise DurableError(msg)
+    chosen = approval.arguments if arguments is None else arguments
+    problem = tool_call_problem(*found, chosen) if isinstance(chosen, dict) else None
+    if problem is not None:
+        msg = (
+            f"the arguments {json.dumps(chosen)} do not fit {approval.tool} in the new code "
+            f"({spec}): {problem}; pass --arguments JSON that fit; nothing was changed"
+        )
+        raise DurableError(msg)
+    parameters = tool_parameters(SimpleNamespace(name=found[0], tool=found[1]))
+    if parameters == store.approval_parameters(approval_id):
+        said = (
+            f"arguments checked against the new code's signature of {approval.tool} "
+            f"({spec}), the same as the schema stored with the approval"
+        )
+    else:
+        said = (
+            f"arguments checked against the new code's signature of {approval.tool} "
+            f"({spec}), not the schema stored with the approval (when the turn suspended), "
+            "which differs; the new one is stored in its place"
+        )
+    return parameters, said
+
+
+def build(agents: Any, spec: str, agent_id: str) -> PersistentAgent:
+    """The agent ``agent_id`` as the ``--agents`` factory builds it.
+
+    Raises:
+        DurableError: In one line: the factory raised (where, in the user's code),
+            or returned no PersistentAgent.
+    """
+    try:
+        agent = agents(agent_id)
+    except Exception as error:
+        msg = f"the --agents factory {spec!r} cannot build agent {agent_id!r}: {failure(error)}"
+        raise DurableError(msg) from error
+    if not isinstance(agent, PersistentAgent):
+        msg = (
+            f"the --agents factory {spec!r} returned a {type(agent).__name__} for agent "
+            f"{agent_id!r}, not a PersistentAgent"
+        )
+        raise DurableError(msg)
+    return agent
 
 
 def _object(text: str) -> dict[str, Any]:

@@ -19,7 +19,10 @@ class Break:
     ``"state"``, ``"memory"``, ``"history"``, ``"workflow"``, or ``"agent"``
     when the agent cannot even be built); ``subject`` names it (an approval or
     alarm id, a field, a conversation, a step); ``problem`` says what the new
-    code would do to it, and ``way_forward`` what to do about it.
+    code would do to it, and ``way_forward`` what to do about it. ``commands``
+    are the command lines ``way_forward`` names in backticks, each runnable as
+    printed (one that needs a value a person chooses is named without backticks,
+    with a ``<name: type>`` hole, and is not among them).
 
     .. versionadded:: 0.2.0
     """
@@ -29,6 +32,7 @@ class Break:
     subject: str
     problem: str
     way_forward: str
+    commands: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,9 @@ class UpgradeReport:
             "code_version": self.code_version,
             "in_flight": dict(self.in_flight),
             "code_versions": dict(self.code_versions),
-            "breaks": [dataclasses.asdict(b) for b in self.breaks],
+            "breaks": [
+                {**dataclasses.asdict(b), "commands": list(b.commands)} for b in self.breaks
+            ],
             "workflows": [
                 {
                     **dataclasses.asdict(run),

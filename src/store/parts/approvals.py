@@ -43,6 +43,11 @@ MAX_NOTE = 2000
 #: Largest JSON text of a tool call's arguments that a decision may set.
 MAX_ARGUMENTS = 64 * 1024
 
+#: What the model reads for a call a person denied (the tool's result, the call not run).
+DENIAL = "Not run: a person ({by}) denied this call. Their reason: {reason}"
+#: How a denial's text opens, whoever denied it.
+DENIAL_OPENS = DENIAL[: DENIAL.index("{")]
+
 
 @dataclass(frozen=True, slots=True)
 class Asked:
@@ -355,8 +360,13 @@ def decide(
     note: str | None,
     arguments: Mapping[str, Any] | None,
     now: float,
+    parameters: Mapping[str, Any] | None = None,
 ) -> ApprovalInfo:
     """Record one decision; queue the turn's resumption once its last approval is decided.
+
+    An approval's arguments must fit ``parameters`` (the tool's JSON schema in the
+    code that will resume the turn), which then replace the stored ones; without
+    it, the schema stored when the turn suspended.
 
     Raises:
         NotFoundError: No approval has that id.
@@ -375,19 +385,34 @@ def decide(
         msg = f"approval {approval_id} is {found.status} already{who}{when}; nothing was changed"
         raise InvalidDecisionError(msg)
     decided: str | None = None
+    schema_text: str | None = None
     if approve:
         chosen = found.arguments if arguments is None else arguments
-        schema = conn.execute(
-            "SELECT parameters FROM checked_approvals WHERE approval_id = ?", (approval_id,)
-        ).get
-        decided = _checked_arguments(found, chosen, json.loads(schema))
+        if parameters is None:
+            schema = json.loads(
+                conn.execute(
+                    "SELECT parameters FROM checked_approvals WHERE approval_id = ?",
+                    (approval_id,),
+                ).get
+            )
+        else:
+            schema, schema_text = dict(parameters), dumps(dict(parameters))
+        decided = _checked_arguments(found, chosen, schema)
     conn.execute(
         """
         UPDATE approvals SET status = ?2, decided_at = ?3, decided_by = ?4, note = ?5,
-               decided_arguments = ?6
+               decided_arguments = ?6, parameters = coalesce(?7, parameters)
          WHERE approval_id = ?1 AND status = 'pending'
         """,
-        (approval_id, "approved" if approve else "denied", now, decider, note, decided),
+        (
+            approval_id,
+            "approved" if approve else "denied",
+            now,
+            decider,
+            note,
+            decided,
+            schema_text,
+        ),
     )
     if conn.changes() != 1:  # another decider got there first (PostgreSQL's read committed)
         msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
@@ -409,36 +434,53 @@ def retarget(
     parameters: Mapping[str, Any],
     by: str,
 ) -> ApprovalInfo:
-    """Make a pending approval name another tool (one renamed in new code), with ``arguments``.
+    """Make an approval name another tool (one renamed in new code), with ``arguments``.
 
     The suspended turn, resumed, runs ``tool`` in place of the one the model
     called; ``parameters`` is the new tool's JSON schema, which ``arguments``
-    (and later edited ones) must fit. The reason says who re-targeted it, from what.
+    (and later edited ones) must fit. The reason says who re-targeted it, from
+    what. A pending approval stays pending; an approved one whose turn has not
+    resumed waits for a decision again (its decision was about another call), and
+    its resumption is taken off the runners' queue. The caller holds the agent
+    for an approved one.
 
     Raises:
         NotFoundError: No approval has that id.
-        InvalidDecisionError: It is not pending, or ``tool`` is not a sensible
-            name, or the arguments do not fit. Nothing is written.
+        InvalidDecisionError: It is denied, cancelled or used, or ``tool`` is not
+            a sensible name, or the arguments do not fit. Nothing is written.
+        AgentInUseError: A runner is resuming its turn now.
     """
     decider = _text(by, "by", 200, required=True)
     name = _text(tool, "tool", 200, required=True)
     found = one(conn, approval_id)
     if found is None:
         raise _no_approval(approval_id)
-    if found.status != "pending":
+    if found.status not in ("pending", "approved") or found.ended_in is not None:
+        used = " and its turn has resumed" if found.ended_in is not None else ""
         msg = (
-            f"approval {approval_id} is {found.status}; only a pending one can be re-targeted; "
-            "nothing was changed"
+            f"approval {approval_id} is {found.status}{used}; only a pending one, or an "
+            "approved one whose turn has not resumed, can be re-targeted; nothing was changed"
         )
         raise InvalidDecisionError(msg)
     checked = _checked_arguments(found, arguments, parameters)
-    reason = f"{found.reason or ''} (re-targeted from {found.tool} to {name} by {decider})"
+    if name == found.tool:
+        what = f"re-targeted to {name} with other arguments by {decider}"
+    else:
+        what = f"re-targeted from {found.tool} to {name} by {decider}"
+    note = found.note
+    if found.status == "approved":
+        _unqueue_resume(conn, found)
+        what += f"; asked again, as {found.decided_by} approved the call before"
+        note = f"asked again: {what}"
+    reason = f"{found.reason or ''} ({what})"
     conn.execute(
         """
-        UPDATE approvals SET tool = ?2, arguments = ?3, parameters = ?4, reason = ?5
-         WHERE approval_id = ?1 AND status = 'pending'
+        UPDATE approvals SET tool = ?2, arguments = ?3, parameters = ?4, reason = ?5,
+               status = 'pending', decided_at = NULL, decided_by = NULL,
+               decided_arguments = NULL, note = ?7
+         WHERE approval_id = ?1 AND status = ?6 AND ended_in IS NULL
         """,
-        (approval_id, name, checked, dumps(dict(parameters)), reason.strip()),
+        (approval_id, name, checked, dumps(dict(parameters)), reason.strip(), found.status, note),
     )
     if conn.changes() != 1:
         msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
@@ -446,6 +488,27 @@ def retarget(
     changed = one(conn, approval_id)
     assert changed is not None
     return changed
+
+
+def _unqueue_resume(conn: Conn, approval: ApprovalInfo) -> None:
+    """Take the runners' resumption of ``approval``'s turn off the queue, if queued.
+
+    Raises:
+        AgentInUseError: A runner holds it: it is resuming the turn now.
+    """
+    alarm_id = resume_id(approval.agent_id, approval.conversation, approval.suspended_in)
+    conn.execute(
+        """
+        DELETE FROM alarms
+         WHERE alarm_id = ? AND kind = 'resume' AND ended_in IS NULL AND lease_owner IS NULL
+        """,
+        (alarm_id,),
+    )
+    leased = conn.execute(
+        "SELECT 1 FROM alarms WHERE alarm_id = ? AND ended_in IS NULL", (alarm_id,)
+    ).fetchone()
+    if leased is not None:
+        raise AgentInUseError(approval.agent_id, "a runner resuming its suspended turn")
 
 
 def _no_approval(approval_id: str) -> NotFoundError:
@@ -481,7 +544,7 @@ def _queue_resume(conn: Conn, suspension: Suspension, now: float) -> None:
 
 
 def _checked_arguments(found: ApprovalInfo, arguments: object, schema: Mapping[str, Any]) -> str:
-    """``arguments`` as JSON text, if they fit the tool's parameters."""
+    """``arguments`` as JSON text, if they fit the tool's parameters (``schema``)."""
     if not isinstance(arguments, Mapping):
         msg = f"arguments must be a JSON object of the tool's parameters; got {arguments!r}"
         raise InvalidDecisionError(msg)
