@@ -486,7 +486,9 @@ class AgentHolds:
             self._failed(
                 "failing",
                 "could not renew this process's hold on %d agent(s) (%s) in %s: %s. A hold "
-                "lapses %g s after its last renewal; its turn cannot commit then",
+                "lapses %g s after its last renewal; its turn cannot commit then. If a "
+                "pooler's pool is full, give renewals a path of their own (renewal_url: "
+                "the docs' production page, 'Renewals')",
                 len(holds),
                 ", ".join(repr(h.agent_id) for h in holds[:5]) or "none",
                 self._db.location,
