@@ -1,9 +1,6 @@
 """check_upgrade: each kind of break new code makes, found in a copy of an example agent
 edited as a developer would, on both backends, with nothing written and no model called."""
 
-import importlib.util
-import itertools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -12,46 +9,12 @@ from typing import Any
 import pytest
 from effectful.ops.semantics import handler
 from helpers import persisted
+from upgrade_helpers import PLANTS, REFUND_CALL, REFUNDS, RENAME_REFUND, TEAM, edited
 
 from effectful_durable import Store, TurnSuspended, check_upgrade, migrate_states, migrates_state
 from effectful_durable.handlers.effectful_hooks import tool_parameters
 from effectful_durable.testing import FakeLLM, ToolCall
 from effectful_durable.upgrades.agent_checks import Shape
-
-EXAMPLES = Path(__file__).parents[2] / "examples"
-REFUNDS = EXAMPLES / "approvals" / "refunds.py"
-PLANTS = EXAMPLES / "alarms" / "checkback.py"
-TEAM = EXAMPLES / "multi_agent" / "workflow.py"
-_names = itertools.count()
-REFUND_CALL = ToolCall("refund", {"order": "A-1002", "amount": 250})
-RENAME_REFUND = (
-    "def refund(self, order: str, amount: float)",
-    "def pay_refund(self, order: str, amount: float)",
-)
-
-
-def edited(source: Path, folder: Path, *edits: tuple[str, str]) -> ModuleType:
-    """A copy of the example ``source`` in ``folder`` with each (old, new) edit made, imported."""
-    text = source.read_text()
-    for old, new in edits:
-        assert old in text, f"the example no longer holds {old!r}"
-        text = text.replace(old, new)
-    for sibling in source.parent.glob("*.py"):  # the example's other modules, as they are
-        if sibling != source and not (folder / sibling.name).exists():
-            (folder / sibling.name).write_text(sibling.read_text())
-    name = f"{source.stem}_{next(_names)}"
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(folder))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(folder))
-    return module
 
 
 def footprint(db: str) -> tuple[Any, ...]:

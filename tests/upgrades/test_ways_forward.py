@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from effectful.handlers.llm.completions import LiteLLMProvider
 from helpers import persisted
-from test_check import REFUND_CALL, REFUNDS
+from upgrade_helpers import REFUND_CALL, REFUNDS
 
 from effectful_durable import AgentRunner, DurableError, Store, TurnSuspended
 from effectful_durable.cli import main

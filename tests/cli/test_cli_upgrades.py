@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import persisted
-from test_check import PLANTS, REFUND_CALL, REFUNDS, RENAME_REFUND, edited
+from upgrade_helpers import PLANTS, REFUND_CALL, REFUNDS, RENAME_REFUND, edited
 
 from effectful_durable import Store, TurnSuspended
 from effectful_durable.cli import main

@@ -659,7 +659,7 @@ class TestPostgresConnectionErrors:
             capture_output=True,
             text=True,
             env=env,
-            cwd=Path(__file__).parents[1],
+            cwd=Path(__file__).parents[2],
             timeout=60,
         )
         print(f"{' '.join(argv[:1])}: exit {done.returncode} after "
