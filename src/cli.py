@@ -70,10 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)  # a long-running process: it logs, library loggers included
     if args.command == "ui":
         return _ui(args)
-    if args.command in _NEW_CODE and (args.command != "check" or args.agents):
+    if args.command in _NEW_CODE:
         return _new_code(args)
-    if args.command == "check" and (args.handlers or args.workflow or args.report):
-        return _fail("check takes --handlers, --workflow and --report only with --agents", code=2)
     with _library_logs_quiet():
         return _command(args)
 
@@ -557,8 +555,8 @@ _READS = frozenset(
     }
 )
 _READ_ONLY = _READS | {"backup"}
-# Writes that print what they wrote as JSON when asked.
-_JSON_WRITES = frozenset({"approve", "deny", "send-event"})
+# Writes that print what they wrote as JSON when asked, and the upgrade check.
+_JSON_WRITES = frozenset({"approve", "deny", "send-event", "check-upgrade"})
 
 # -- maintenance ------------------------------------------------------------------
 
@@ -797,22 +795,21 @@ def _run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
-# Commands that import the user's new agent code: check (with --agents), and the repairs
-# it names.
-_NEW_CODE = frozenset({"check", "migrate-state", "retarget"})
+# Commands that import the user's new agent code: check-upgrade, and the repairs it names.
+_NEW_CODE = frozenset({"check-upgrade", "migrate-state", "retarget"})
 
 
 def _new_code(args: argparse.Namespace) -> int:
-    """``check --agents``, ``migrate-state``, ``retarget``: they import effectful's LLM layer."""
+    """``check-upgrade``, ``migrate-state``, ``retarget``: they import effectful's LLM layer."""
     problem = _unusable(args.db)
     if problem:
         return _fail(problem)
-    if args.command == "check":
+    if args.command == "check-upgrade":
         args.report = check_report_path(args.db, args.report)
     from .upgrades import cli
 
     commands = {
-        "check": cli.check_command,
+        "check-upgrade": cli.check_command,
         "migrate-state": cli.migrate_command,
         "retarget": cli.retarget_command,
     }
@@ -821,7 +818,7 @@ def _new_code(args: argparse.Namespace) -> int:
 
 
 def check_report_path(db: str, chosen: str | None) -> str | None:
-    """Where the report of ``check --agents`` is kept for the page: the path chosen, else
+    """Where the report of ``check-upgrade`` is kept for the page: the path chosen, else
     ``DB.check.json`` beside an SQLite file (a PostgreSQL database has no beside)."""
     if chosen is not None:
         return chosen
@@ -1027,17 +1024,18 @@ def _parser() -> argparse.ArgumentParser:
     command("workflows", _workflows, "list the workflow journals and their step counts")
     sub = command("steps", _steps, "list a workflow's journal, step by step")
     sub.add_argument("workflow", metavar="WORKFLOW", help="the workflow name")
+    command("check", _check, "check the file and every row's checksum")
     sub = command(
-        "check",
-        _check,
-        "check the file and every row's checksum; with --agents, what new agent code "
-        "does to every agent in flight",
+        "check-upgrade",
+        _new_code_placeholder,
+        "check what new agent code does to every agent in flight; exit 3 if anything breaks",
     )
     sub.add_argument(
         "--agents",
+        required=True,
         metavar="MODULE:FUNC",
         help="the new code's factory of an agent from its id: check what it cannot carry "
-        "(approvals, alarms, events, fields, memory, histories) instead; exit 3 if anything",
+        "(approvals, alarms, events, fields, memory, histories)",
     )
     sub.add_argument(
         "--handlers",
@@ -1055,8 +1053,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--report",
         metavar="FILE",
-        help="with --agents: keep the report here for the page (default: DB.check.json "
-        "beside an SQLite file)",
+        help="keep the report here for the page (default: DB.check.json beside an SQLite file)",
     )
     sub = command(
         "migrate-state",
@@ -1195,7 +1192,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--check-report",
         metavar="FILE",
-        help="the report of `check --agents` to show (default: DB.check.json beside an "
+        help="the report of `check-upgrade` to show (default: DB.check.json beside an "
         "SQLite file)",
     )
     sub = command("reset-workflow", _reset_workflow, "make a workflow redo its steps from N on")

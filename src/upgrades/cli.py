@@ -1,4 +1,4 @@
-"""``effectful-durable check --agents``, ``migrate-state``, ``retarget`` and ``approve
+"""``effectful-durable check-upgrade``, ``migrate-state``, ``retarget`` and ``approve
 --agents``: the commands that import the user's new agent code (and so effectful's LLM
 layer)."""
 
@@ -28,7 +28,7 @@ PROG = "effectful-durable"
 
 
 def check_command(args: argparse.Namespace) -> int:
-    """``check DB --agents MOD:FUNC``: print what the new code cannot carry; 0, 3 or 1."""
+    """``check-upgrade DB --agents MOD:FUNC``: print what the new code cannot carry; 0, 3 or 1."""
     try:
         agents = load(args.agents, "--agents")
         workflow = load(args.workflow, "--workflow") if args.workflow else None

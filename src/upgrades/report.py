@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-#: The exit status of ``effectful-durable check --agents`` when something would break.
+#: The exit status of ``effectful-durable check-upgrade`` when something would break.
 BREAKS_EXIT_STATUS = 3
 
 
@@ -92,7 +92,7 @@ def _steps(numbers: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class UpgradeReport:
-    """What ``effectful-durable check --agents`` found: whether the new code carries every
+    """What ``effectful-durable check-upgrade`` found: whether the new code carries every
     agent's in-flight work, and what it cannot.
 
     ``in_flight`` counts what was looked at (agents, conversations, approvals,

@@ -46,8 +46,9 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         check=False, capture_output=True, env=ENV, timeout=300,
     )  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "effectful_durable", "check", db, "--agents", "workflow:agent",
-         "--workflow", "workflow:program", "--code-version", "textkit-demo-2"],
+        [sys.executable, "-m", "effectful_durable", "check-upgrade", db,
+         "--agents", "workflow:agent", "--workflow", "workflow:program",
+         "--code-version", "textkit-demo-2"],
         cwd=new_code(folder / "new"), capture_output=True, text=True, env=ENV, timeout=300,
     )  # fmt: skip
     assert done.returncode == 3, done.stdout + done.stderr

@@ -1,4 +1,4 @@
-"""The last check: the report ``effectful-durable check --agents`` kept, as the page shows it.
+"""The last check: the report ``effectful-durable check-upgrade`` kept, as the page shows it.
 
 The check writes its report to a file (``DB.check.json`` beside an SQLite file, or
 ``--report``); the page reads it on each request, so a new check shows at once.
