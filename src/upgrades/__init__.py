@@ -7,7 +7,9 @@ carry it (``agent_checks.py``), and replays each workflow's program in a dry run
 where the user's code raised. ``migrate.py`` commits state migrations; the
 commands are the command line's (``cli/upgrades.py``). It sits above
 ``handlers/`` and ``agents/``: it imports them and the store, and nothing below
-imports it; ``report.py`` and ``user_code.py`` import only the standard library.
+imports it but the leaves ``report.py`` and ``user_code.py``, which import only the
+standard library: the page reads the report's types (``ui/pages/check.py``), and the
+command line's loader says where the user's code raised.
 """
 
 from .check import check_upgrade
