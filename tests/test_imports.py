@@ -366,3 +366,33 @@ class TestLeaves:
                     if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
                 ]
         assert not wrong, "imports beyond the standard library:\n" + "\n".join(wrong)
+
+
+class TestCommandLine:
+    """The command line loads the user's code, and litellm, only in the commands that run it."""
+
+    def test_the_command_imports_only_the_store_when_imported(self) -> None:
+        """cli/ imports, when imported, of ours only itself, store/, errors and the upgrade
+        leaves, and never effectful: the commands that run agents (run, check-upgrade, ...)
+        and ui import handlers, agents, runner, upgrades and ui inside their functions."""
+        allowed = ("cli", "store", "errors", "upgrades.report", "upgrades.user_code")
+        wrong = []
+        for module, file in modules().items():
+            if module != "cli" and not module.startswith("cli."):
+                continue
+            package = module.split(".") if file.endswith("__init__.py") else module.split(".")[:-1]
+            for line, name in _module_level_imports(file):
+                level = len(name) - len(name.lstrip("."))
+                if level:
+                    rest = name[level:]
+                    ours: str | None = ".".join(
+                        package[: len(package) - (level - 1)] + ([rest] if rest else [])
+                    )
+                else:
+                    ours = _relative(name)
+                if ours is None:
+                    if name.split(".")[0] in ("effectful", "litellm"):
+                        wrong.append(f"src/{file}:{line}: {name}")
+                elif not any(ours == a or ours.startswith(a + ".") for a in allowed):
+                    wrong.append(f"src/{file}:{line}: {name}")
+        assert not wrong, "the command line imports, when imported:\n" + "\n".join(wrong)
