@@ -129,9 +129,11 @@ class Command:
 
 
 class Family:
-    """The commands one module declares, in the order ``--help`` lists them."""
+    """The commands one module declares, in the order ``--help`` lists them; ``title``
+    names the section of the docs (``cli.rst``) that documents them."""
 
-    def __init__(self) -> None:
+    def __init__(self, title: str) -> None:
+        self.title = title
         self.commands: list[Command] = []
 
     def command(

@@ -17,7 +17,7 @@ from .command import AGENT, PROG, Family, flag
 from .output import cell, print_json, shorten
 from .upgrades import approve_parameters
 
-COMMANDS = Family()
+COMMANDS = Family("Deciding and sending events")
 
 APPROVAL = flag("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)")
 BY = flag("--by", metavar="NAME", help="who decides (default: your user name)")

@@ -15,7 +15,7 @@ from ..store.engine.seam import is_postgres_url, redacted
 from .command import PROG, YES, Family, cli_words, fail, flag, positive, unusable
 from .output import print_rows
 
-COMMANDS = Family()
+COMMANDS = Family("Maintenance")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

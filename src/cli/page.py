@@ -7,7 +7,7 @@ import argparse
 
 from .command import Family, fail, flag, report_path, unusable
 
-COMMANDS = Family()
+COMMANDS = Family("The page")
 
 # The libraries of the ui extra: without one of them, `ui` says which extra to install.
 _UI_LIBRARIES = frozenset({"starlette", "uvicorn", "jinja2", "markupsafe", "anyio", "h11"})

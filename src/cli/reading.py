@@ -18,7 +18,7 @@ from ..store.workspace.workspace import jsonable
 from .command import AGENT, CONVERSATION, PROG, Family, at_version, fail, flag
 from .output import cell, dumps, print_json, print_rows, show
 
-COMMANDS = Family()
+COMMANDS = Family("Reading")
 
 
 @COMMANDS.reads("agents", "list the agents: version, active messages, last commit")

@@ -10,7 +10,7 @@ from ..store import Store
 from .command import AGENT, YES, Family, at_version, fail, flag
 from .output import cell
 
-COMMANDS = Family()
+COMMANDS = Family("Repairing")
 
 
 @COMMANDS.writes(

@@ -14,7 +14,7 @@ from typing import Any
 from .command import FACTORY, Family, as_said, flag, positive
 from .loader import load
 
-COMMANDS = Family()
+COMMANDS = Family("Running")
 
 # Attributes of a LogRecord that every record has; the rest came from ``extra=``.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}

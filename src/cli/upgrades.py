@@ -24,7 +24,7 @@ from ..upgrades.report import UpgradeReport
 from .command import FACTORY, PROG, Family, Flag, Run, as_said, fail, flag, report_path, unusable
 from .loader import build, load
 
-COMMANDS = Family()
+COMMANDS = Family("Before new code runs")
 
 
 def _new_code(name: str, help: str, *flags: Flag, json: bool = False) -> Callable[[Run], Run]:
