@@ -7,8 +7,9 @@ backup, copy), ``upgrades`` (check-upgrade, migrate-state, retarget), ``running`
 (run) and ``page`` (ui). ``command`` holds what a command is, how it opens DB and the
 one way to fail; ``output`` how it prints; ``loader`` the one ``MODULE:FUNC`` loader.
 
-When imported it imports only the store, the errors and the upgrade report's types:
-the commands that load the user's agent code (``run``, ``check-upgrade``,
+When imported it imports only the store, the errors and the two leaves of
+``upgrades/`` (the report's types, and where the user's code raised): the commands
+that load the user's agent code (``run``, ``check-upgrade``,
 ``migrate-state``, ``retarget``, ``approve --agents``) and ``ui`` import the rest when
 they run, so that the others never load litellm. DB is an SQLite file or a
 ``postgresql://`` URL; reads open it read-only, and only ``copy`` creates a database,
