@@ -1,4 +1,4 @@
-"""How long `effectful-durable check --agents` takes over many agents with mixed in-flight work.
+"""How long `effectful-durable check-upgrade` takes over many agents with mixed in-flight work.
 
 The database is bench/many_agents.py's, written in bulk on PostgreSQL (a throwaway
 server, or ``--postgres URL``'s): ``--agents`` agents with ``--messages`` messages

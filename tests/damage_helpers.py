@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import io
 import os
 import shutil
 import struct
 import tempfile
-import unittest.mock
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +43,6 @@ from effectful_durable import (
     StateTools,
     Store,
 )
-from effectful_durable import cli as cli_module
 from effectful_durable.cli import main
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
@@ -324,20 +321,10 @@ def wrong_reads(transcript: Transcript, baseline: Transcript) -> list[str]:
     ]
 
 
-_parser = functools.cache(cli_module._parser)
-
-
 def cli(argv: list[str]) -> tuple[int, str, str]:
-    """Run the command line in this process: exit code, stdout, stderr.
-
-    The argument parser is built once (building it is most of a command's time).
-    """
+    """Run the command line in this process: exit code, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    with (
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-        unittest.mock.patch.object(cli_module, "_parser", _parser),
-    ):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
 

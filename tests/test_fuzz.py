@@ -9,7 +9,7 @@ per test instead.
 All but the command line run on SQLite and on PostgreSQL, each example on a fresh
 copy of a small database (a cloned database on PostgreSQL, with a fifth of the
 examples). The command line's fuzzing is about files (missing, a directory, empty,
-random bytes, a file's bytes unchanged) and stays on SQLite; test_cli.py runs the
+random bytes, a file's bytes unchanged) and stays on SQLite; tests/cli/test_cli.py runs the
 commands on PostgreSQL.
 """
 

@@ -12,6 +12,7 @@ parts and the SQL workspace). See ``docs/source/layout.rst``.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -34,7 +35,9 @@ LAYERS: list[list[tuple[str, ...]]] = [
     [("store.records", "store.history", "store.rows", "store.ids")],  # shared leaves
     [("store.engine.sqlite",), ("store.engine.postgres",)],  # the two engines
     [("store.engine",)],  # the seam both engines implement
-    [("errors",)],
+    # the hierarchy of errors; what a check found, as the check writes it and the page
+    # reads it; where the user's code raised: each imports nothing of ours
+    [("errors",), ("upgrades.report",), ("upgrades.user_code",)],
 ]
 
 
@@ -309,14 +312,15 @@ class TestUI:
     """The page is an optional extra over the store: it never loads effectful's LLM layer."""
 
     def test_the_page_imports_only_the_store_and_the_errors(self) -> None:
-        """ui/ imports, of ours, only store/ and errors: never handlers, agents or runner,
-        so that litellm is never loaded; nor effectful."""
+        """ui/ imports, of ours, only store/, errors and the upgrade report's types: never
+        handlers, agents or runner, so that litellm is never loaded; nor effectful."""
         wrong = [
             str(arrow)
             for arrow in imports()
             if (arrow.source == "ui" or arrow.source.startswith("ui."))
             and group_of(arrow.target) not in (group_of("ui"), None)
-            and not (arrow.target.startswith("store") or arrow.target == "errors")
+            and not arrow.target.startswith("store")
+            and arrow.target not in ("errors", "upgrades.report")
         ]
         for module, file in modules().items():
             if module == "ui" or module.startswith("ui."):
@@ -339,3 +343,56 @@ class TestUI:
                 if name.split(".")[0] in extra or name in (".ui", f"{PACKAGE}.ui"):
                     wrong.append(f"src/{file}:{line}: {name}")
         assert not wrong, "imported without the ui extra:\n" + "\n".join(wrong)
+
+
+class TestLeaves:
+    """What the page and the command line share with the upgrade check loads nothing else."""
+
+    def test_the_report_and_user_code_import_only_the_standard_library(self) -> None:
+        """upgrades/report.py and user_code.py import nothing of ours, nor effectful, nor
+        any other package: the page reads the report without loading the check."""
+        wrong = []
+        for module in ("upgrades.report", "upgrades.user_code"):
+            file = modules()[module]
+            for node in ast.walk(ast.parse((SRC / file).read_text("utf-8"), file)):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = ["." if node.level else node.module or ""]
+                wrong += [
+                    f"src/{file}:{node.lineno}: {name}"
+                    for name in names
+                    if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
+                ]
+        assert not wrong, "imports beyond the standard library:\n" + "\n".join(wrong)
+
+
+class TestCommandLine:
+    """The command line loads the user's code, and litellm, only in the commands that run it."""
+
+    def test_the_command_imports_only_the_store_when_imported(self) -> None:
+        """cli/ imports, when imported, of ours only itself, store/, errors and the upgrade
+        leaves, and never effectful: the commands that run agents (run, check-upgrade, ...)
+        and ui import handlers, agents, runner, upgrades and ui inside their functions."""
+        allowed = ("cli", "store", "errors", "upgrades.report", "upgrades.user_code")
+        wrong = []
+        for module, file in modules().items():
+            if module != "cli" and not module.startswith("cli."):
+                continue
+            package = module.split(".") if file.endswith("__init__.py") else module.split(".")[:-1]
+            for line, name in _module_level_imports(file):
+                level = len(name) - len(name.lstrip("."))
+                if level:
+                    rest = name[level:]
+                    ours: str | None = ".".join(
+                        package[: len(package) - (level - 1)] + ([rest] if rest else [])
+                    )
+                else:
+                    ours = _relative(name)
+                if ours is None:
+                    if name.split(".")[0] in ("effectful", "litellm"):
+                        wrong.append(f"src/{file}:{line}: {name}")
+                elif not any(ours == a or ours.startswith(a + ".") for a in allowed):
+                    wrong.append(f"src/{file}:{line}: {name}")
+        assert not wrong, "the command line imports, when imported:\n" + "\n".join(wrong)

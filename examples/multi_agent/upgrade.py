@@ -1,11 +1,11 @@
-"""Before a restart with changed code, `effectful-durable check` says what it does to the run.
+"""Before a restart, `effectful-durable check-upgrade` says what changed code does to the run.
 
 The story of a Ctrl-C, an edit and a restart, told through the check:
 
 1. The workflow runs, and is stopped midway (``--stop-after``: Ctrl-C, pressed for you).
-2. ``check`` with the code as it is: the finished steps replay, the next one goes live.
+2. ``check-upgrade`` with the code as it is: the finished steps replay, the next one goes live.
 3. Someone edits the code: a coder now writes its modules in the other order.
-4. ``check`` with the edited copy names the step that would diverge, what the journal
+4. ``check-upgrade`` with the edited copy names the step that would diverge, what the journal
    recorded and what the new code asks for, and exits 3: before the restart, with no
    model called and nothing written.
 
@@ -36,13 +36,15 @@ NEW = (
 
 
 def check(db: Path, code: Path) -> int:
-    """Run `effectful-durable check` on ``db`` against the agent code in ``code``; its status."""
+    """Run `effectful-durable check-upgrade` on ``db`` against the agent code in ``code``;
+    its exit status."""
     command = [
-        sys.executable, "-m", "effectful_durable", "check", str(db),
+        sys.executable, "-m", "effectful_durable", "check-upgrade", str(db),
         "--agents", "workflow:agent", "--workflow", "workflow:program",
     ]  # fmt: skip
     print(
-        f"$ effectful-durable check {db.name} --agents workflow:agent --workflow workflow:program"
+        f"$ effectful-durable check-upgrade {db.name} --agents workflow:agent "
+        "--workflow workflow:program"
     )
     status = subprocess.run(command, cwd=code, check=False).returncode
     print(f"(exit status {status})\n")

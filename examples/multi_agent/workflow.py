@@ -345,9 +345,9 @@ def fix_modules(coder: Coder, modules: list[ModuleSpec], reviews: dict[str, Revi
         say(coder.agent_id, coder.fix_module(module, reviews[module.name].comments))
 
 
-# -- Before a restart with changed code: what `effectful-durable check` runs -------------
+# -- Before a restart with changed code: what `effectful-durable check-upgrade` runs -----
 def agent(agent_id: str) -> PersistentAgent:
-    """The team's agent ``agent_id`` (``check --agents workflow:agent``)."""
+    """The team's agent ``agent_id`` (``check-upgrade DB --agents workflow:agent``)."""
     team = make_team(Path(tempfile.gettempdir()))  # the check runs no tool: no folder needed
     found = {a.agent_id: a for a in (team.architect, *team.coders, team.reviewer)}
     return found[agent_id]

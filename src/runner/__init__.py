@@ -2,7 +2,7 @@
 
 It drives agents through PersistenceHandler and claims alarms through the
 Store's alarm queue, so it imports ``handlers``, ``agents`` and ``store``;
-only the command (``cli.py``) and the package's public API import it.
+only the command (``cli/running.py``, ``run``) and the package's public API import it.
 """
 
 from .clock import Clock, FakeClock, SystemClock

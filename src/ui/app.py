@@ -59,7 +59,7 @@ def make_app(
         by: The name decisions are made under (``Store.approve``'s ``by``).
         hosts: Host names allowed besides the loopback ones.
         location: The database as the pages name it (a URL without its password).
-        check_report: The file ``effectful-durable check --agents`` keeps its report
+        check_report: The file ``effectful-durable check-upgrade`` keeps its report
             in, shown by ``/check``, the agents list and each agent's page.
     """
     read_only = writer is None

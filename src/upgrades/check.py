@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..agents.persistent import PersistentAgent
-from ..runner.cli import failure
 from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.inflight import AgentInFlight
 from .agent_checks import Commands, Shape, StoredAgent, check_agent, factory_name
 from .dry_run import dry_run
 from .report import Break, UpgradeReport
+from .user_code import failure
 
 #: What a report counts, in the order it says it.
 IN_FLIGHT = ("agents", "conversations", "approvals", "alarms", "events", "workflows")

@@ -1,13 +1,18 @@
-"""What a check found: the in-flight work new code cannot carry, and each workflow's dry run."""
+"""What a check found: the in-flight work new code cannot carry, and each workflow's dry run.
+
+The check writes these types and the page (``ui/pages/check.py``) reads them back from
+the JSON the check keeps, so this module imports only the standard library: never
+effectful, nor anything of ours.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_type_hints
 
-#: The exit status of ``effectful-durable check --agents`` when something would break.
+#: The exit status of ``effectful-durable check-upgrade`` when something would break.
 BREAKS_EXIT_STATUS = 3
 
 
@@ -80,6 +85,10 @@ class WorkflowRun:
         return f"{replayed}, goes live at {live['number']} ({live['key']} {live['template']})"
 
 
+#: Every kind of break, in the order the page offers them.
+KINDS: tuple[str, ...] = get_args(get_type_hints(Break)["kind"])
+
+
 def _steps(numbers: tuple[int, ...]) -> str:
     if not numbers:
         return "replays no step"
@@ -92,13 +101,13 @@ def _steps(numbers: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class UpgradeReport:
-    """What ``effectful-durable check --agents`` found: whether the new code carries every
+    """What ``effectful-durable check-upgrade`` found: whether the new code carries every
     agent's in-flight work, and what it cannot.
 
     ``in_flight`` counts what was looked at (agents, conversations, approvals,
     alarms, events, workflows); ``code_versions`` how many agents' latest turn
-    each code version committed (``None``: not said); ``code_version`` the new
-    code's own, if known.
+    each code version committed (``"(not recorded)"``: not said); ``code_version``
+    the new code's own, if known.
 
     .. versionadded:: 0.2.0
     """
@@ -144,3 +153,52 @@ class UpgradeReport:
             ],
             "seconds": round(self.seconds, 3),
         }
+
+    @classmethod
+    def from_json(cls, data: Any) -> UpgradeReport:
+        """The report that :meth:`to_json` wrote, read back (as the page reads it).
+
+        Raises:
+            ValueError: ``data`` is not such a report.
+        """
+        try:
+            report = cls(
+                database=data["database"],
+                checked_at=data["checked_at"],
+                code_version=data["code_version"],
+                in_flight=dict(data["in_flight"]),
+                code_versions=dict(data["code_versions"]),
+                breaks=tuple(
+                    Break(
+                        kind=found["kind"],
+                        agent_id=found["agent_id"],
+                        subject=found["subject"],
+                        problem=found["problem"],
+                        way_forward=found["way_forward"],
+                        commands=tuple(found["commands"]),
+                    )
+                    for found in data["breaks"]
+                ),
+                workflows=tuple(
+                    WorkflowRun(
+                        workflow=run["workflow"],
+                        replayed=tuple(run["replayed"]),
+                        live_at=run["live_at"],
+                        diverged=run["diverged"],
+                        error=run["error"],
+                    )
+                    for run in data["workflows"]
+                ),
+                seconds=float(data["seconds"]),
+            )
+            for run in report.workflows:
+                _ = run.summary  # a dry run that cannot say what it found is no report
+        except (KeyError, TypeError, ValueError) as error:
+            what = f"{type(error).__name__}: {error}"
+            msg = f"not a report of effectful-durable check-upgrade ({what})"
+            raise ValueError(msg) from error
+        unknown = sorted({found.kind for found in report.breaks} - set(KINDS))
+        if unknown:
+            msg = f"not a report of effectful-durable check-upgrade (breaks of kind {unknown})"
+            raise ValueError(msg)
+        return report

@@ -46,8 +46,9 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         check=False, capture_output=True, env=ENV, timeout=300,
     )  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "effectful_durable", "check", db, "--agents", "workflow:agent",
-         "--workflow", "workflow:program", "--code-version", "textkit-demo-2"],
+        [sys.executable, "-m", "effectful_durable", "check-upgrade", db,
+         "--agents", "workflow:agent", "--workflow", "workflow:program",
+         "--code-version", "textkit-demo-2"],
         cwd=new_code(folder / "new"), capture_output=True, text=True, env=ENV, timeout=300,
     )  # fmt: skip
     assert done.returncode == 3, done.stdout + done.stderr
@@ -89,13 +90,19 @@ class TestLastCheck:
 
 
 def test_no_report_yet(tmp_path: Path) -> None:
-    """Without a report, /check says how to make one; an unreadable one is said as such."""
+    """Without a report, /check says how to make one; an unreadable one, or JSON that is
+    no report of the check, is said as such."""
     db = str(tmp_path / "empty.db")
     from effectful_durable import Store
 
     Store(db).close()
     with serving(db) as server, server.client() as client:
-        assert "No check has kept a report" in client.get("/check").text
+        page = client.get("/check").text
+        assert "No check has kept a report" in page
+        assert "effectful-durable check-upgrade DB --agents MODULE:FUNC" in page
         Path(f"{db}.check.json").write_text("{not json")
         assert "cannot be read" in client.get("/check").text
+        assert "cannot be read" in client.get("/").text
+        Path(f"{db}.check.json").write_text('{"breaks": []}')
+        assert "not a report of effectful-durable check-upgrade" in client.get("/check").text
         assert "cannot be read" in client.get("/").text

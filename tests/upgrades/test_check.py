@@ -1,9 +1,9 @@
 """check_upgrade: each kind of break new code makes, found in a copy of an example agent
-edited as a developer would, on both backends, with nothing written and no model called."""
+edited as a developer would, on both backends, with nothing written and no model called;
+and the report read back from the JSON the check keeps."""
 
-import importlib.util
-import itertools
-import sys
+import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -12,46 +12,21 @@ from typing import Any
 import pytest
 from effectful.ops.semantics import handler
 from helpers import persisted
+from upgrade_helpers import PLANTS, REFUND_CALL, REFUNDS, RENAME_REFUND, TEAM, edited
 
-from effectful_durable import Store, TurnSuspended, check_upgrade, migrate_states, migrates_state
+from effectful_durable import (
+    Break,
+    Store,
+    TurnSuspended,
+    UpgradeReport,
+    WorkflowRun,
+    check_upgrade,
+    migrate_states,
+    migrates_state,
+)
 from effectful_durable.handlers.effectful_hooks import tool_parameters
 from effectful_durable.testing import FakeLLM, ToolCall
 from effectful_durable.upgrades.agent_checks import Shape
-
-EXAMPLES = Path(__file__).parents[2] / "examples"
-REFUNDS = EXAMPLES / "approvals" / "refunds.py"
-PLANTS = EXAMPLES / "alarms" / "checkback.py"
-TEAM = EXAMPLES / "multi_agent" / "workflow.py"
-_names = itertools.count()
-REFUND_CALL = ToolCall("refund", {"order": "A-1002", "amount": 250})
-RENAME_REFUND = (
-    "def refund(self, order: str, amount: float)",
-    "def pay_refund(self, order: str, amount: float)",
-)
-
-
-def edited(source: Path, folder: Path, *edits: tuple[str, str]) -> ModuleType:
-    """A copy of the example ``source`` in ``folder`` with each (old, new) edit made, imported."""
-    text = source.read_text()
-    for old, new in edits:
-        assert old in text, f"the example no longer holds {old!r}"
-        text = text.replace(old, new)
-    for sibling in source.parent.glob("*.py"):  # the example's other modules, as they are
-        if sibling != source and not (folder / sibling.name).exists():
-            (folder / sibling.name).write_text(sibling.read_text())
-    name = f"{source.stem}_{next(_names)}"
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(folder))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(folder))
-    return module
 
 
 def footprint(db: str) -> tuple[Any, ...]:
@@ -388,3 +363,61 @@ class TestPages:
         assert seen == [(2, 5), (4, 5), (5, 5)]
         assert report.in_flight["agents"] == 5
         assert [(b.kind, b.agent_id) for b in report.breaks] == [("alarm", "basil-carer")]
+
+
+# -- the report as the check keeps it and the page reads it --------------------------------
+
+
+class TestReportJson:
+    """The JSON the check keeps reads back as the same report: the page reads it so."""
+
+    REPORT = UpgradeReport(
+        database="state.db",
+        checked_at="2026-11-25T20:35:06+00:00",
+        code_version="v2",
+        in_flight={"agents": 2, "conversations": 2, "approvals": 1, "alarms": 0, "events": 0,
+                   "workflows": 2},
+        code_versions={"v1": 1, "(not recorded)": 1},
+        breaks=(
+            Break("approval", "ann", "apr_1", "its tool is gone", "deny it (`x`)", ("x",)),
+            Break("workflow", None, "nightly", "diverges", "reset it"),
+        ),
+        workflows=(
+            WorkflowRun("nightly", (1, 2), live_at={"number": 3, "key": "a#2", "template": "t"}),
+            WorkflowRun(
+                "weekly",
+                (1,),
+                diverged={"number": 2, "key": "b#0", "recorded": "f(1)", "asked": "f(2)"},
+            ),
+        ),
+        seconds=1.23456,
+    )  # fmt: skip
+
+    def test_round_trip(self) -> None:
+        """from_json(to_json()) is the report, its seconds rounded as they are kept."""
+        back = UpgradeReport.from_json(json.loads(json.dumps(self.REPORT.to_json())))
+        assert back == dataclasses.replace(self.REPORT, seconds=1.235)
+        assert back.to_json() == self.REPORT.to_json()
+        assert [run.summary for run in back.workflows] == [
+            run.summary for run in self.REPORT.workflows
+        ]
+
+    @pytest.mark.parametrize(
+        "edit",
+        [
+            lambda kept: [],
+            lambda kept: {**kept, "breaks": None},
+            lambda kept: {k: v for k, v in kept.items() if k != "database"},
+            lambda kept: {**kept, "breaks": [{**kept["breaks"][0], "kind": "mood"}]},
+            lambda kept: {**kept, "breaks": [{"kind": "approval", "agent_id": "ann"}]},
+            lambda kept: {**kept, "workflows": [{**kept["workflows"][0], "live_at": {}}]},
+            lambda kept: {**kept, "seconds": "soon"},
+        ],
+        ids=["a-list", "no-breaks", "no-database", "unknown-kind", "half-a-break",
+             "broken-dry-run", "seconds"],
+    )  # fmt: skip
+    def test_not_a_report(self, edit: Callable[[dict[str, Any]], Any]) -> None:
+        """JSON that is not a report the check wrote is refused with a ValueError."""
+        kept = json.loads(json.dumps(self.REPORT.to_json()))
+        with pytest.raises(ValueError, match="not a report of effectful-durable check-upgrade"):
+            UpgradeReport.from_json(edit(kept))

@@ -1,7 +1,7 @@
 """The check's ways forward, followed end to end as a team deploying agents follows them.
 
 In-flight work is made with the old code (a copy of ``examples/approvals/refunds.py``),
-one edit is made in another copy, ``effectful-durable check --agents`` exits 3, a way
+one edit is made in another copy, ``effectful-durable check-upgrade`` exits 3, a way
 forward the report prints is run exactly as printed, the check exits 0, and the turn
 resumed under the new code does what the check said: the tool runs once with the
 stored or given arguments, or the model reads a denial's reason. Model calls and tool
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from effectful.handlers.llm.completions import LiteLLMProvider
 from helpers import persisted
-from test_check import REFUND_CALL, REFUNDS
+from upgrade_helpers import REFUND_CALL, REFUNDS
 
 from effectful_durable import AgentRunner, DurableError, Store, TurnSuspended
 from effectful_durable.cli import main
@@ -107,8 +107,8 @@ class Deploy:
         return suspended.value.approvals[-1].approval_id
 
     def check(self, spec: str) -> tuple[int, str]:
-        """``effectful-durable check DB --agents spec``: its exit status and its words."""
-        status = main(["check", self.db, "--agents", spec])
+        """``effectful-durable check-upgrade DB --agents spec``: its exit status and its words."""
+        status = main(["check-upgrade", self.db, "--agents", spec])
         return status, self.capsys.readouterr().out
 
     def ways(self, spec: str) -> list[str]:
@@ -366,7 +366,7 @@ class TestDroppedArgument:
                 "def refund(self, order: int, amount: float)",
             )
         )
-        assert main(["check", deploy.db, "--agents", new, "--json"]) == 3
+        assert main(["check-upgrade", deploy.db, "--agents", new, "--json"]) == 3
         [problem] = json.loads(deploy.capsys.readouterr().out)["breaks"]
         assert "with the values that do not fit corrected" in problem["way_forward"]
         assert [shlex.split(line)[1] for line in problem["commands"]] == ["deny"]
@@ -514,7 +514,7 @@ class TestNewCodeThatFails:
         (deploy.folder / f"{name}.py").write_text(text)
         line = 3 if "raise" in text else 1
         for argv in (
-            ["check", deploy.db, "--agents", f"{name}:make"],
+            ["check-upgrade", deploy.db, "--agents", f"{name}:make"],
             ["approve", deploy.db, approval, "--agents", f"{name}:make"],
             ["retarget", deploy.db, approval, "refund", "--agents", f"{name}:make"],
         ):
@@ -535,7 +535,7 @@ class TestNewCodeThatFails:
         )
         spec = f"{name}:make"
         for argv in (
-            ["check", deploy.db, "--agents", spec],
+            ["check-upgrade", deploy.db, "--agents", spec],
             ["retarget", deploy.db, approval, "refund", "--agents", spec],
         ):
             assert main(argv) == 1
@@ -552,7 +552,7 @@ class TestNewCodeThatFails:
                 sys.executable,
                 "-m",
                 "effectful_durable",
-                "check",
+                "check-upgrade",
                 deploy.db,
                 "--agents",
                 "half:make",
@@ -613,7 +613,7 @@ class TestEveryPrintedCommand:
                 yield deploy, deploy.code(*edits)
 
         with in_flight() as (deploy, new):
-            assert main(["check", deploy.db, "--agents", new, "--json"]) == 3
+            assert main(["check-upgrade", deploy.db, "--agents", new, "--json"]) == 3
             breaks = json.loads(capsys.readouterr().out)["breaks"]
             status, out = deploy.check(new)
         listed = [line for b in breaks for line in b["commands"]]

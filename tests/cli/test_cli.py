@@ -556,10 +556,10 @@ class TestErrors:
     def test_busy_and_in_use_messages_speak_the_command_line(self) -> None:
         """The messages of a busy database and of an agent in use are reworded for the shell."""
         from effectful_durable import AgentInUseError, DatabaseBusyError
-        from effectful_durable.cli import _cli_words
+        from effectful_durable.cli.command import cli_words
 
         for error in (AgentInUseError("bot", "process 1 on host"), DatabaseBusyError("x.db", 5)):
-            text = _cli_words(str(error), "x.db")
+            text = cli_words(str(error), "x.db")
             assert "wait=" not in text and "busy_timeout" not in text, text
 
     @pytest.mark.parametrize(
@@ -659,7 +659,7 @@ class TestPostgresConnectionErrors:
             capture_output=True,
             text=True,
             env=env,
-            cwd=Path(__file__).parents[1],
+            cwd=Path(__file__).parents[2],
             timeout=60,
         )
         print(f"{' '.join(argv[:1])}: exit {done.returncode} after "

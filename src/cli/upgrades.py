@@ -1,6 +1,10 @@
-"""``effectful-durable check --agents``, ``migrate-state``, ``retarget`` and ``approve
---agents``: the commands that import the user's new agent code (and so effectful's LLM
-layer)."""
+"""Before new code runs: ``check-upgrade``, and the repairs its report names that need the
+new code, ``migrate-state`` and ``retarget`` (and ``approve --agents``'s check).
+
+They load the user's new agent code (``--agents MODULE:FUNC``), and with it effectful's
+LLM layer: what they import of ``upgrades/``, ``handlers/`` and ``agents/`` they import
+when they run. Their errors read as the library words them.
+"""
 
 from __future__ import annotations
 
@@ -8,50 +12,85 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from ..agents.persistent import PersistentAgent
 from ..errors import DurableError
-from ..handlers.effectful_hooks import tool_parameters
-from ..runner.cli import failure, load
-from ..runner.config import RunnerConfig
 from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.rows import typed_json
-from .agent_checks import Shape, command, tool_call_problem
-from .check import check_upgrade
-from .migrate import migrate_states
-from .report import UpgradeReport
+from ..upgrades.report import UpgradeReport
+from .command import FACTORY, PROG, Family, Flag, Run, as_said, fail, flag, report_path, unusable
+from .loader import build, load
 
-PROG = "effectful-durable"
+COMMANDS = Family("Before new code runs")
 
 
-def check_command(args: argparse.Namespace) -> int:
-    """``check DB --agents MOD:FUNC``: print what the new code cannot carry; 0, 3 or 1."""
-    try:
-        agents = load(args.agents, "--agents")
-        workflow = load(args.workflow, "--workflow") if args.workflow else None
-        code_version = args.code_version or _handlers_code_version(args.handlers)
-        bar = _Bar() if sys.stderr.isatty() and not args.json else None
-        report = check_upgrade(
-            args.db, agents=agents, workflow=workflow, code_version=code_version, progress=bar
-        )
-        if bar is not None:
-            bar.done()
-    except DurableError as error:
-        return _fail(str(error))
-    except KeyboardInterrupt:
-        return 130
+def _new_code(name: str, help: str, *flags: Flag, json: bool = False) -> Callable[[Run], Run]:
+    """Declare a command that loads the new code and runs it on DB, which must exist."""
+
+    def declare(run: Run) -> Run:
+        def on_file(args: argparse.Namespace) -> int:
+            problem = unusable(args.db)
+            return fail(problem) if problem else run(args)
+
+        COMMANDS.command(name, help, *flags, json=json, words=as_said)(on_file)
+        return run
+
+    return declare
+
+
+@_new_code(
+    "check-upgrade",
+    "check what new agent code does to every agent in flight; exit 3 if anything breaks",
+    flag(
+        "--agents",
+        required=True,
+        metavar="MODULE:FUNC",
+        help="the new code's factory of an agent from its id: check what it cannot carry "
+        "(approvals, alarms, events, fields, memory, histories)",
+    ),
+    flag(
+        "--handlers",
+        metavar="MODULE:FUNC",
+        help="the new code's handler stack, as for run (its PersistenceHandler's code_version)",
+    ),
+    flag(
+        "--workflow",
+        metavar="MODULE:FUNC",
+        help="runs the workflow's program, given a handler factory; replayed in a dry run",
+    ),
+    flag("--code-version", metavar="TEXT", help="the new code's version, for the report"),
+    flag(
+        "--report",
+        metavar="FILE",
+        help="keep the report here for the page (default: DB.check.json beside an SQLite file)",
+    ),
+    json=True,
+)
+def upgrade_check(args: argparse.Namespace) -> int:
+    """Print what the new code cannot carry; exit 0, 3 (something breaks) or 1."""
+    from ..upgrades import check_upgrade
+
+    agents = load(args.agents, "--agents")
+    workflow = load(args.workflow, "--workflow") if args.workflow else None
+    code_version = args.code_version or _handlers_code_version(args.handlers)
+    bar = _Bar() if sys.stderr.isatty() and not args.json else None
+    report = check_upgrade(
+        args.db, agents=agents, workflow=workflow, code_version=code_version, progress=bar
+    )
+    if bar is not None:
+        bar.done()
     unbuilt = [b for b in report.breaks if b.kind == "agent"]
     if unbuilt and len(unbuilt) == report.in_flight["agents"]:
         # The factory builds no agent at all: the new code is broken, not the agents.
-        return _fail(
+        return fail(
             f"the --agents factory {args.agents!r} cannot build any agent the database "
             f"holds ({len(unbuilt):,}); {unbuilt[0].agent_id!r}: "
             f"{unbuilt[0].problem.removeprefix('the new code cannot build it: ')}"
         )
-    saved = args.report
+    saved = report_path(args.db, args.report)
     if saved is not None:
         try:
             _save(saved, report)
@@ -70,6 +109,7 @@ def _handlers_code_version(spec: str | None) -> str | None:
     if spec is None:
         return None
     from ..handlers.persistence import PersistenceHandler
+    from ..runner.config import RunnerConfig
 
     try:
         stack = list(load(spec, "--handlers")(RunnerConfig()))
@@ -136,19 +176,26 @@ def _counted(number: int, plural: str) -> str:
     return f"{number:,} {plural if number != 1 else plural.removesuffix('s')}"
 
 
-def migrate_command(args: argparse.Namespace) -> int:
-    """``migrate-state DB --agents MOD:FUNC``: commit migrated fields, one version an agent."""
-    try:
-        factory = load(args.agents, "--agents")
-        migrated = migrate_states(
-            args.db,
-            agents=lambda agent_id: build(factory, args.agents, agent_id),
-            agent_id=args.agent,
-            dry_run=args.dry_run,
-            code_version=args.code_version,
-        )
-    except DurableError as error:
-        return _fail(str(error))
+@_new_code(
+    "migrate-state",
+    "commit agents' fields migrated to their class's __state_version__",
+    FACTORY,
+    flag("--agent", metavar="AGENT", help="only this agent (default: all)"),
+    flag("--dry-run", action="store_true", help="say what would be migrated"),
+    flag("--code-version", metavar="TEXT", help="recorded with each migration"),
+)
+def migrate_state(args: argparse.Namespace) -> int:
+    """Commit migrated fields, one version an agent."""
+    from ..upgrades import migrate_states
+
+    factory = load(args.agents, "--agents")
+    migrated = migrate_states(
+        args.db,
+        agents=lambda agent_id: build(factory, args.agents, agent_id),
+        agent_id=args.agent,
+        dry_run=args.dry_run,
+        code_version=args.code_version,
+    )
     for one in migrated:
         done = "would be migrated" if one.version is None else f"version {one.version} committed"
         print(
@@ -160,39 +207,52 @@ def migrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def retarget_command(args: argparse.Namespace) -> int:
-    """``retarget DB APPROVAL TOOL --agents MOD:FUNC``: point an approval at a renamed tool."""
-    try:
-        agents = load(args.agents, "--agents")
-        with Store(args.db) as store:
-            approval = store.approval(args.approval)
-            agent = build(agents, args.agents, approval.agent_id)
-            shape = Shape.of(agent)
-            found = shape.tool(args.tool)
-            if found is None:
-                msg = (
-                    f"{type(agent).__name__} has no tool {args.tool!r} (it has: "
-                    f"{shape.tool_names()}); nothing was changed"
-                )
-                raise DurableError(msg)
-            arguments = approval.arguments if args.arguments is None else _object(args.arguments)
-            problem = tool_call_problem(*found, arguments)
-            if problem is not None:
-                msg = (
-                    f"the arguments {json.dumps(arguments)} do not fit {args.tool} in the new "
-                    f"code ({args.agents}): {problem}; pass --arguments JSON that fit; nothing "
-                    "was changed"
-                )
-                raise DurableError(msg)
-            changed = store.retarget_approval(
-                args.approval,
-                tool=args.tool,
-                arguments=arguments,
-                parameters=tool_parameters(SimpleNamespace(name=found[0], tool=found[1])),
-                by=args.by,
+@_new_code(
+    "retarget",
+    "make a waiting approval name a renamed tool",
+    flag("approval", metavar="APPROVAL_ID", help="the approval id (apr_...)"),
+    flag("tool", metavar="TOOL", help="the tool's name in the new code"),
+    FACTORY,
+    flag(
+        "--arguments",
+        metavar="JSON",
+        help="the call's arguments for the new tool (default: the model's, if they fit)",
+    ),
+    flag("--by", metavar="NAME", help="who re-targets it (default: your user name)"),
+)
+def retarget(args: argparse.Namespace) -> int:
+    """Point an approval at a renamed tool of the new code."""
+    from ..handlers.effectful_hooks import tool_parameters
+    from ..upgrades.agent_checks import Shape, command, tool_call_problem
+
+    agents = load(args.agents, "--agents")
+    with Store(args.db) as store:
+        approval = store.approval(args.approval)
+        agent = build(agents, args.agents, approval.agent_id)
+        shape = Shape.of(agent)
+        found = shape.tool(args.tool)
+        if found is None:
+            msg = (
+                f"{type(agent).__name__} has no tool {args.tool!r} (it has: "
+                f"{shape.tool_names()}); nothing was changed"
             )
-    except DurableError as error:
-        return _fail(str(error))
+            raise DurableError(msg)
+        arguments = approval.arguments if args.arguments is None else _object(args.arguments)
+        problem = tool_call_problem(*found, arguments)
+        if problem is not None:
+            msg = (
+                f"the arguments {json.dumps(arguments)} do not fit {args.tool} in the new "
+                f"code ({args.agents}): {problem}; pass --arguments JSON that fit; nothing "
+                "was changed"
+            )
+            raise DurableError(msg)
+        changed = store.retarget_approval(
+            args.approval,
+            tool=args.tool,
+            arguments=arguments,
+            parameters=tool_parameters(SimpleNamespace(name=found[0], tool=found[1])),
+            by=args.by,
+        )
     print(
         f"{changed.approval_id}: agent {changed.agent_id!r} now asks to run "
         f"{changed.tool}({json.dumps(changed.arguments)}), checked against the new code's "
@@ -205,6 +265,18 @@ def retarget_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _object(text: str) -> dict[str, Any]:
+    try:
+        value = typed_json(text)
+    except ValueError as error:
+        msg = f"--arguments is not valid JSON ({error}); nothing was changed"
+        raise DurableError(msg) from error
+    if not isinstance(value, dict):
+        msg = f"--arguments must be a JSON object, not {text!r}; nothing was changed"
+        raise DurableError(msg)
+    return value
+
+
 def approve_parameters(
     store: Store, approval_id: str, spec: str, arguments: Any
 ) -> tuple[dict[str, Any], str]:
@@ -215,6 +287,9 @@ def approve_parameters(
         DurableError: The new code cannot be loaded or build the agent, has no such
             tool, or the arguments do not fit it. Nothing was changed.
     """
+    from ..handlers.effectful_hooks import tool_parameters
+    from ..upgrades.agent_checks import Shape, command, tool_call_problem
+
     agents = load(spec, "--agents")
     approval = store.approval(approval_id)
     agent = build(agents, spec, approval.agent_id)
@@ -249,41 +324,3 @@ def approve_parameters(
             "which differs; the new one is stored in its place"
         )
     return parameters, said
-
-
-def build(agents: Any, spec: str, agent_id: str) -> PersistentAgent:
-    """The agent ``agent_id`` as the ``--agents`` factory builds it.
-
-    Raises:
-        DurableError: In one line: the factory raised (where, in the user's code),
-            or returned no PersistentAgent.
-    """
-    try:
-        agent = agents(agent_id)
-    except Exception as error:
-        msg = f"the --agents factory {spec!r} cannot build agent {agent_id!r}: {failure(error)}"
-        raise DurableError(msg) from error
-    if not isinstance(agent, PersistentAgent):
-        msg = (
-            f"the --agents factory {spec!r} returned a {type(agent).__name__} for agent "
-            f"{agent_id!r}, not a PersistentAgent"
-        )
-        raise DurableError(msg)
-    return agent
-
-
-def _object(text: str) -> dict[str, Any]:
-    try:
-        value = typed_json(text)
-    except ValueError as error:
-        msg = f"--arguments is not valid JSON ({error}); nothing was changed"
-        raise DurableError(msg) from error
-    if not isinstance(value, dict):
-        msg = f"--arguments must be a JSON object, not {text!r}; nothing was changed"
-        raise DurableError(msg)
-    return value
-
-
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {' '.join(message.splitlines())}", file=sys.stderr)
-    return 1

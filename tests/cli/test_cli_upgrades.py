@@ -1,4 +1,4 @@
-"""`effectful-durable check --agents`, `migrate-state` and `retarget` from the shell, and the
+"""`effectful-durable check-upgrade`, `migrate-state` and `retarget` from the shell, and the
 code version that `versions` and `history --json` show."""
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import persisted
-from test_check import PLANTS, REFUND_CALL, REFUNDS, RENAME_REFUND, edited
+from upgrade_helpers import PLANTS, REFUND_CALL, REFUNDS, RENAME_REFUND, edited
 
 from effectful_durable import Store, TurnSuspended
 from effectful_durable.cli import main
@@ -46,7 +46,7 @@ class TestCheckCommand:
         approval = suspended_refund(db, tmp_path)
         broken = factory_module(tmp_path, "shop_renamed", RENAME_REFUND)
         same = factory_module(tmp_path, "shop_same")
-        command = [sys.executable, "-m", "effectful_durable", "check", db, "--json"]
+        command = [sys.executable, "-m", "effectful_durable", "check-upgrade", db, "--json"]
         done = subprocess.run(
             [*command, "--agents", broken], cwd=tmp_path, env=ENV, capture_output=True, text=True
         )
@@ -80,7 +80,7 @@ class TestCheckCommand:
         assert (
             main(
                 [
-                    "check",
+                    "check-upgrade",
                     store_url,
                     "--agents",
                     broken,
@@ -99,14 +99,17 @@ class TestCheckCommand:
         assert json.loads(report.read_text())["code_version"] == "v2"
 
     def test_usage(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        """--workflow without --agents, an unloadable factory, a missing file: one line each."""
+        """No --agents, an unloadable factory, a missing file: one line each; check
+        itself only checks the file, and takes none of check-upgrade's flags."""
         db = str(tmp_path / "state.db")
         suspended_refund(db, tmp_path)
-        assert main(["check", db, "--workflow", "x:y"]) == 2
-        assert "only with --agents" in capsys.readouterr().err
-        assert main(["check", db, "--agents", "no_such_module:make"]) == 1
+        assert main(["check-upgrade", db, "--workflow", "x:y"]) == 2
+        assert "the following arguments are required: --agents" in capsys.readouterr().err
+        assert main(["check", db, "--agents", "x:y"]) == 2
+        assert "unrecognized arguments: --agents x:y" in capsys.readouterr().err
+        assert main(["check-upgrade", db, "--agents", "no_such_module:make"]) == 1
         assert "cannot load --agents 'no_such_module:make'" in capsys.readouterr().err
-        assert main(["check", str(tmp_path / "none.db"), "--agents", "x:y"]) == 1
+        assert main(["check-upgrade", str(tmp_path / "none.db"), "--agents", "x:y"]) == 1
         assert "nothing was created" in capsys.readouterr().err
         assert not (tmp_path / "none.db").exists()
 
@@ -206,7 +209,7 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     leader, follower = pty.openpty()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "effectful_durable", "check", db, "--agents", same],
+            [sys.executable, "-m", "effectful_durable", "check-upgrade", db, "--agents", same],
             cwd=tmp_path,
             env=ENV,
             stdout=subprocess.PIPE,
@@ -244,6 +247,9 @@ def test_handlers_name_the_new_code_version(
         "from effectful_durable import PersistenceHandler\n\n\n"
         f"def handlers(config):\n    return [PersistenceHandler({db!r}, code_version='v2')]\n"
     )
-    assert main(["check", db, "--agents", same, "--handlers", "stack:handlers", "--json"]) == 0
+    assert (
+        main(["check-upgrade", db, "--agents", same, "--handlers", "stack:handlers", "--json"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert (report["code_version"], report["code_versions"]) == ("v2", {"v1": 1})
