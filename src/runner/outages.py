@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 from ..errors import DatabaseUnavailableError, StorageError
 from ..store.parts.alarms import Claim
-from .delivery import noun
 
 log = logging.getLogger("effectful_durable.runner")
 
@@ -140,3 +139,8 @@ class Outages:
         """What is still to write back, oldest first."""
         with self._lock:
             return list(self._pending)
+
+
+def noun(kind: str) -> str:
+    """What the log calls a queued delivery of ``kind``: an alarm, an event, a resumption."""
+    return "resumption" if kind == "resume" else kind

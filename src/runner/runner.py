@@ -1,57 +1,45 @@
 """AgentRunner: every due alarm, event and resumption becomes one turn of its agent, in
 due order per agent, until the runner is stopped, within its grace period.
 
-This module holds the loop (claim, start, sleep), the turns' threads, the
-handler stack, signals and the stop. Beside it, each with its own promise:
-``delivery.py`` (a claim is marked delivered in its turn's commit),
-``heartbeat.py`` (claims stay a live runner's and leave a dead one's),
-``outages.py`` (the database's failures are survived and written back),
-``config.py`` and ``clock.py``.
+This module holds the loop (claim, start, sleep), the handler stack, signals,
+reloads and the stop. Beside it, each with its own promise: ``workers.py`` (the
+turns in flight, and the threads that run them), ``delivery.py`` (a claim is
+marked delivered in its turn's commit, and whatever else comes of it is
+settled), ``heartbeat.py`` (claims stay a live runner's and leave a dead
+one's), ``outages.py`` (the database's failures are survived and written
+back), ``config.py`` and ``clock.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from effectful.ops.semantics import handler
-
 from ..agents.persistent import PersistentAgent
-from ..errors import (
-    AgentInUseError,
-    AlarmLeaseLostError,
-    DatabaseUnavailableError,
-    DurableError,
-    HoldLapsedError,
-    StorageError,
-    TurnSuspended,
-)
-from ..handlers.persistence import PersistenceHandler
+from ..errors import DatabaseUnavailableError, DurableError, StorageError
 from ..store import Durability, Store
 from ..store.alarm_queue import runner_id
-from ..store.parts.alarms import Claim
 from .clock import Clock, SystemClock
 from .config import ConfigError, RunnerConfig, check_concurrency
-from .delivery import Armed, Delivery, default_handlers, noun, turn_of
+from .delivery import Deliverer, Delivery, Resting, default_handlers
 from .heartbeat import DEAD_AFTER, Heartbeat
 from .outages import Outages
+from .stack import Stack
+from .workers import Workers, installed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 log = logging.getLogger("effectful_durable.runner")
 
-_IN_USE_RETRY = 1.0  # seconds before retrying an alarm whose agent another process runs
-_SUSPENDED_RETRY = 10.0  # seconds before retrying one whose agent waits for a decision
 _CONTENDED = 0.05  # seconds before looking again at a due alarm another runner claimed
 _CUT_OFF = 2.0  # seconds run() still waits, past the grace period, for turns in workers
 # Seconds past the grace period that each wait for the database server still gets
@@ -59,16 +47,6 @@ _CUT_OFF = 2.0  # seconds run() still waits, past the grace period, for turns in
 _HURRY = 0.5
 _JOIN = 2.0  # seconds a stop waits for its helper threads (daemons) and last writes
 _JOIN_PAST_GRACE = 1.0  # the same, past the cut-off of a stop that outlasted its grace
-
-
-@dataclasses.dataclass
-class _InProgress:
-    agent_id: str
-    alarm_id: str
-    kind: str
-    started: float  # time.monotonic()
-    started_at: float  # epoch seconds
-    claim: Claim
 
 
 class AgentRunner:
@@ -185,8 +163,6 @@ class AgentRunner:
             self.store = Store(db, durability=durability, **timeouts)
         self._owns_store = not isinstance(db, Store)
         self._apply_timeout(self.config)
-        self._agents_factory = agents
-        self._handlers_factory = handlers or default_handlers
         self.config_generation = 1
         self.config_loaded_at = time.time()
         self.clock: Clock = clock or SystemClock()
@@ -194,32 +170,46 @@ class AgentRunner:
         self.turns = 0
         self.errors = 0
         self.max_concurrency = max_concurrency
-        self.agents: dict[str, PersistentAgent] = {}
         self._queue = self.store.alarm_queue
         self._delivery = Delivery()
-        self._stack: list[Any] = []
-        self._persistence: PersistenceHandler | None = None
-        self._own_persistence: PersistenceHandler | None = None
+        self._stack = Stack(
+            self.store,
+            handlers=handlers or default_handlers,
+            agents=agents,
+            delivery=self._delivery,
+            clock=self.clock.now,
+            tracing=tracing,
+        )
+        #: The agents built so far, by id.
+        self.agents = self._stack.agents
         self._pending_config: RunnerConfig | None = None
-        self._tracing_option = tracing
-        self._in_flight: dict[str, _InProgress] = {}  # by alarm id
-        self._lock = threading.Lock()  # the in-flight turns, the counters, the agents
-        self._tasks: queue.SimpleQueue[tuple[Claim, float] | None] = queue.SimpleQueue()
-        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()  # the counters, the running flag
         self._cut_off: float | None = None  # when run() stops waiting for stuck turns
-        self._inline = False  # a turn runs in run()'s own thread right now
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._turn_done = threading.Event()
-        self._turn_done.set()
         self._interrupting = False
         self._in_main = False
         self._running = False
         self._rescued = False  # the first step looks for dead runners' claims at once
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._resting: dict[str, float] = {}  # agent id -> clock time; under self._lock
         self._unsure_of_leases = False
         self._outages = Outages(self.store._db.location)
+        self._resting = Resting(self._queue, self._outages)
+        self._deliverer = Deliverer(
+            self.id,
+            self._queue,
+            self._outages,
+            self._delivery,
+            self._resting,
+            config=lambda: self.config,
+            persistence=lambda: self._stack.persistence,
+            agent_of=lambda agent_id: self._stack.agent(agent_id, self.config),
+            count=self._count,
+            stopping=self._stopping,
+        )
+        self._workers = Workers(
+            self._deliverer.deliver, lambda: self._stack.handlers, self._wake.set
+        )
         self._started = time.monotonic()
         self._started_at = time.time()
         self._heartbeat = Heartbeat(
@@ -231,7 +221,7 @@ class AgentRunner:
             give_up=self._heartbeat_gave_up,
         )
         self._status = 0  # what run() returns
-        self._build_stack(self.config)
+        self._stack.build(self.config)
 
     # -- public control ----------------------------------------------------------
 
@@ -267,7 +257,7 @@ class AgentRunner:
         self._heartbeat.start()
         try:
             self._loop(until)
-            self._drain()
+            self._workers.drain(lambda: self._cut_off)
         finally:
             # Threads that may wait for a frozen database are daemons: a stop waits
             # for them all, the last writes included, _JOIN seconds in all (less
@@ -321,7 +311,7 @@ class AgentRunner:
         with self._lock:
             if self._running:
                 self.store._db.hurry(grace + _HURRY)
-        in_flight = self._running_turns()
+        in_flight = self._workers.running()
         if not in_flight:
             log.info("stopping", extra={"runner": self.id})
             return
@@ -376,7 +366,7 @@ class AgentRunner:
             counts = self._queue.counts(self.clock.now())
         except DurableError as error:
             counts = {"error": str(error)}  # type: ignore[dict-item]
-        in_flight = self._running_turns()
+        in_flight = self._workers.running()
         return {
             "runner": self.id,
             "pid": os.getpid(),
@@ -428,8 +418,7 @@ class AgentRunner:
 
     def close(self) -> None:
         """End the runner's worker threads and close the stores it opened."""
-        for _ in self._workers:
-            self._tasks.put(None)
+        self._workers.close()
         # The runner's own PersistenceHandler holds nothing but self.store, and a
         # store the caller passed in stays open for the caller.
         if self._owns_store:
@@ -448,14 +437,14 @@ class AgentRunner:
         # The handler stack stays installed between turns (installing it costs
         # milliseconds), and is installed again when a reload rebuilt it; each
         # worker thread installs its own (effectful's handlers are per thread).
-        with contextlib.ExitStack() as installed:
+        with contextlib.ExitStack() as in_force:
             stack: list[Any] | None = None
             while not self._stopping.is_set():
                 self._apply_pending_config()
-                if stack is not self._stack:
-                    installed.close()
-                    installed.enter_context(self._installed())
-                    stack = self._stack
+                if stack is not self._stack.handlers:
+                    in_force.close()
+                    stack = self._stack.handlers
+                    in_force.enter_context(installed(stack))
                 try:
                     if self._step(until):
                         return
@@ -489,7 +478,7 @@ class AgentRunner:
         now = self.clock.now()
         self._outages.write_back()
         if self._unsure_of_leases:
-            running = [p.alarm_id for p in self._running_turns()]
+            running = [p.alarm_id for p in self._workers.running()]
             freed = self._queue.release_own(self.id, now, keep=running)
             self._unsure_of_leases = False
             if freed:
@@ -498,8 +487,8 @@ class AgentRunner:
             self._heartbeat.rescue()
             self._rescued = True
         self._outages.answered()
-        busy = self._busy_agents()
-        held = sorted({*busy, *self._outages.agents(), *self._rested(now)})
+        busy = self._workers.busy_agents()
+        held = sorted({*busy, *self._outages.agents(), *self._resting.agents(now)})
         due = None
         if len(busy) < self._concurrency():
             # A read: claim (a write) only when one is due.
@@ -507,7 +496,7 @@ class AgentRunner:
             if due is not None and due <= now:
                 claim = self._queue.claim(self.id, now, self.config.lease_seconds, held)
                 if claim is not None:
-                    self._start(claim, now)
+                    self._workers.start(claim, now, concurrency=self._concurrency())
                     return False
                 due = self._queue.next_due(held)
                 if due is not None and due <= now:  # another runner is claiming it right now
@@ -517,37 +506,16 @@ class AgentRunner:
             # agents' next alarms must not be skipped over. Past ``until`` the
             # same: run() returns only when nothing is due, and while every slot
             # is taken (or the due ones are the busy agents') nothing says so.
-            self._turn_done.wait(0.05)
+            self._workers.idle.wait(0.05)
             return False
         if not self._polls:  # a fake clock in a test has no other process to notice
             wait = 1e9
         else:
             wait = self.config.poll_interval
-        with self._lock:
-            rested_until = min(self._resting.values(), default=None)
-        for then in (due, rested_until):
+        for then in (due, self._resting.next_end()):
             if then is not None:
                 wait = min(wait, max(then - now, 0.0))
         return self._sleep(wait, now, until)
-
-    def _put_back(self, claim: Claim, now: float, pause: float) -> None:
-        """Give back a claim its agent cannot take now (busy elsewhere, paused, waiting
-        for a decision), due when it was, and leave that agent alone for ``pause``
-        seconds. Due later instead, the agent's later alarms and events would
-        overtake it (one agent's are delivered in order, whichever runner).
-        """
-        due = claim.due_at if claim.due_at is not None else now
-        with self._lock:
-            self._resting[claim.agent_id] = now + pause
-        self._outages.written_back(claim, "gave back", lambda: self._queue.release(claim, due))
-
-    def _rested(self, now: float) -> list[str]:
-        """The agents this runner leaves alone for now (see :meth:`_put_back`)."""
-        with self._lock:
-            for agent_id, until in list(self._resting.items()):
-                if until <= now:
-                    del self._resting[agent_id]
-            return list(self._resting)
 
     def _last_writes(self) -> None:
         """On the way out: what is left to write back, and the "stopped" status, unless
@@ -573,83 +541,10 @@ class AgentRunner:
         """How many turns may run at once: the argument, else the config's ``concurrency``."""
         return self.max_concurrency or self.config.concurrency
 
-    def _busy_agents(self) -> list[str]:
-        with self._lock:
-            return sorted({p.agent_id for p in self._in_flight.values()})
-
-    def _running_turns(self) -> list[_InProgress]:
-        with self._lock:
-            return list(self._in_flight.values())
-
     def _count(self, *, turns: int = 0, errors: int = 0) -> None:
         with self._lock:
             self.turns += turns
             self.errors += errors
-
-    def _start(self, claim: Claim, now: float) -> None:
-        """Run the claimed turn: here when one turn runs at a time, else in a worker thread."""
-        started = _InProgress(
-            claim.agent_id, claim.alarm_id, claim.kind, time.monotonic(), time.time(), claim
-        )
-        with self._lock:
-            self._in_flight[claim.alarm_id] = started
-            self._turn_done.clear()
-        if self._concurrency() == 1:
-            self._inline = True  # a signal may interrupt it: it runs in this thread
-            try:
-                self._run_claim(claim, now)
-            finally:
-                self._inline = False
-            return
-        with self._lock:
-            if len(self._workers) < len(self._in_flight):  # the workers live as long as we do
-                worker = threading.Thread(
-                    target=self._work, name=f"runner-worker-{len(self._workers)}", daemon=True
-                )
-                self._workers.append(worker)
-                worker.start()
-        self._tasks.put((claim, now))
-
-    def _work(self) -> None:
-        """A worker thread: run claimed turns, under a handler stack of its own."""
-        with contextlib.ExitStack() as installed:
-            stack: list[Any] | None = None
-            while True:
-                task = self._tasks.get()
-                if task is None:
-                    return
-                if stack is not self._stack:
-                    installed.close()
-                    installed.enter_context(self._installed())
-                    stack = self._stack
-                self._run_claim(*task)
-
-    def _run_claim(self, claim: Claim, now: float) -> None:
-        try:
-            self._deliver(claim, now)
-        except BaseException:
-            log.exception("delivering %s failed", claim.alarm_id)
-        finally:
-            with self._lock:
-                self._in_flight.pop(claim.alarm_id, None)
-                if not self._in_flight:
-                    self._turn_done.set()
-            self._wake.set()
-
-    def _drain(self) -> None:
-        """Wait for the turns in flight (after a stop: its grace, then a short cut-off)."""
-        while self._running_turns():
-            if self._turn_done.wait(0.1):
-                break
-            if self._cut_off is not None and time.monotonic() > self._cut_off:
-                left = self._running_turns()
-                log.warning(
-                    "%d turn(s) still in a model request past the grace period; leaving "
-                    "them to be cut off (their handoffs tell the next turns): %s",
-                    len(left),
-                    ", ".join(p.alarm_id for p in left),
-                )
-                return
 
     @property
     def _polls(self) -> bool:
@@ -670,224 +565,14 @@ class AgentRunner:
         self._wake.clear()
         return False
 
-    def _deliver(self, claim: Claim, now: float) -> None:
-        tracing = self._persistence._tracing if self._persistence is not None else None
-        if tracing is None:
-            self._deliver_claim(claim, now)
-            return
-        from .tracing import delivery  # imports opentelemetry: only when traced
-
-        with delivery(tracing, self._queue, claim, self.id) as outcome:
-            outcome(self._deliver_claim(claim, now))
-
-    def _deliver_claim(self, claim: Claim, now: float) -> str:
-        """Deliver ``claim`` as a turn of its agent; what came of it, in a word."""
-        config = self.config
-        settings = config.agent(claim.agent_id)
-        context = {"agent": claim.agent_id, "alarm": claim.alarm_id}
-        if settings.paused:
-            self._put_back(claim, now, max(config.poll_interval, 60.0))
-            log.debug("agent paused: %s put back", noun(claim.kind), extra=context)
-            return "paused"
-        started = time.monotonic()
-        log.info(
-            "delivering %s %s to %s",
-            noun(claim.kind),
-            claim.alarm_id,
-            claim.agent_id,
-            extra=context,
-        )
-        try:
-            agent = self._agent(claim.agent_id)
-            assert self._persistence is not None
-            if claim.kind == "resume":
-                self._delivery.armed = Armed(agent, claim, None, now)
-                if not self._persistence.resume_queued(agent, claim.topic or ""):
-                    self._queue.finish(claim)  # resumed elsewhere, or rolled back
-                    log.info("nothing left to resume", extra=context)
-                    return "nothing_to_resume"
-            else:
-                template, arguments = turn_of(agent, claim)
-                coalesce = config.missed == "coalesce"
-                next_fire = claim.schedule.next_after(
-                    claim.schedule.fire_at, now, coalesce=coalesce
-                )
-                self._delivery.armed = Armed(agent, claim, next_fire, now)
-                if claim.kind == "alarm":
-                    with self._persistence._delivering(agent, claim):
-                        template(*arguments)
-                else:
-                    template(*arguments)
-            if not self._delivery.armed.marked:
-                msg = f"the turn delivering {claim.alarm_id} of {claim.agent_id!r} never began"
-                raise DurableError(msg)
-        except TurnSuspended as suspended:
-            armed = self._delivery.armed
-            if armed is not None and armed.marked:
-                # The turn committed up to a tool call that waits for a person (the
-                # delivery with it); a decision queues its resumption.
-                self._count(turns=1)
-                log.info("turn suspended: %s", suspended, extra=context)
-                outcome = "suspended"
-            else:
-                # The agent's conversation waits for a decision: no turn began. The
-                # resumption the decision queues goes first (alarm_queue._EARLIER).
-                self._put_back(claim, now, _SUSPENDED_RETRY)
-                log.info(
-                    "agent waits for a decision; %s put back for %g s",
-                    claim.alarm_id,
-                    _SUSPENDED_RETRY,
-                    extra=context,
-                )
-                outcome = "waits_for_decision"
-        except AlarmLeaseLostError as error:
-            self._count(errors=1)
-            log.warning("lease lost; the turn committed nothing: %s", error, extra=context)
-            outcome = "lease_lost"
-        except (HoldLapsedError, DatabaseUnavailableError, StorageError) as error:
-            # Not the alarm's fault: no attempt counted, and due again when it was. The
-            # database failed (a turn whose commit did land marked it done: giving it
-            # back is a no-op), or this runner was cut off from it, or stalled, longer
-            # than a hold lasts (the turn committed nothing, and another runner may be
-            # delivering it now).
-            self._count(errors=1)
-            lapsed = isinstance(error, HoldLapsedError)
-            what = "the hold on the agent lapsed" if lapsed else "the database failed"
-            due = claim.due_at if claim.due_at is not None else now
-            log.warning(
-                "%s during the delivery of %s %s; it is given back, no attempt counted: %s",
-                what,
-                noun(claim.kind),
-                claim.alarm_id,
-                error,
-                extra=context,
-            )
-            self._outages.written_back(
-                claim, "gave back", lambda: self._queue.release(claim, due), what
-            )
-            outcome = "hold_lapsed" if lapsed else "database_failed"
-        except AgentInUseError:
-            self._put_back(claim, now, _IN_USE_RETRY)
-            log.info("agent busy in another process; %s put back", noun(claim.kind), extra=context)
-            outcome = "agent_busy"
-        except KeyboardInterrupt:
-            # Interrupted by a stop past its grace (or Ctrl-C): the turn left its
-            # handoff; give the alarm back so that the next runner delivers it at once.
-            with contextlib.suppress(DurableError):
-                self._queue.release(claim, now)
-            log.warning("turn interrupted; %s put back", noun(claim.kind), extra=context)
-            self._stopping.set()
-            outcome = "interrupted"
-        except Exception as error:
-            self._count(errors=1)
-            self._failed(claim, error, now, settings.max_attempts or config.max_attempts)
-            outcome = "failed"
-        else:
-            self._count(turns=1)
-            duration = time.monotonic() - started
-            committed = agent.__dict__.get("__durable__")
-            version = getattr(committed, "version", None)
-            log.info(
-                "delivered %s %s to %s as version %s in %.3f s",
-                noun(claim.kind),
-                claim.alarm_id,
-                claim.agent_id,
-                version,
-                duration,
-                extra={**context, "turn": version, "duration": round(duration, 6)},
-            )
-            outcome = "delivered"
-        finally:
-            self._delivery.armed = None
-        return outcome
-
-    def _failed(self, claim: Claim, error: Exception, now: float, max_attempts: int) -> None:
-        attempts = claim.attempts + 1
-        retry_at = None if attempts >= max_attempts else now + self.config.retry_delay(attempts)
-        text = f"{type(error).__name__}: {error}"
-        context = {"agent": claim.agent_id, "alarm": claim.alarm_id, "attempt": attempts}
-
-        def record() -> None:
-            self._queue.fail(claim, text, retry_at)
-
-        self._outages.written_back(claim, f"recorded failed delivery {attempts} of", record)
-        if retry_at is None:
-            log.error(
-                "%s %s is dead after %d failed deliveries: %s",
-                noun(claim.kind),
-                claim.alarm_id,
-                attempts,
-                text,
-                extra=context,
-            )
-        else:
-            log.warning(
-                "delivery %d of %s %s failed, retrying in %g s: %s",
-                attempts,
-                noun(claim.kind),
-                claim.alarm_id,
-                (retry_at or now) - now,
-                text,
-                extra=context,
-            )
-
-    def _agent(self, agent_id: str) -> PersistentAgent:
-        with self._lock:
-            agent = self.agents.get(agent_id)
-        if agent is None:
-            agent = self._agents_factory(agent_id)
-            if not isinstance(agent, PersistentAgent) or agent.agent_id != agent_id:
-                msg = f"the agent factory returned {agent!r} for agent id {agent_id!r}"
-                raise DurableError(msg)
-            self._notify(agent, self.config)
-            with self._lock:
-                self.agents[agent_id] = agent
-        return agent
-
-    # -- handler stack and config ------------------------------------------------
-
-    def _build_stack(self, config: RunnerConfig) -> None:
-        stack = list(self._handlers_factory(config))
-        found = [h for h in stack if isinstance(h, PersistenceHandler)]
-        if len(found) > 1:
-            msg = "the handler factory returned more than one PersistenceHandler"
-            raise DurableError(msg)
-        if found:
-            persistence = found[0]
-            if persistence.store._identity != self.store._identity:
-                msg = (
-                    "the handler factory's PersistenceHandler uses "
-                    f"{persistence.store._db.location}, but the runner delivers the alarms "
-                    f"of {self.store._db.location}"
-                )
-                raise DurableError(msg)
-        else:
-            if self._own_persistence is None:
-                self._own_persistence = PersistenceHandler(
-                    self.store, tracing=self._tracing_option
-                )
-            persistence = self._own_persistence
-            stack.append(persistence)
-        persistence.clock = self.clock.now
-        at = stack.index(persistence)
-        stack.insert(at, self._delivery)  # just outside: it sees the turn already begun
-        stack.append(self._delivery.at_requests())
-        self._delivery.persistence = persistence
-        self._stack, self._persistence = stack, persistence
-
-    @contextlib.contextmanager
-    def _installed(self) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for interpretation in self._stack:
-                stack.enter_context(handler(interpretation))
-            yield
+    # -- config ------------------------------------------------------------------
 
     def _apply_pending_config(self) -> None:
         config, self._pending_config = self._pending_config, None
         if config is None:
             return
         try:
-            self._build_stack(config)
+            self._stack.build(config)
         except Exception as error:
             log.error(
                 "config not applied, keeping generation %d: %s", self.config_generation, error
@@ -897,8 +582,7 @@ class AgentRunner:
         self._apply_timeout(config)
         self.config_generation += 1
         self.config_loaded_at = time.time()
-        for agent in self.agents.values():
-            self._notify(agent, config)
+        self._stack.notify_all(config)
         log.info(
             "config reloaded: generation %d from %s",
             self.config_generation,
@@ -910,15 +594,6 @@ class AgentRunner:
         """Give the store the config's ``statement_timeout``, if it sets one."""
         if config.statement_timeout is not None:
             self.store._db.statement_timeout = config.store_timeout
-
-    def _notify(self, agent: PersistentAgent, config: RunnerConfig) -> None:
-        hook = getattr(agent, "on_config_update", None)
-        if not callable(hook):
-            return
-        try:
-            hook(config)
-        except Exception:
-            log.exception("on_config_update of %s failed", agent.agent_id)
 
     # -- signals -------------------------------------------------------------------
 
@@ -933,11 +608,11 @@ class AgentRunner:
         # transaction: hand the work to the control thread, which has its own
         # connection. SimpleQueue.put is safe here (it is reentrant).
         stop = signum in (signal.SIGINT, signal.SIGTERM)
-        if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
+        if stop and (self._interrupting or (self._stopping.is_set() and self._workers.running())):
             # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
             self.store._db.hurry(_HURRY)  # a frozen server: not its statement_timeout
-            if self._inline:
+            if self._workers.inline:
                 raise KeyboardInterrupt  # the turn runs in this thread
             self._delivery.cancel.set()  # the workers' turns, at their next request
             self._cut_off = time.monotonic()
@@ -962,12 +637,12 @@ class AgentRunner:
                 log.exception("handling signal %s failed", signum)
 
     def _interrupt_after(self, grace: float) -> None:
-        if self._turn_done.wait(grace):
+        if self._workers.idle.wait(grace):
             return  # done in time
         log.warning("grace period of %g s over: interrupting the turns in progress", grace)
         self._delivery.cancel.set()  # worker threads: at their next request
         self._cut_off = time.monotonic() + _CUT_OFF
-        if not (self._inline and self._in_main):
+        if not (self._workers.inline and self._in_main):
             return  # a turn in another thread cannot be interrupted in a request
         self._interrupting = True
         # A real signal to the main thread, not _thread.interrupt_main(): that one
