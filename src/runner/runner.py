@@ -400,8 +400,10 @@ class AgentRunner:
         }
 
     def report_status(self) -> dict[str, Any]:
-        """Log the status report and store it where ``effectful-durable status`` reads it."""
+        """Store the status report where ``effectful-durable status`` reads it, then log
+        it (so that whoever saw the line finds the report stored)."""
         report = self.status()
+        self._record("running" if self._running else "stopped", report)
         log.info(
             "status: %d turns, %d errors, %s alarms due, %s pending, %s dead, %d agents%s",
             report["turns"],
@@ -413,7 +415,6 @@ class AgentRunner:
             f", in turns {report['in_progress']}" if report["in_progress"] else "",
             extra={"status": report},
         )
-        self._record("running" if self._running else "stopped", report)
         return report
 
     def close(self) -> None:
