@@ -39,7 +39,6 @@ from .parts.conversations import Conversations
 from .parts.memory import MemoryPart, MemoryRows
 from .parts.versioned import VersionedPart
 from .reads import StoreReads
-from .rows import current_version
 from .turns import TurnProtocol
 from .waiting import WaitingMethods
 from .workspace.cache import WorkspaceCache
@@ -297,10 +296,6 @@ class Store(
         if isinstance(self._db, SQLiteDatabase):
             return os.path.realpath(self.path)
         return self.path
-
-    def _version_of(self, agent_id: str) -> int | None:
-        with self._reading() as conn:
-            return current_version(conn, agent_id)
 
 
 # The SQLite stores this process opened and has not closed: a normal interpreter

@@ -26,10 +26,23 @@ from effectful_durable.store.parts.alarms import (
     cron_next,
     make_schedule,
     new_alarm_id,
-    pending_at,
 )
 
 NOW = 1_800_000_000.0
+
+
+def pending_at(conn: Any, agent_id: str, version: int) -> list[str]:
+    """The ids of the alarms pending (or dead) at ``version``, sorted."""
+    rows = conn.execute(
+        """
+        SELECT DISTINCT alarm_id FROM alarms
+         WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
+           AND kind = 'alarm'
+         ORDER BY alarm_id
+        """,
+        (agent_id, version),
+    ).fetchall()
+    return [alarm_id for (alarm_id,) in rows]
 
 
 def beating(queue: AlarmQueue, runner: str, state: str = "running") -> None:

@@ -609,20 +609,6 @@ class AlarmPart:
         conn.execute("DELETE FROM alarms WHERE agent_id = ?", (agent_id,))
 
 
-def pending_at(conn: Conn, agent_id: str, version: int) -> list[str]:
-    """The ids of the alarms pending (or dead) at ``version``, sorted."""
-    rows: list[tuple[Any, ...]] = conn.execute(
-        """
-        SELECT DISTINCT alarm_id FROM alarms
-         WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
-           AND kind = 'alarm'
-         ORDER BY alarm_id
-        """,
-        (agent_id, version),
-    ).fetchall()
-    return [alarm_id for (alarm_id,) in rows]
-
-
 def _timestamp(at: datetime | float) -> float:
     if isinstance(at, datetime):
         if at.tzinfo is None:

@@ -130,18 +130,6 @@ class MemoryRows:
             ).fetchall()
         return rows
 
-    def last_key(self, agent_id: str, kind: Kind) -> str | None:
-        """The greatest current key of ``kind``, or None."""
-        with self._reading() as conn:
-            row = conn.execute(
-                """
-                SELECT max(key) FROM memory
-                 WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
-                """,
-                (agent_id, kind),
-            ).fetchone()
-        return None if row is None or row[0] is None else str(row[0])
-
 
 def memory_at(conn: Conn, agent_id: str, version: int, kind: Kind) -> list[tuple[str, str]]:
     """``(key, JSON text)`` of every key (or note) ``version`` held, in key order."""
