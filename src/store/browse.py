@@ -360,7 +360,7 @@ class BrowseMethods(StoreBase):
 
         A thread looks five times a second, reading no table: at ``PRAGMA
         data_version`` on SQLite; on PostgreSQL at the server's statistics of our
-        tables and its WAL position (``engine/postgres/changes.py``), so that a
+        tables and its WAL position (``engine/postgres/table_stats.py``), so that a
         commit to another database of the server wakes nobody. No commit sends
         anything for it. Close what it returns to stop.
 

@@ -77,7 +77,6 @@ from ..seam import (
     redacted,
 )
 from ..watch import MarkerWatch
-from .changes import OurChanges
 from .connections import (
     KEEPALIVES,
     POOL_PREFIX,
@@ -101,6 +100,7 @@ from .opening import (
     user_options,
 )
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
+from .table_stats import TableStatsMarker
 
 _HOST = socket.gethostname()
 
@@ -971,12 +971,12 @@ class PostgresDatabase:
 
     def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
         """Poll the server's statistics of our tables in a thread of its own, one
-        statement a look (``changes.py``, engine/watch.py): a commit to another
+        statement a look (``table_stats.py``, engine/watch.py): a commit to another
         database of the server wakes nobody. No LISTEN: a notifying commit locks
         the whole server (schema.py, schema 10), and a pooler in transaction mode
         would not deliver it.
         """
-        return MarkerWatch(OurChanges(self).read, wake, location=self.location)
+        return MarkerWatch(TableStatsMarker(self).read, wake, location=self.location)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others
