@@ -326,7 +326,7 @@ class TestAfterDamage:
         restore(built.flat, db_path)
         with Store(db_path) as store:
             root = (
-                store._connection()
+                store.engine.connection()
                 .execute("SELECT rootpage FROM sqlite_schema WHERE name = 'messages'")
                 .get
             )

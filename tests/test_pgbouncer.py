@@ -649,7 +649,7 @@ class TestDetection:
         Stores commit 30 rounds each with no prepared statement colliding, and the
         statement timeout is the server's, in force."""
         with Store(same_lock_timeout) as first, Store(same_lock_timeout) as second:
-            assert (first._db.pooled, second._db.pooled) == (True, True)
+            assert (first.engine.pooled, second.engine.pooled) == (True, True)
             for n in range(30):
                 commit_message(first, "first", f"round {n}")
                 commit_message(second, "second", f"round {n}")

@@ -222,9 +222,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self.on_invalid_state = on_invalid_state
         self.needs_approval = needs_approval
         self.code_version = _checked_code_version(code_version)
-        self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
+        self._pruning = [self.store.turns.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
-        self._database = self.store._identity
+        self._database = self.store.engine.identity
         self._local = threading.local()
         self._tracing: Tracing | None = None
         if tracing is not False and tracing is not None:
@@ -333,7 +333,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     ) -> Any:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         tracing = self._tracing
-        with self.store.locked_turn(
+        with self.store.turns.start(
             agent.agent_id,
             wait=self.wait,
             template=turn.template,
@@ -402,7 +402,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 )
                 raise DurableError(msg)
             compaction, history = _compaction(committed.history, agent, compacted)
-            version = self.store.commit_compaction(
+            version = self.store.turns.commit_compaction(
                 agent.agent_id,
                 base_version=committed.version,
                 compaction=compaction,
@@ -461,7 +461,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 raise DurableError(workflow_message(suspension))
             raise ResumeFirst(suspension)
         if tracing is not None and suspension is not None:
-            suspended = self.store._version_trace(agent.agent_id, suspension.suspended_in)
+            suspended = self.store.turns.trace_of(agent.agent_id, suspension.suspended_in)
             if suspended is not None:
                 tracing.resumes(turn.span, suspended)
         turn.step_number = start.step_number
@@ -513,10 +513,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         """
         conversation = current_conversation(agent)
         if self._tracing is None:
-            loaded = self.store.load_agent(agent.agent_id, conversation)
+            loaded = self.store.turns.load(agent.agent_id, conversation)
         else:
             with self._tracing.load(agent.agent_id, conversation) as done:
-                loaded = self.store.load_agent(agent.agent_id, conversation)
+                loaded = self.store.turns.load(agent.agent_id, conversation)
                 done(len(loaded.history.messages))
         if (
             history_only
@@ -641,7 +641,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             if tracing is not None and stats is not None
             else contextlib.nullcontext()
         ):
-            version = self.store.commit_turn(
+            version = self.store.turns.commit(
                 agent.agent_id,
                 base_version=committed.version,
                 template=turn.template,
@@ -699,7 +699,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         recorded = False
         with contextlib.suppress(Exception):  # never mask the turn's own error
-            self.store.fail_turn(
+            self.store.turns.fail(
                 agent.agent_id,
                 f"{type(error).__name__}: {error}",
                 step=step,

@@ -219,7 +219,7 @@ class AgentRunner:
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._resting: dict[str, float] = {}  # agent id -> clock time; under self._lock
         self._unsure_of_leases = False
-        self._outages = Outages(self.store._db.location)
+        self._outages = Outages(self.store.engine.location)
         self._started = time.monotonic()
         self._started_at = time.time()
         self._heartbeat = Heartbeat(
@@ -251,7 +251,7 @@ class AgentRunner:
         self._started, self._started_at = time.monotonic(), time.time()
         self._delivery.cancel.clear()
         self._cut_off = None
-        where = self.store._db.location  # the URL without its password
+        where = self.store.engine.location  # the URL without its password
         log.info(
             "runner %s started on %s",
             self.id,
@@ -284,7 +284,7 @@ class AgentRunner:
                     thread.join(timeout=max(0.0, ending - time.monotonic()))
             with self._lock:
                 self._running = False
-                self.store._db.hurry(None)  # the Store may serve on: its waits as before
+                self.store.engine.hurry(None)  # the Store may serve on: its waits as before
             for signum, old in previous.items():
                 signal.signal(signum, old)
             if last.is_alive():
@@ -320,7 +320,7 @@ class AgentRunner:
         grace = self.config.grace_seconds if grace is None else grace
         with self._lock:
             if self._running:
-                self.store._db.hurry(grace + _HURRY)
+                self.store.engine.hurry(grace + _HURRY)
         in_flight = self._running_turns()
         if not in_flight:
             log.info("stopping", extra={"runner": self.id})
@@ -433,7 +433,7 @@ class AgentRunner:
         # The runner's own PersistenceHandler holds nothing but self.store, and a
         # store the caller passed in stays open for the caller.
         if self._owns_store:
-            self.store._db.hurry(0.0)  # a frozen server's connections: not waited for
+            self.store.engine.hurry(0.0)  # a frozen server's connections: not waited for
             self.store.close()
 
     def __enter__(self) -> AgentRunner:
@@ -854,11 +854,11 @@ class AgentRunner:
             raise DurableError(msg)
         if found:
             persistence = found[0]
-            if persistence.store._identity != self.store._identity:
+            if persistence.store.engine.identity != self.store.engine.identity:
                 msg = (
                     "the handler factory's PersistenceHandler uses "
-                    f"{persistence.store._db.location}, but the runner delivers the alarms "
-                    f"of {self.store._db.location}"
+                    f"{persistence.store.engine.location}, but the runner delivers the alarms "
+                    f"of {self.store.engine.location}"
                 )
                 raise DurableError(msg)
         else:
@@ -909,7 +909,7 @@ class AgentRunner:
     def _apply_timeout(self, config: RunnerConfig) -> None:
         """Give the store the config's ``statement_timeout``, if it sets one."""
         if config.statement_timeout is not None:
-            self.store._db.statement_timeout = config.store_timeout
+            self.store.engine.statement_timeout = config.store_timeout
 
     def _notify(self, agent: PersistentAgent, config: RunnerConfig) -> None:
         hook = getattr(agent, "on_config_update", None)
@@ -936,7 +936,7 @@ class AgentRunner:
         if stop and (self._interrupting or (self._stopping.is_set() and self._in_flight)):
             # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
-            self.store._db.hurry(_HURRY)  # a frozen server: not its statement_timeout
+            self.store.engine.hurry(_HURRY)  # a frozen server: not its statement_timeout
             if self._inline:
                 raise KeyboardInterrupt  # the turn runs in this thread
             self._delivery.cancel.set()  # the workers' turns, at their next request

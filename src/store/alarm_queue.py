@@ -14,7 +14,8 @@ kernel and PID namespace, ``engine/process.py``; a host name and a pid name no
 process across containers or machines). A claimer that keeps no
 status row (a program of its own on the queue) holds its claim for its lease.
 None of this is versioned: it belongs to the runners, not to the agents (see
-``parts/alarms.py``). The Store facade and the runner use it; the Claim it
+``parts/alarms.py``). A Store hands out its :class:`AlarmQueue` as
+``store.alarm_queue``, which the runner and the command line use; the Claim it
 makes is the alarms part's.
 """
 
@@ -26,16 +27,13 @@ import secrets
 import socket
 import time
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from .engine.process import gone, place
 from .engine.seam import Conn, Database
-from .engine.sqlite.damage import watched
+from .engine.sqlite.damage import DamageWatch, watched
 from .parts.alarms import AlarmStatus, Claim, Schedule, current_version
 from .rows import legible, trace_in, utc
-
-if TYPE_CHECKING:
-    from .base import StoreBase
 
 
 def counts(conn: Conn, now: float) -> dict[str, int]:
@@ -431,46 +429,64 @@ def statuses(conn: Conn) -> list[dict[str, Any]]:
     ]
 
 
-@watched(lambda queue: queue._store._damage)
+@watched(lambda queue: queue._damage, name="Store.alarm_queue")
 class AlarmQueue:
-    """The runner's side of the alarms of one Store: claim, fail, release, report.
+    """The runners' side of the alarms of one Store (``store.alarm_queue``): claim,
+    fail, release, rescue, report.
 
-    Each method is one short transaction on the calling thread's connection.
+    Alarms, events and the resumptions of decided turns wait here as rows of one
+    queue; :class:`~effectful_durable.AgentRunner` claims them and delivers each
+    one as a turn of its agent. A claimer of your own takes the earliest due row
+    with :meth:`claim` and ends it as the runner does: the turn that delivers it
+    commits it (the claim's token fences that commit), or :meth:`fail` records
+    a failed delivery, :meth:`release` gives it back, :meth:`finish` ends a row
+    that needs no turn. A claimer that keeps no status row (:meth:`record_status`,
+    :meth:`beat`) holds its claim for its lease. Each method is one short
+    transaction on the calling thread's connection.
+
+    Example::
+
+        claim = store.alarm_queue.claim("my-claimer", time.time(), lease=60.0)
+        if claim is not None:
+            store.alarm_queue.release(claim, due_at=time.time() + 30)
+
+    .. versionadded:: 0.2.0
     """
 
-    def __init__(self, store: StoreBase) -> None:
-        self._store = store
+    def __init__(self, db: Database, damage: DamageWatch) -> None:
+        self._db = db
+        self._damage = damage
 
     def next_due(self, busy: Collection[str] = ()) -> float | None:
         """When the earliest pending alarm of an agent not in ``busy`` becomes claimable."""
-        with self._store._reading() as conn:
-            return next_due(self._store._db, conn, busy)
+        with self._db.reading() as conn:
+            return next_due(self._db, conn, busy)
 
     def claim(
         self, owner: str, now: float, lease: float, busy: Collection[str] = ()
     ) -> Claim | None:
         """Lease the earliest claimable alarm (of an agent not in ``busy``), or None."""
-        with self._store._writing() as conn:
-            return claim(self._store._db, conn, owner, now, lease, busy)
+        with self._db.writing() as conn:
+            return claim(self._db, conn, owner, now, lease, busy)
 
     def release(self, claim: Claim, due_at: float) -> bool:
         """Give a claim back, due again at ``due_at``, without counting an attempt."""
-        with self._store._writing() as conn:
+        with self._db.writing() as conn:
             return release(conn, claim, due_at)
 
     def release_own(self, owner: str, now: float, keep: Collection[str] = ()) -> int:
         """Give back the leases of ``owner``, but those of the alarms in ``keep``."""
-        with self._store._writing() as conn:
+        with self._db.writing() as conn:
             return release_own(conn, owner, now, keep)
 
     def finish(self, claim: Claim) -> bool:
         """End a claimed row without a turn (nothing left to resume)."""
-        with self._store._writing() as conn:
+        with self._db.writing() as conn:
             return finish(conn, claim)
 
     def fail(self, claim: Claim, error: str, retry_at: float | None) -> AlarmStatus | None:
         """Record a failed delivery; dead when ``retry_at`` is None."""
-        with self._store._writing() as conn:
+        with self._db.writing() as conn:
             return fail(conn, claim, error, retry_at)
 
     def scheduled_by(self, claim: Claim) -> str | None:
@@ -479,7 +495,7 @@ class AlarmQueue:
         A traced turn keeps its trace context in its version's detail (``"trace"``);
         the alarm's row names that version (``created_in``).
         """
-        with self._store._reading() as conn:
+        with self._db.reading() as conn:
             row = conn.execute(
                 """
                 SELECT v.detail, v.state IS NOT NULL
@@ -498,30 +514,29 @@ class AlarmQueue:
         A read, then a write only for each dead runner found. ``heartbeats``
         False: only the runners whose process is surely gone.
         """
-        db = self._store._db
-        with self._store._reading() as conn:
-            dead = dead_owners(db, conn, me, heartbeats=heartbeats)
+        with self._db.reading() as conn:
+            dead = dead_owners(self._db, conn, me, heartbeats=heartbeats)
         freed = {}
         for owner, ended in dead:
-            with self._store._writing() as conn:
-                count = rescue(db, conn, owner, now, gone=ended)
+            with self._db.writing() as conn:
+                count = rescue(self._db, conn, owner, now, gone=ended)
             if count:
                 freed[owner] = count
         return freed
 
     def beat(self, runner: str) -> bool:
         """Write ``runner``'s heartbeat; False if it has no status row (record one)."""
-        with self._store._writing() as conn:
-            return beat(self._store._db, conn, runner)
+        with self._db.writing() as conn:
+            return beat(self._db, conn, runner)
 
     def prune_statuses(self) -> int:
         """Delete the status reports of runners long gone (see :func:`prune_statuses`)."""
-        with self._store._writing() as conn:
-            return prune_statuses(self._store._db, conn)
+        with self._db.writing() as conn:
+            return prune_statuses(self._db, conn)
 
     def counts(self, now: float) -> dict[str, int]:
         """Pending, due and dead alarms of the database."""
-        with self._store._reading() as conn:
+        with self._db.reading() as conn:
             return counts(conn, now)
 
     def record_status(
@@ -535,9 +550,9 @@ class AlarmQueue:
     ) -> None:
         """Store a runner's status report, for ``effectful-durable status`` (only if
         it has none, if ``if_missing``); it is a heartbeat too."""
-        with self._store._writing() as conn:
+        with self._db.writing() as conn:
             record_status(
-                self._store._db,
+                self._db,
                 conn,
                 runner,
                 state=state,

@@ -75,7 +75,7 @@ class MemoryRows:
     """Reads of agents' current memory, on the calling thread's connection.
 
     Args:
-        reading: Opens a read of the database (``Store._reading``), which turns
+        reading: Opens a read of the database (``Database.reading``), which turns
             I/O errors into StorageError.
     """
 

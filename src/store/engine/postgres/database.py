@@ -68,7 +68,6 @@ from ....errors import (
 from ..seam import (
     APPLICATION_ID,
     DEFAULT_STATEMENT_TIMEOUT,
-    HANDOFF_INSERT,
     Conn,
     Rows,
     TurnWrite,
@@ -194,7 +193,7 @@ class PostgresDatabase:
         if pool_size < 1:
             msg = f"pool_size must be >= 1, not {pool_size!r}"
             raise ValueError(msg)
-        self.url = url
+        self.url = self.identity = url
         self.location = redacted(url)
         self.busy_timeout = busy_timeout
         self.readonly = readonly
@@ -897,11 +896,6 @@ class PostgresDatabase:
                AND NOT EXISTS (SELECT 1 FROM agents AS a WHERE a.agent_id = h.agent_id)
             """
         )
-
-    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
-        """The turn's handoff row, unless (see engine/seam.py)."""
-        rows: list[Any] = conn.execute(HANDOFF_INSERT, handoff).fetchall()
-        return rows
 
     def agent_version(self, conn: Conn, agent_id: str) -> int | None:
         """The agent's committed version, or None."""
