@@ -58,7 +58,7 @@ def ms(values: list[float]) -> str:
 def cost(url: str, polls: int) -> None:
     """The round trip and the server's time of each kind of look."""
     with Store(url) as store:
-        marker = table_stats.TableStatsMarker(store._db)
+        marker = table_stats.TableStatsMarker(store.engine)
         marker.read()
         tables = marker._tables
     statements = {
@@ -88,13 +88,13 @@ class Watching:
 
     def __init__(self, url: str, *, wal: bool) -> None:
         self.store = Store(url, readonly=True)
-        marker = table_stats.TableStatsMarker(self.store._db)
+        marker = table_stats.TableStatsMarker(self.store.engine)
         marker._wal = wal
         self.moves: list[float] = []
         self._watch = MarkerWatch(
             marker.read,
             lambda: self.moves.append(time.monotonic()),
-            location=self.store._db.location,
+            location=self.store.engine.location,
         )
 
     def heard_after(self, committed: float, timeout: float = 15.0) -> float | None:
