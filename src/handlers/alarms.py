@@ -56,7 +56,7 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
         return notes
 
     @contextlib.contextmanager
-    def _delivering(self, agent: PersistentAgent, claim: Claim) -> Iterator[None]:
+    def delivering(self, agent: PersistentAgent, claim: Claim) -> Iterator[None]:
         """Tell the turns of ``agent`` in this thread, from their start, which alarm they
         deliver (the runner's note to the model)."""
         announced = self._announced()

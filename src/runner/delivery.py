@@ -103,7 +103,7 @@ class Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     def _resuming(self, agent: PersistentAgent) -> bool:
         """Whether this call on ``agent`` resumes its suspended turn."""
         persistence = self.persistence
-        return persistence is not None and persistence._resuming(agent)
+        return persistence is not None and persistence.resuming(agent)
 
 
 def turn_of(agent: PersistentAgent, claim: Claim) -> tuple[Template[..., Any], tuple[Any, ...]]:

@@ -671,7 +671,7 @@ class AgentRunner:
         return False
 
     def _deliver(self, claim: Claim, now: float) -> None:
-        tracing = self._persistence._tracing if self._persistence is not None else None
+        tracing = self._persistence.traces if self._persistence is not None else None
         if tracing is None:
             self._deliver_claim(claim, now)
             return
@@ -714,7 +714,7 @@ class AgentRunner:
                 )
                 self._delivery.armed = Armed(agent, claim, next_fire, now)
                 if claim.kind == "alarm":
-                    with self._persistence._delivering(agent, claim):
+                    with self._persistence.delivering(agent, claim):
                         template(*arguments)
                 else:
                     template(*arguments)
