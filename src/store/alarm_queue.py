@@ -438,9 +438,10 @@ class AlarmQueue:
     queue; :class:`~effectful_durable.AgentRunner` claims them and delivers each
     one as a turn of its agent. A claimer of your own takes the earliest due row
     with :meth:`claim` and ends it as the runner does: the turn that delivers it
-    commits it (the claim's token fences that commit), or :meth:`fail` records
-    a failed delivery, :meth:`release` gives it back, :meth:`finish` ends a row
-    that needs no turn. A claimer that keeps no status row (:meth:`record_status`,
+    commits it (the claim's token fences that commit), or ``fail(claim, error,
+    retry_at)`` records a failed delivery (due again at ``retry_at``; dead when it
+    is None), :meth:`release` gives it back, :meth:`finish` ends a row that needs
+    no turn. A claimer that keeps no status row (:meth:`record_status`,
     :meth:`beat`) holds its claim for its lease. Each method is one short
     transaction on the calling thread's connection.
 
@@ -509,7 +510,7 @@ class AlarmQueue:
         return trace_in(row[0]) if row else None
 
     def rescue(self, me: str, now: float, *, heartbeats: bool = True) -> dict[str, int]:
-        """Give back the claims of dead runners (see :func:`dead_owners`); how many, by runner.
+        """Give back the claims of dead runners (see ``dead_owners``); how many, by runner.
 
         A read, then a write only for each dead runner found. ``heartbeats``
         False: only the runners whose process is surely gone.

@@ -46,9 +46,9 @@ from .workspace.workspace import WorkspaceTurn
 class Turns:
     """The turn protocol of one :class:`~effectful_durable.Store`: ``store.turns``.
 
-    :meth:`start` holds the agent and begins a turn; :meth:`commit` commits it in
-    one transaction, or :meth:`fail` records its failure. PersistenceHandler runs
-    every turn this way; ``migrate_states`` commits its migrations this way too.
+    ``start()`` holds the agent and begins a turn; ``commit()`` commits it in one
+    transaction, or ``fail()`` records its failure. PersistenceHandler runs every
+    turn this way; ``migrate_states`` commits its migrations this way too.
 
     Example::
 

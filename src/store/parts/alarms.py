@@ -212,10 +212,12 @@ class AlarmInfo:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """An alarm a runner holds the lease of, to deliver it as a turn of its agent.
+    """An alarm (or event, or resumption) a claimer holds the lease of, to deliver it
+    as a turn of its agent.
 
-    Made by the runners' queue (``store/alarm_queue.py``); the turn that delivers
-    the alarm commits only while ``token`` is still the alarm's (:class:`AlarmWrite`).
+    Made by :meth:`AlarmQueue.claim
+    <effectful_durable.store.alarm_queue.AlarmQueue.claim>`; the turn that delivers
+    it commits only while ``token`` is still the alarm's (``AlarmWrite``).
     """
 
     alarm_id: str
@@ -227,8 +229,8 @@ class Claim:
     lease_until: float
     kind: str = "alarm"  # or "event" (topic: its name), "resume" (topic: the conversation)
     topic: str | None = None
-    #: When it was due before the claim: a claim given back for a reason that is not
-    #: the alarm's (the database failed) is due again then, keeping the agent's order.
+    #: The time it was due before the claim. A claim given back for a reason that is
+    #: not the alarm's (the database failed) is due again then, keeping the agent's order.
     due_at: float | None = None
 
 
