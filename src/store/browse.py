@@ -271,7 +271,6 @@ def _summaries_of(db: Database, ids: list[str]) -> list[AgentSummary]:
 def timeline(
     db: Database,
     agent_id: str,
-    *,
     conversation: str,
     before: int | None,
     limit: int,

@@ -27,20 +27,8 @@ HANDOFF_SELECT = """
 
 def handoff_of(row: tuple[Any, ...]) -> Handoff:
     """The Handoff of a row of :data:`HANDOFF_SELECT`."""
-    (
-        agent_id,
-        base,
-        template,
-        arguments,
-        status,
-        error,
-        interrupted,
-        host,
-        pid,
-        started,
-        ended,
-        conversation,
-    ) = row
+    agent_id, base, template, arguments, status, error, interrupted, *rest = row
+    host, pid, started, ended, conversation = rest
     told = json.loads(interrupted) if interrupted else None
     trace = told.pop("trace", None) if told is not None else None
     return Handoff(

@@ -113,21 +113,8 @@ STEP_SELECT = """
 
 
 def step_info(row: tuple[Any, ...]) -> StepInfo:
-    (
-        workflow,
-        number,
-        key,
-        agent_id,
-        template,
-        arguments,
-        status,
-        result,
-        base,
-        version,
-        started,
-        finished,
-        conversation,
-    ) = row
+    workflow, number, key, agent_id, template, arguments, status, result, *rest = row
+    base, version, started, finished, conversation = rest
     return StepInfo(
         workflow,
         number,

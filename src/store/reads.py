@@ -41,7 +41,6 @@ def history(
     db: Database,
     agent_id: str,
     version: int | None,
-    *,
     conversation: str,
     include_compacted: bool,
     code_versions: bool,

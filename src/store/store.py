@@ -97,10 +97,8 @@ class Store:
     holds the agent (``agent_lock``), so it never races a running turn; ``vacuum``
     and ``backup`` work on the whole file while turns go on. Each thread gets its
     own connection; close the store when done, or use it as a context manager.
-
-    The machinery is in components the store hands out (see :doc:`/layout`):
-    ``turns``, the turn protocol PersistenceHandler runs; ``alarm_queue``, where
-    runners claim alarms, events and resumptions; ``engine``, the database itself.
+    Its machinery is in the components it hands out (the attributes below; see
+    :doc:`/layout`).
 
     Args:
         path: SQLite file; created if missing, refused if it is not ours. Or a
@@ -300,12 +298,7 @@ class Store:
            ``conversation`` and ``code_versions``.
         """
         return reads.history(
-            self.engine,
-            agent_id,
-            version,
-            conversation=conversation,
-            include_compacted=include_compacted,
-            code_versions=code_versions,
+            self.engine, agent_id, version, conversation, include_compacted, code_versions
         )
 
     def search_compacted(
@@ -470,14 +463,7 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return browse.timeline(
-            self.engine,
-            agent_id,
-            conversation=conversation,
-            before=before,
-            limit=limit,
-            filter=filter,
-        )
+        return browse.timeline(self.engine, agent_id, conversation, before, limit, filter)
 
     def version_page(
         self, agent_id: str, *, before: int | None = None, limit: int = 50
@@ -663,8 +649,7 @@ class Store:
             NotFoundError: No such agent or version.
             AgentInUseError: A turn of the agent is running.
         """
-        with self.engine.unhurried():
-            return maintenance.rollback(self.engine, self._parts, agent_id, version)
+        return maintenance.rollback(self.engine, self._parts, agent_id, version)
 
     def fork(self, agent_id: str, version: int | None, new_agent_id: str) -> ForkedAgent:
         """Create ``new_agent_id`` as a copy of ``agent_id`` at ``version``.
@@ -679,8 +664,7 @@ class Store:
             NotFoundError: No such agent or version.
             DurableError: ``new_agent_id`` already exists.
         """
-        with self.engine.unhurried():
-            return maintenance.fork(self.engine, self._parts, agent_id, version, new_agent_id)
+        return maintenance.fork(self.engine, self._parts, agent_id, version, new_agent_id)
 
     def delete(self, agent_id: str) -> None:
         """Delete the agent with all its versions, messages and handoff.
@@ -689,8 +673,7 @@ class Store:
             NotFoundError: No such agent.
             AgentInUseError: A turn of the agent is running.
         """
-        with self.engine.unhurried():
-            maintenance.delete(self.engine, self._parts, agent_id)
+        maintenance.delete(self.engine, self._parts, agent_id)
 
     def delete_conversation(self, agent_id: str, conversation: str) -> int:
         """Delete one conversation of the agent, as a new version.
@@ -711,8 +694,7 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        with self.engine.unhurried():
-            return maintenance.delete_conversation(self.engine, agent_id, conversation)
+        return maintenance.delete_conversation(self.engine, agent_id, conversation)
 
     def prune(
         self,
@@ -1024,16 +1006,7 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return waiting.decisions(
-            self.engine,
-            status=status,
-            by=by,
-            agent_text=agent_text,
-            since=since,
-            until=until,
-            page=page,
-            per_page=per_page,
-        )
+        return waiting.decisions(self.engine, status, by, agent_text, since, until, page, per_page)
 
     def approve(
         self,
@@ -1070,13 +1043,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         return waiting.decide(
-            self.engine,
-            approval_id,
-            approve=True,
-            by=by,
-            note=note,
-            arguments=arguments,
-            parameters=parameters,
+            self.engine, approval_id, by, note, arguments, parameters, approve=True
         )
 
     def deny(self, approval_id: str, *, reason: str, by: str | None = None) -> ApprovalInfo:
@@ -1089,15 +1056,7 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return waiting.decide(
-            self.engine,
-            approval_id,
-            approve=False,
-            by=by,
-            note=reason,
-            arguments=None,
-            parameters=None,
-        )
+        return waiting.decide(self.engine, approval_id, by, reason, None, None, approve=False)
 
     def retarget_approval(
         self,

@@ -18,28 +18,12 @@ from .records import Compaction
 from .rows import dumps
 
 #: A message row's columns, as :func:`write_version` inserts them.
-MESSAGE_COLUMNS = (
-    "agent_id",
-    "conversation",
-    "position",
-    "added_in",
-    "removed_in",
-    "message_id",
-    "role",
-    "body",
+MESSAGE_COLUMNS = tuple(
+    "agent_id conversation position added_in removed_in message_id role body".split()
 )
 #: A version row's columns, as :func:`insert_version` inserts them.
-VERSION_COLUMNS = (
-    "agent_id",
-    "version",
-    "kind",
-    "conversation",
-    "template",
-    "state",
-    "added",
-    "removed",
-    "detail",
-    "committed_at",
+VERSION_COLUMNS = tuple(
+    "agent_id version kind conversation template state added removed detail committed_at".split()
 )
 
 

@@ -26,12 +26,12 @@ from .records import ApprovalInfo, ApprovalStatus, DecisionPage
 def decide(
     db: Database,
     approval_id: str,
-    *,
-    approve: bool,
     by: str | None,
     note: str | None,
     arguments: Mapping[str, Any] | None,
     parameters: Mapping[str, Any] | None,
+    *,
+    approve: bool,
 ) -> ApprovalInfo:
     """Store.approve and Store.deny: decide the approval; it, decided."""
     with db.writing() as conn:
@@ -81,7 +81,6 @@ def retarget(
 
 def decisions(
     db: Database,
-    *,
     status: ApprovalStatus | None,
     by: str | None,
     agent_text: str | None,

@@ -128,13 +128,6 @@ class Database(Protocol):
         be raised by a later statement or at the end of the block.
         """
 
-    def autocommit(self) -> AbstractContextManager[Conn]:
-        """A connection whose statements each commit on their own (no BEGIN or COMMIT).
-
-        For a write of one statement: it costs a write transaction's round trips
-        less. Nested in this thread's open write, the statements join that.
-        """
-
     def agent_lock(
         self, agent_id: str, *, wait: float, handoff: Sequence[Any] | None = None
     ) -> AbstractContextManager[list[Any] | None]:
