@@ -18,7 +18,7 @@ Then, round-robin over the sizes of a backend (so that other load on the machine
 hits every size alike), ``--samples`` times, on one of the agents that hold done
 rows, as a runner and the handler drive the Store:
 
-* ``turn``: ``Store.locked_turn`` + ``commit_turn`` of a question and an answer
+* ``turn``: ``Store.turns.start`` + ``Store.turns.commit`` of a question and an answer
   with an ``AlarmWrite`` that schedules an alarm due now (lock to release);
 * ``claim``: ``Store.alarm_queue.claim`` of that alarm (the runner's claim query,
   ``FOR UPDATE SKIP LOCKED`` on PostgreSQL);
@@ -280,10 +280,10 @@ def change(version: int) -> HistoryChange:
 def deliver(store: Store, claim: Claim, template: str) -> None:
     """The runner's turn that delivers ``claim``: it is done in the commit."""
     agent = claim.agent_id
-    with store.locked_turn(agent, template=template, arguments=[claim.alarm_id]) as start:
+    with store.turns.start(agent, template=template, arguments=[claim.alarm_id]) as start:
         write = AlarmWrite()
         write.deliver(claim, None, time.time())
-        store.commit_turn(
+        store.turns.commit(
             agent,
             base_version=start.version,
             template=template,
@@ -295,11 +295,11 @@ def deliver(store: Store, claim: Claim, template: str) -> None:
 
 def schedule_turn(store: Store, agent: str, alarm_id: str) -> None:
     """A turn of ``agent`` that schedules the alarm ``alarm_id``, due now."""
-    with store.locked_turn(agent, template="ask", arguments={"q": "later"}) as start:
+    with store.turns.start(agent, template="ask", arguments={"q": "later"}) as start:
         now = time.time()
         write = AlarmWrite()
         write.schedule(alarm_id, "look at the order again", make_schedule(now, delay=0), now)
-        store.commit_turn(
+        store.turns.commit(
             agent,
             base_version=start.version,
             template="ask",
@@ -424,7 +424,7 @@ def sqlite_plans(path: str, store: Store) -> None:
         return True
 
     plans: list[tuple[str, str, list[str]]] = []
-    conn = store._connection()
+    conn = store.engine.connection()
     for step, run in steps(store):
         statements.clear()
         conn.exec_trace = tracer

@@ -73,7 +73,7 @@ def play(db: Path, turns: int, compaction: CompactionHandler | None) -> dict[str
         for installed in filter(None, handlers):
             stack.enter_context(handler(installed))
         bot = Bot(agent_id="bot")
-        conn = persistence.store._connection()
+        conn = persistence.store.engine.connection()
         for turn in range(turns):
             summaries, changes = model.summaries, conn.total_changes()
             started = time.perf_counter()

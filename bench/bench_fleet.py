@@ -24,8 +24,8 @@ databases, one per arm, each with the schema the installed library makes:
   calling ``store.watch_commits(wake)`` (the page's watch).
 
 A writer is a thread with its own Store on its own fresh agent, playing
-Store-level turns back to back as bench_store_turn.py does: ``agent_lock``,
-``begin_turn`` (the handoff row, committed), ``commit_turn`` of two small messages
+Store-level turns back to back as bench_store_turn.py does: ``turns.start`` (the
+hold and the handoff row, committed), ``turns.commit`` of two small messages
 (committed; the transaction the triggers notify from). The writers are spread over
 ``--processes`` processes (default: one per core), forked once at the start; a
 listener is a process of its own. On a 2-core virtual machine a process per writer

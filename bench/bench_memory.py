@@ -102,7 +102,7 @@ def sql_writes(persistence: PersistenceHandler, agent_id: str, repeats: int) -> 
     for n in range(repeats):
         changes = MemoryChanges()
         changes.changes[KEY, f"sql-{n:05}"] = VALUE
-        conn = store._connection()
+        conn = store.engine.connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
             start = time.perf_counter()

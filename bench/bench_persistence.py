@@ -139,14 +139,14 @@ class TwoWrites(ObjectInterpretation):
     def _apply(self, template, *args, **kwargs):
         history = template.__history__
         agent_id = f"writes-{id(history)}"
-        with self.store.locked_turn(agent_id, template="ask", arguments=list(args)) as start:
+        with self.store.turns.start(agent_id, template="ask", arguments=list(args)) as start:
             result = fwd()
             written = self.written.get(agent_id, 0)
             # Only the tail: a floor that copied the whole history would grow with it.
             keys = list(itertools.islice(reversed(history), len(history) - written))
             added = [history[key] for key in reversed(keys)]
             change = HistoryChange([(float(written + i), m) for i, m in enumerate(added)], [], 0)
-            self.store.commit_turn(
+            self.store.turns.commit(
                 agent_id, base_version=start.version, template="ask", change=change, state=None
             )
             self.written[agent_id] = written + len(added)
@@ -244,8 +244,8 @@ def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     persistence = PersistenceHandler(db)
     if PROFILE is not None:
         persistence_module = sys.modules[PersistenceHandler.__module__]
-        PROFILE.wrap_entry(persistence.store, "locked_turn", "begin")  # the lock + handoff
-        PROFILE.wrap(persistence.store, "commit_turn", "commit")
+        PROFILE.wrap_entry(persistence.store.turns, "start", "begin")  # the lock + handoff
+        PROFILE.wrap(persistence.store.turns, "commit", "commit")
         PROFILE.wrap(persistence_module, "_plan", "plan")
     # With --profile, two more arms: the same turns under a handler that only
     # forwards, and under one that only makes the two writes every turn must make.
@@ -310,7 +310,7 @@ def child_load(db: str, agent_id: str, what: str) -> None:
     in the timed window by chance. Each measure gets its own process, so neither
     runs with the other's copy of the history in memory. Timed:
 
-    * load: ``PersistenceHandler(db)`` (open the file) + ``store.load_agent(id)``
+    * load: ``PersistenceHandler(db)`` (open the file) + ``store.turns.load(id)``
       (one indexed read of the active messages, JSON decode);
     * ask: ``persistence.load(bot)`` for a new ``Bot`` object with that id
       (read, then restore history and state into the object: ``restore_ms``), then
@@ -341,7 +341,8 @@ def child_load(db: str, agent_id: str, what: str) -> None:
         start = time.perf_counter()
         persistence = PersistenceHandler(db)
         if what == "load":
-            persistence.store.load_agent(agent_id)
+            store: Any = persistence.store  # a checkout from before issue 51: load_agent
+            (store.turns.load if hasattr(store, "turns") else store.load_agent)(agent_id)
             print(json.dumps({"load_ms": (time.perf_counter() - start) * 1e3}))
             return
         # ask: one agent, the first write of the process. ask-warm: the agent and

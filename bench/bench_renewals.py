@@ -44,7 +44,7 @@ def held_through(holder: Store, other: Store, seconds: float, squeeze: object) -
     """Hold "bot" in a turn for ``seconds`` while ``squeeze()`` makes renewing hard
     (it returns what undoes it), the other Store refused all along; then commit."""
     refusals = takes = 0
-    with holder.locked_turn("bot", template="t", arguments={}) as start:
+    with holder.turns.start("bot", template="t", arguments={}) as start:
         undo = squeeze()  # type: ignore[operator]
         try:
             deadline = time.monotonic() + seconds
@@ -58,7 +58,7 @@ def held_through(holder: Store, other: Store, seconds: float, squeeze: object) -
         finally:
             undo()
         try:
-            holder.commit_turn(
+            holder.turns.commit(
                 "bot", base_version=start.version, template="t", change=added(0), state=None
             )
             committed = "committed"
@@ -77,7 +77,7 @@ def no_new_connections(server: PostgresServer, seconds: float) -> str:
     with Store(limited, pool_size=2) as holder, Store(url) as other:
 
         def squeeze() -> object:
-            renewals = holder._db._holds._conn  # type: ignore[attr-defined]
+            renewals = holder.engine._holds._conn  # type: ignore[attr-defined]
             with psycopg.connect(url, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (renewals.info.backend_pid,))
             taken: list[psycopg.Connection] = []

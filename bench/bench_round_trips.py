@@ -2,8 +2,8 @@
 
 A turn of an agent held in memory makes three calls of the store, each one round
 trip on PostgreSQL (``tests/store/test_round_trips.py`` counts them on the wire):
-the start (``Store.locked_turn``: the agent's lock and its handoff row), the commit
-(``Store.commit_turn``: a question and an answer of ~300 and ~700 bytes) and the
+the start (``Store.turns.start``: the agent's hold and its handoff row), the commit
+(``Store.turns.commit``: a question and an answer of ~300 and ~700 bytes) and the
 release of the lock when the turn's block ends. This times each call, and a
 ``SELECT 1`` on a connection of its own, in two arms:
 
@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_scale import postgres_databases
-from bench_store_turn import baseline_package
+from bench_store_turn import baseline_package, turns_of
 
 from effectful_durable import Store
 from effectful_durable.store.history import HistoryChange
@@ -72,12 +72,13 @@ def turns(
 ) -> dict[str, list[float]]:
     """Play ``count`` turns of one agent; each call's seconds."""
     times: dict[str, list[float]] = {"start": [], "commit": [], "release": []}
+    protocol = turns_of(store)
     for _ in range(count):
         busy(gap)
         t0 = time.perf_counter()
-        with store.locked_turn("bench", template="ask", arguments={"q": QUESTION}) as start:
+        with protocol.start("bench", template="ask", arguments={"q": QUESTION}) as start:
             t1 = time.perf_counter()
-            store.commit_turn(
+            protocol.commit(
                 "bench",
                 base_version=start.version,
                 template="ask",
@@ -153,7 +154,7 @@ def main() -> None:
                             for part, seconds in turns(store, 20, gap, kind).items():
                                 times[key][part] += seconds
                     probe = (
-                        select_one(stores[""][0]._db.url, args.turns, gap)
+                        select_one(stores[""][0].engine.url, args.turns, gap)
                         if name == "postgres"
                         else None
                     )

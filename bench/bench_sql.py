@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in agents:
             rows = args.rows if name == "full" else 0
-            with store._reading() as conn:
+            with store.engine.reading() as conn:
                 log_bytes = conn.execute(
                     "SELECT length(changeset) FROM workspace_log WHERE agent_id = ? "
                     "ORDER BY version DESC LIMIT 1",

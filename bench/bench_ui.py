@@ -22,8 +22,8 @@ reused on URL's server, on a throwaway one with fsync on otherwise), and an empt
 database beside it on the same server; then
 
 * a turn in each, interleaved turn by turn: the Store's own calls of a turn (as
-  bench_store_turn.py plays them: the lock, ``begin_turn``, ``commit_turn`` of two
-  messages, the release) of a new agent, and whole turns through
+  bench_store_turn.py plays them: ``turns.start``, the hold and the handoff;
+  ``turns.commit`` of two messages; the release) of a new agent, and whole turns through
   PersistenceHandler with FakeLLM (as bench_persistence.py plays them) of a new
   agent and of an agent of the bulk (a fork of one, copied row for row into the
   empty database; the agents a run makes in the big one are deleted at its end);
@@ -73,10 +73,11 @@ db, turns, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 with Store(db) as store:
     started = time.perf_counter()
     for _ in range(turns):
-        start = store.begin_turn("w", template="t", arguments={})
-        message = {"id": f"m{start.version}", "role": "user", "content": "x"}
-        change = HistoryChange([(float(start.version), message)], [], 0)
-        store.commit_turn("w", base_version=start.version, template="t", change=change, state=None)
+        with store.turns.start("w", template="t", arguments={}) as start:
+            message = {"id": f"m{start.version}", "role": "user", "content": "x"}
+            change = HistoryChange([(float(start.version), message)], [], 0)
+            base = start.version
+            store.turns.commit("w", base_version=base, template="t", change=change, state=None)
         print(f"committed {time.time()}", flush=True)
         time.sleep(pause)
     print(f"took {time.perf_counter() - started}", flush=True)
@@ -84,16 +85,16 @@ with Store(db) as store:
 
 
 def commit(store: Store, agent_id: str, messages: list[dict[str, object]]) -> None:
-    start = store.begin_turn(agent_id, template="ask", arguments={"q": "?"})
-    base = float(start.version * 10)
-    added = [(base + i, m) for i, m in enumerate(messages)]
-    store.commit_turn(
-        agent_id,
-        base_version=start.version,
-        template="ask",
-        change=HistoryChange(added, [], 0),
-        state=json.dumps({"turns": start.version + 1}),
-    )
+    with store.turns.start(agent_id, template="ask", arguments={"q": "?"}) as start:
+        base = float(start.version * 10)
+        added = [(base + i, m) for i, m in enumerate(messages)]
+        store.turns.commit(
+            agent_id,
+            base_version=start.version,
+            template="ask",
+            change=HistoryChange(added, [], 0),
+            state=json.dumps({"turns": start.version + 1}),
+        )
 
 
 def turn_messages(n: int) -> list[dict[str, object]]:
@@ -487,8 +488,8 @@ def turns_played(
             store_turn(effectful_durable, stores[name], f"store-{tag}", i, parts[name])
     for name, store in stores.items():
         times[f"store, new agent, {name}"] = parts[name]["turn"]
-        times[f"  of which begin_turn, {name}"] = parts[name]["begin"]
-        times[f"  of which commit_turn, {name}"] = parts[name]["commit"]
+        times[f"  of which turns.start, {name}"] = parts[name]["begin"]
+        times[f"  of which turns.commit, {name}"] = parts[name]["commit"]
         store.close()
     fake, below = fake_llm(), Below()
     handlers = {name: PersistenceHandler(db) for name, db in dbs.items()}

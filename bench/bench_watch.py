@@ -13,7 +13,7 @@ tables and a second database of the same server:
   p90 in milliseconds.
 * **heard after**: seconds from a commit of ours (a turn through a Store, in a
   process of its own, ``tests/turns_child.py``, that then stays idle) until the
-  page's watch (``MarkerWatch`` over ``OurChanges``, as ``watch_commits`` makes it)
+  page's watch (``MarkerWatch`` over ``TableStatsMarker``, as ``watch_commits`` makes it)
   woke, for a turn after a quiet second and for one 0.3 s after the previous one
   (its session's statistics are published late: PostgreSQL publishes a session's
   at most once a second), with and without the WAL position.
@@ -39,7 +39,7 @@ import psycopg
 from bench_claims import durable_server  # the throwaway cluster, fsync on
 
 from effectful_durable import Store
-from effectful_durable.store.engine.postgres import changes
+from effectful_durable.store.engine.postgres import table_stats
 from effectful_durable.store.engine.watch import MarkerWatch
 
 if TYPE_CHECKING:
@@ -58,13 +58,13 @@ def ms(values: list[float]) -> str:
 def cost(url: str, polls: int) -> None:
     """The round trip and the server's time of each kind of look."""
     with Store(url) as store:
-        marker = changes.OurChanges(store._db)
+        marker = table_stats.TableStatsMarker(store.engine)
         marker.read()
         tables = marker._tables
     statements = {
-        "WAL position alone": (f"SELECT {changes._WAL}", None),
-        "statistics + WAL": (changes._POLL.format(wal=changes._WAL), tables),
-        "statistics alone": (changes._POLL.format(wal="NULL"), tables),
+        "WAL position alone": (f"SELECT {table_stats._WAL}", None),
+        "statistics + WAL": (table_stats._POLL.format(wal=table_stats._WAL), tables),
+        "statistics alone": (table_stats._POLL.format(wal="NULL"), tables),
     }
     print(f"cost of one look, {polls} looks each: median / p90 ms")
     print(f"{'look':<22}{'round trip':>20}{'server':>20}")
@@ -88,13 +88,13 @@ class Watching:
 
     def __init__(self, url: str, *, wal: bool) -> None:
         self.store = Store(url, readonly=True)
-        marker = changes.OurChanges(self.store._db)
+        marker = table_stats.TableStatsMarker(self.store.engine)
         marker._wal = wal
         self.moves: list[float] = []
         self._watch = MarkerWatch(
             marker.read,
             lambda: self.moves.append(time.monotonic()),
-            location=self.store._db.location,
+            location=self.store.engine.location,
         )
 
     def heard_after(self, committed: float, timeout: float = 15.0) -> float | None:

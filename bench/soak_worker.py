@@ -188,14 +188,21 @@ class Stopwatch(ObjectInterpretation[Any, Any]):
 
 
 class TimedStore(Store):
-    """A Store that adds the time a turn waits for its agent's lock to ``TIMES.lock``."""
+    """A Store that adds the time a turn takes to start (the wait for its agent's hold,
+    and its handoff row) to ``TIMES.lock``."""
 
-    @contextlib.contextmanager
-    def agent_lock(self, agent_id: str, *, wait: float = 0.0) -> Iterator[None]:
-        start = time.perf_counter()
-        with super().agent_lock(agent_id, wait=wait):
-            TIMES.lock += time.perf_counter() - start
-            yield
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        start = self.turns.start
+
+        @contextlib.contextmanager
+        def timed(agent_id: str, **options: Any) -> Iterator[Any]:
+            began = time.perf_counter()
+            with start(agent_id, **options) as started:
+                TIMES.lock += time.perf_counter() - began
+                yield started
+
+        self.turns.start = timed  # type: ignore[method-assign]
 
 
 class Model:

@@ -95,7 +95,7 @@ def build(db_path: Path) -> dict[str, Any]:
     """
     persistence = PersistenceHandler(db_path)
     compaction = CompactionHandler(max_messages=10, keep_recent=3)
-    persistence.store._connection().pragma("wal_autocheckpoint", 0)  # keep every commit
+    persistence.store.engine.connection().pragma("wal_autocheckpoint", 0)  # keep every commit
     try:
         with running(FakeLLM(respond=_reply), compaction, persistence):
             w1, w2 = Worker(agent_id="w1"), Worker(agent_id="w2")
@@ -383,13 +383,13 @@ def probe(db_path: Path, states: set[str], baseline: Transcript | None = None) -
                 else:
                     if held not in states:
                         outcome.kind = "wrong"
-            start = store.begin_turn("w1", template="ask", arguments={"question": "probe"})
-            wrote = True
-            message = {"id": "probe-message", "role": "user", "content": "probe"}
-            change = HistoryChange([(10_000.0, message)], [], 0)
-            store.commit_turn(
-                "w1", base_version=start.version, template="ask", change=change, state=None
-            )
+            with store.turns.start("w1", template="ask", arguments={"question": "probe"}) as start:
+                wrote = True
+                message = {"id": "probe-message", "role": "user", "content": "probe"}
+                change = HistoryChange([(10_000.0, message)], [], 0)
+                store.turns.commit(
+                    "w1", base_version=start.version, template="ask", change=change, state=None
+                )
     except DamagedRowError as e:  # one row: the turn that needs it fails, as a turn does
         outcome.kind = outcome.kind if outcome.kind in ("wrong", "checked") else "refused"
         outcome.errors.append(str(e))

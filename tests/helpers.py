@@ -36,6 +36,7 @@ from effectful_durable import (
 from effectful_durable.store.engine import process
 from effectful_durable.store.engine.sqlite import row_checks
 from effectful_durable.store.history import HistoryChange
+from effectful_durable.store.records import TurnStart
 from effectful_durable.testing import FakeLLM
 
 
@@ -145,14 +146,21 @@ def persisted(db_path: Path | str, llm: FakeLLM, **options: Any) -> Iterator[Per
 
 def commit_message(store: Store, agent_id: str = "bot", content: str | None = None) -> int:
     """Commit one turn that adds one user message (with ``content``), as the handler would."""
-    start = store.begin_turn(agent_id, template="t", arguments={})
-    message: dict[str, Any] = {"id": f"m{start.version}", "role": "user"}
-    if content is not None:
-        message["content"] = content
-    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
-    return store.commit_turn(
-        agent_id, base_version=start.version, template="t", change=change, state=None
-    )
+    with store.turns.start(agent_id, template="t", arguments={}) as start:
+        message: dict[str, Any] = {"id": f"m{start.version}", "role": "user"}
+        if content is not None:
+            message["content"] = content
+        change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
+        return store.turns.commit(
+            agent_id, base_version=start.version, template="t", change=change, state=None
+        )
+
+
+def begin_turn(store: Store, agent_id: str, **options: Any) -> TurnStart:
+    """Start a turn of ``agent_id`` and let the agent go with its handoff left behind, as a
+    turn that crashed leaves it (``options``: of ``Store.turns.start``)."""
+    with store.turns.start(agent_id, **options) as start:
+        return start
 
 
 def added(position: int) -> HistoryChange:
@@ -180,7 +188,7 @@ def first_turn_after(db: Path | str, agent_id: str, since: float, timeout: float
 def commit_writes(store: Store, agent_id: str, *writes: Any) -> int:
     """Commit an empty turn of ``agent_id`` carrying ``writes`` (TurnWrites); its version."""
     base = next((a.version for a in store.agents() if a.agent_id == agent_id), 0)
-    return store.commit_turn(
+    return store.turns.commit(
         agent_id,
         base_version=base,
         template="t",
@@ -279,7 +287,7 @@ def rows_written_from_now(store: Store) -> Callable[[], int]:
     version to count.
     """
     if not is_postgres(store.path):
-        conn = store._connection()
+        conn = store.engine.connection()
         before = conn.total_changes()
         return lambda: conn.total_changes() - before
     [(first,)] = persisted_rows(store.path, "SELECT pg_snapshot_xmax(pg_current_snapshot())")
@@ -305,7 +313,7 @@ def statements_run(store: Store) -> Iterator[list[tuple[str, Any]]]:
             statements.append((sql, bindings))
             return True
 
-        conn = store._connection()
+        conn = store.engine.connection()
         conn.exec_trace = tracer
         try:
             yield statements
@@ -332,7 +340,7 @@ def statements_run(store: Store) -> Iterator[list[tuple[str, Any]]]:
 
 def indexes_and_scans(store: Store, sql: str, bindings: Any) -> tuple[set[str], set[str]]:
     """The indexes the database's plan for ``sql`` reads, and the tables it reads whole."""
-    with store._reading() as conn:
+    with store.engine.reading() as conn:
         if not is_postgres(store.path):
             details = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings)]
             return (
@@ -509,7 +517,7 @@ def ghost_runner(store: Store, runner: str, *, place: str | None = None) -> None
     """A status row of a runner, beating now, whose process ended: ``ENDED_PID`` in
     ``place`` (this process's kernel and PID namespace, unless given)."""
     store.alarm_queue.record_status(runner, state="running", started_at=time.time(), report={})
-    with store._writing() as conn:
+    with store.engine.writing() as conn:
         conn.execute(
             "UPDATE runner_status SET pid = ?, place = ? WHERE runner_id = ?",
             (ENDED_PID, place or process.place(), runner),

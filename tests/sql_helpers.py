@@ -11,7 +11,7 @@ from effectful.handlers.llm import Template
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistentAgent, SQLLimits, SQLTools, Store
-from effectful_durable.store.workspace.cache import workspace_path
+from effectful_durable.store.workspace.cache import WorkspaceCache
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import is_postgres, persisted
 
@@ -77,6 +77,11 @@ def tool_results(llm: FakeLLM) -> list[str]:
                 content = "".join(block.get("text", "") for block in content)
             out.append(str(content))
     return out
+
+
+def workspace_path(db_path: str, agent_id: str) -> str:
+    """The file that holds ``agent_id``'s tables, beside the SQLite database ``db_path``."""
+    return WorkspaceCache.beside(db_path).path(agent_id)
 
 
 def workspace_file(db: Path | str, agent_id: str, **options: Any) -> str:

@@ -296,7 +296,7 @@ class TestVersions:
             bot.ask("d")  # v4
         store = Store(store_url)
         before = {v: store.conversations("bot", v) for v in (3, 4)}
-        with store._writing() as conn:
+        with store.engine.writing() as conn:
             Conversations().prune(conn, "bot", 3)
         assert persisted_rows(store_url, "SELECT count(*) FROM conversations") == [(2,)]
         assert {v: store.conversations("bot", v) for v in (3, 4)} == before

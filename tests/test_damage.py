@@ -27,7 +27,6 @@ import pytest
 
 from effectful_durable import DatabaseCorruptError, Store
 from effectful_durable.store.alarms import make_schedule
-from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.damage_helpers import (
     FRAME_HEADER,
@@ -46,6 +45,7 @@ from tests.damage_helpers import (
     restore,
 )
 from tests.helpers import persisted
+from tests.sql_helpers import workspace_path
 
 FULL = os.environ.get("EFFECTFUL_DURABLE_DAMAGE") == "full"
 PAGE = 4096
@@ -326,7 +326,7 @@ class TestAfterDamage:
         restore(built.flat, db_path)
         with Store(db_path) as store:
             root = (
-                store._connection()
+                store.engine.connection()
                 .execute("SELECT rootpage FROM sqlite_schema WHERE name = 'messages'")
                 .get
             )

@@ -25,7 +25,7 @@ from effectful_durable import (
 )
 from effectful_durable.store.engine.seam import APPLICATION_ID
 from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import OUR_POSTGRES_TABLES, persisted, persisted_rows
+from tests.helpers import OUR_POSTGRES_TABLES, begin_turn, persisted, persisted_rows
 
 
 def echo(call: FakeCall) -> str:
@@ -70,7 +70,7 @@ class TestQuarantine:
     def test_damaged_database_is_moved_aside(self, db_path: Path) -> None:
         """One of our files whose schema page is overwritten is quarantined whole, not repaired."""
         with Store(db_path) as store:
-            store.begin_turn("bot", template="t", arguments={})
+            begin_turn(store, "bot", template="t", arguments={})
             store.vacuum()  # everything in the main file, nothing in the WAL
         damaged = bytearray(db_path.read_bytes())
         damaged[100:4096] = b"\xff" * (4096 - 100)  # page 1 past the header: sqlite_schema

@@ -46,7 +46,6 @@ from effectful_durable.agents.state import dump_state
 from effectful_durable.runner import FakeClock
 from effectful_durable.store import Durability
 from effectful_durable.store.alarms import make_schedule
-from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
 from tests.alarms_app import delivered, make_agent, make_handlers
 from tests.faultvfs import (
@@ -60,7 +59,7 @@ from tests.faultvfs import (
     sample,
 )
 from tests.helpers import Assistant, Keeper, integrity, running
-from tests.sql_helpers import Tracker
+from tests.sql_helpers import Tracker, workspace_path
 
 SAMPLE = 6  # call numbers per fault and operation in the default run
 

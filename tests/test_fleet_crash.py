@@ -245,7 +245,7 @@ def test_a_fleet_killed_at_random_delivers_each_alarm_and_event_once_in_order(
             expected.setdefault(item.agent, []).append(item.label)
         for agent, labels in expected.items():
             labels.sort(key=due.__getitem__)
-            notes = json.loads(store.load_agent(agent).state or "{}").get("notes", [])
+            notes = json.loads(store.turns.load(agent).state or "{}").get("notes", [])
             turns = [v for v in store.versions(agent) if v.kind == "turn"]
             if notes != labels or len(turns) != len(notes):
                 wrong.append(f"{agent}: noted {notes}, due {labels}, {len(turns)} turns")

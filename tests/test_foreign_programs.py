@@ -160,7 +160,7 @@ def test_foreign_programs_read_a_killed_database_then_we_carry_on(
         assert from_python == (from_shell,)
 
         with Store(db) as store:  # the library, read-write, on the file they left
-            loaded = store.load_agent(AGENT_ID)
+            loaded = store.turns.load(AGENT_ID)
             state = store.state(AGENT_ID)
         assert reported <= loaded.version <= reported + 1  # one commit may be unreported
         assert state == {"count": loaded.version}  # the persisted field counts the turns
@@ -227,7 +227,7 @@ def test_a_normal_exit_without_close_leaves_one_self_contained_file(
     alone.mkdir()
     shutil.copy2(db, alone / db.name)  # the main file only
     with Store(alone / db.name) as store:
-        assert store.load_agent(AGENT_ID).version == CLEAN_TURNS
+        assert store.turns.load(AGENT_ID).version == CLEAN_TURNS
         assert texts(store.history(AGENT_ID)) == whole_turns(CLEAN_TURNS)
         assert store.state(AGENT_ID) == {"count": CLEAN_TURNS}
 
@@ -355,7 +355,7 @@ def test_a_hand_edit_of_one_row_is_caught_for_that_agent_only(
 
     with Store(db) as store:
         with pytest.raises(DatabaseCorruptError) as caught:
-            store.load_agent(DAMAGED)
+            store.turns.load(DAMAGED)
         assert_names_damaged_row(caught.value, DAMAGED)
         with pytest.raises(DatabaseCorruptError) as caught:
             store.history(DAMAGED)
@@ -368,7 +368,7 @@ def test_a_hand_edit_of_one_row_is_caught_for_that_agent_only(
         assert_names_damaged_row(caught.value, DAMAGED)
         assert Counter(agent_id=INTACT).ask(question(3)) == "answer 3"
     with Store(db, readonly=True) as store:
-        assert store.load_agent(INTACT).version == 3
+        assert store.turns.load(INTACT).version == 3
         assert texts(store.history(INTACT)) == whole_turns(3)
         assert store.state(INTACT) == {"count": 3}
 

@@ -118,11 +118,11 @@ def versions(store: Store, agent_id: str) -> list[tuple[int, str, str | None]]:
 
 def commit(store: Store, agent_id: str, conversation: str, base: int, text: str) -> int:
     """Commit a turn of this process's that adds one message, ``text``."""
-    loaded = store.load_agent(agent_id, conversation)
+    loaded = store.turns.load(agent_id, conversation)
     position = max(loaded.history.positions, default=-1) + 1
     message = {"id": f"other-{text}", "role": "user", "content": text}
     change = HistoryChange(added=[(position, message)], removed=[], removed_count=0)
-    return store.commit_turn(
+    return store.turns.commit(
         agent_id, base_version=base, template="other", change=change, state=None,
         conversation=conversation,
     )  # fmt: skip
@@ -142,12 +142,12 @@ def case(holder: Holder, other: Store, kind: str, agent_id: str, stop: int) -> f
         assert answered["ok"] or kind == "failed", answered
         return None
     started = time.monotonic()
-    with other.locked_turn(
+    with other.turns.start(
         held, wait=60, template="other", arguments={}, conversation=conversation
     ) as start:
         usable = time.monotonic() - started
         first = commit(other, held, conversation, start.version, f"{held}-1")
-    with other.locked_turn(
+    with other.turns.start(
         held, wait=60, template="other", arguments={}, conversation=conversation
     ) as start:
         os.kill(holder.process.pid, signal.SIGCONT)

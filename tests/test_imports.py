@@ -7,6 +7,10 @@ module may import the modules of its own group, as long as no cycle forms, and
 those of any group in a lower layer; never a module of a higher layer, nor one
 of another group of its own layer (groups side by side: the two engines; the
 parts and the SQL workspace). See ``docs/source/layout.rst``.
+
+No module reaches into another package's private names either (``TestReachIns``):
+what one package needs of another has a public name. effectful's own private
+names are the one exception, in ``handlers/effectful_hooks.py`` alone.
 """
 
 from __future__ import annotations
@@ -396,3 +400,100 @@ class TestCommandLine:
                 elif not any(ours == a or ours.startswith(a + ".") for a in allowed):
                     wrong.append(f"src/{file}:{line}: {name}")
         assert not wrong, "the command line imports, when imported:\n" + "\n".join(wrong)
+
+
+#: effectful's private names that ``handlers/effectful_hooks.py`` must use, the one
+#: module that knows how effectful 0.4 keeps histories (its docstring says why each).
+EFFECTFUL_PRIVATE = {
+    "handlers.effectful_hooks": {
+        "_add_cache_control_to_history",
+        "_get_history",
+        "_NoActiveHistoryException",
+        "_make_message",
+    }
+}
+
+
+#: Reads of a private name that the module's package and another both define, each
+#: checked by hand to be of an object of the module's own package. Any other read of
+#: such a name fails (``persistence._resuming`` in runner/ did, beside runner's own).
+OWN_PRIVATE = {
+    ("store/engine/sqlite/database.py", "self._db._start"),  # its SQLiteDatabase
+    ("store/store.py", "store._close"),  # a Store
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _top_package(module: str) -> str:
+    """The top-level package (or module) of ours ``module`` belongs to: ``store``, ``cli``."""
+    return module.split(".")[0]
+
+
+@cache
+def private_names() -> dict[str, set[str]]:
+    """Each private name (one leading underscore) defined in src/, with the top-level
+    packages that define it: a function, class, attribute or variable of that name."""
+    found: dict[str, set[str]] = {}
+    for module, file in modules().items():
+        for node in ast.walk(ast.parse((SRC / file).read_text("utf-8"), file)):
+            names: list[str] = []
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names = [node.attr]
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names = [node.id]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            for name in names:
+                if _is_private(name):
+                    found.setdefault(name, set()).add(_top_package(module))
+    return found
+
+
+class TestReachIns:
+    """A module uses another package through its public names only (STYLE.md)."""
+
+    def test_no_module_uses_a_private_name_of_another_package(self) -> None:
+        """No module imports, or reads an attribute (of anything but self or cls) by, a
+        name with one leading underscore that another top-level package defines (one its
+        own package defines too only as OWN_PRIVATE lists)."""
+        defined = private_names()
+        wrong = []
+        for module, file in modules().items():
+            package = _top_package(module)
+            for node in ast.walk(ast.parse((SRC / file).read_text("utf-8"), file)):
+                names: list[str] = []
+                if isinstance(node, ast.Attribute) and _is_private(node.attr):
+                    if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                        names = [node.attr]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [alias.name for alias in node.names if _is_private(alias.name)]
+                for name in names:
+                    others = defined.get(name, set()) - {package}
+                    if not others or (file, ast.unparse(node)) in OWN_PRIVATE:
+                        continue
+                    where = ", ".join(sorted(others))
+                    wrong.append(f"src/{file}:{node.lineno}: {name}, private to {where}")
+        assert not wrong, "reach-ins into another package's private names:\n" + "\n".join(wrong)
+
+    def test_only_the_hooks_use_private_names_of_effectful(self) -> None:
+        """effectful's private names are imported in handlers/effectful_hooks.py alone, and
+        only those EFFECTFUL_PRIVATE lists."""
+        wrong = []
+        for module, file in modules().items():
+            allowed = EFFECTFUL_PRIVATE.get(module, set())
+            for node in ast.walk(ast.parse((SRC / file).read_text("utf-8"), file)):
+                if not (isinstance(node, ast.ImportFrom) and not node.level and node.module):
+                    continue
+                if node.module.split(".")[0] != "effectful":
+                    continue
+                wrong += [
+                    f"src/{file}:{node.lineno}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if _is_private(alias.name) and alias.name not in allowed
+                ]
+        assert not wrong, "effectful's private names outside effectful_hooks:\n" + "\n".join(wrong)

@@ -151,7 +151,7 @@ class MemoryMachine(RuleBasedStateMachine):
             st.sampled_from(sorted(n for n, v in self.versions.items() if len(v) > 1))
         )
         keep_from = data.draw(st.integers(self.pruned.get(name, 1), len(self.versions[name])))
-        with self.store._writing() as conn:
+        with self.store.engine.writing() as conn:
             MemoryPart().prune(conn, name, keep_from)
         self.pruned[name] = keep_from
 

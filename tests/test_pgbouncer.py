@@ -563,8 +563,7 @@ class TestSettings:
         row) that waits for its hold's row, locked by another session, fails with
         DatabaseBusyError after busy_timeout (1 s), not at the client's deadline (6 s)."""
         with Store(settings_url, busy_timeout=1, statement_timeout=5) as store:
-            with store.agent_lock("bot"):  # the hold's row, kept once let go
-                commit_message(store, "bot", "before")
+            commit_message(store, "bot", "before")  # its turn's hold leaves the hold's row
             with psycopg.connect(postgres_url) as holder:
                 locked = holder.execute(
                     "SELECT 1 FROM agent_holds WHERE agent_id = 'bot' FOR UPDATE"
@@ -649,7 +648,7 @@ class TestDetection:
         Stores commit 30 rounds each with no prepared statement colliding, and the
         statement timeout is the server's, in force."""
         with Store(same_lock_timeout) as first, Store(same_lock_timeout) as second:
-            assert (first._db.pooled, second._db.pooled) == (True, True)
+            assert (first.engine.pooled, second.engine.pooled) == (True, True)
             for n in range(30):
                 commit_message(first, "first", f"round {n}")
                 commit_message(second, "second", f"round {n}")

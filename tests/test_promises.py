@@ -92,7 +92,7 @@ class TestPromise6CostFollowsTheTurn:
         with Store(store_url) as store:
             for conversation, count in (("default", 11), ("c-1", 3)):
                 with statements_run(store) as statements:
-                    loaded = store.load_agent("bot", conversation)
+                    loaded = store.turns.load("bot", conversation)
                 assert len(loaded.history.messages) == count
                 [(query, bindings)] = [(s, b) for s, b in statements if "FROM messages" in s]
                 indexes, scans = indexes_and_scans(store, query, bindings)

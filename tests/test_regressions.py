@@ -36,10 +36,9 @@ from effectful_durable import (
 )
 from effectful_durable.cli import main
 from effectful_durable.handlers.effectful_hooks import bound_agent
-from effectful_durable.store.workspace.cache import workspace_path
 from effectful_durable.testing import FakeLLM, ToolCall
 from tests.helpers import edit_rows, persisted, persisted_rows
-from tests.sql_helpers import Tracker, sql_turn
+from tests.sql_helpers import Tracker, sql_turn, workspace_path
 
 PAGE = 4096
 

@@ -256,10 +256,11 @@ import sys, time
 from effectful_durable import Store
 from effectful_durable.store.history import HistoryChange
 with Store(sys.argv[1]) as store:
-    start = store.begin_turn("w", template="t", arguments={})
-    message = {"id": f"m{start.version}", "role": "user", "content": "news"}
-    change = HistoryChange([(float(start.version), message)], [], 0)
-    store.commit_turn("w", base_version=start.version, template="t", change=change, state=None)
+    with store.turns.start("w", template="t", arguments={}) as start:
+        message = {"id": f"m{start.version}", "role": "user", "content": "news"}
+        change = HistoryChange([(float(start.version), message)], [], 0)
+        base = start.version
+        store.turns.commit("w", base_version=base, template="t", change=change, state=None)
     print(time.time(), flush=True)
 """
 

@@ -14,10 +14,12 @@ from effectful_durable.store.history import HistoryChange
 
 
 def commit(store: Store) -> None:
-    start = store.begin_turn("w", template="t", arguments={})
-    message = {"id": f"m{start.version}", "role": "user", "content": f"turn {start.version}"}
-    change = HistoryChange([(float(start.version), message)], [], 0)
-    store.commit_turn("w", base_version=start.version, template="t", change=change, state=None)
+    with store.turns.start("w", template="t", arguments={}) as start:
+        message = {"id": f"m{start.version}", "role": "user", "content": f"turn {start.version}"}
+        change = HistoryChange([(float(start.version), message)], [], 0)
+        store.turns.commit(
+            "w", base_version=start.version, template="t", change=change, state=None
+        )
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(opentelemetry(\..*)?|TracerProvider)"),
     # The standard library (no python.org inventory either); dataclasses for
     # ephemeral(), whose docstring points to dataclasses.field().
-    (r"py:.*", r"(typing|collections\.abc|dataclasses|datetime|os|threading)(\..*)?"),
+    (r"py:.*", r"(typing|collections\.abc|contextlib|dataclasses|datetime|os|threading)(\..*)?"),
     # PersistenceHandler's internal bases, one per part of an agent's record
     # (conversations, memory, SQL workspace, alarms): shown by :show-inheritance:,
     # not public API.

@@ -56,7 +56,7 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
         return notes
 
     @contextlib.contextmanager
-    def _delivering(self, agent: PersistentAgent, claim: Claim) -> Iterator[None]:
+    def delivering(self, agent: PersistentAgent, claim: Claim) -> Iterator[None]:
         """Tell the turns of ``agent`` in this thread, from their start, which alarm they
         deliver (the runner's note to the model)."""
         announced = self._announced()
@@ -127,8 +127,7 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
 
     def _check_room(self, agent: PersistentAgent, turn: Turn | None) -> None:
         staged = self._alarm_write(turn).added if turn is not None else []
-        with self.store._reading() as conn:
-            pending = store_alarms.pending_count(conn, agent.agent_id)
+        pending = self.store.turns.pending_alarms(agent.agent_id)
         if pending + len(staged) >= store_alarms.MAX_PENDING_FOR_MODEL:
             msg = (
                 f"you already have {store_alarms.MAX_PENDING_FOR_MODEL} pending alarms; "
@@ -148,8 +147,7 @@ class AlarmHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
             return False
         staged = any(added_id == alarm_id for added_id, _, _ in write.added)
         if not staged:
-            with self.store._reading() as conn:
-                found = store_alarms.open_alarm(conn, alarm_id)
+            found = self.store.turns.open_alarm(alarm_id)
             if found is None or found.agent_id != agent.agent_id:
                 return False  # never another agent's alarm (DESIGN promise 7)
         write.cancel(alarm_id)

@@ -237,7 +237,7 @@ class ApprovalHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyp
     def _resume_local(self) -> list[PersistentAgent]:
         raise NotImplementedError
 
-    def _resuming(self, agent: PersistentAgent) -> bool:
+    def resuming(self, agent: PersistentAgent) -> bool:
         """Whether this thread is calling ``agent``'s suspended turn again, to resume it."""
         return any(a is agent for a in self._resume_local())
 

@@ -1,7 +1,12 @@
 """Where we depend on how effectful 0.4 represents agents and histories, in one file.
 
 Importing ``effectful.handlers.llm.completions`` imports litellm (seconds), so it
-happens on the first turn, never when effectful_durable is imported.
+happens on the first turn, never when effectful_durable is imported. This is the
+one module that uses effectful's private names (``_get_history`` and
+``_NoActiveHistoryException``: the running loop's history; ``_make_message``: a
+tool result as effectful makes one; ``_add_cache_control_to_history``: its prompt
+cache hints), for want of public ones; ``tests/test_imports.py`` allows them here
+alone (``EFFECTFUL_PRIVATE``).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class EventHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-
         replayed, result = journal.replay(step, nested=bool(turns))
         if replayed:
             return result  # type: ignore[no-any-return]
-        done, result_json, deadline = self.store.wait_event(
+        done, result_json, deadline = self.store.turns.wait_event(
             journal.workflow, step.key, agent_id, name, timeout
         )
         if not done:

@@ -118,7 +118,7 @@ class Journal:
                     describe_step(step.template, step.arguments),
                 )
             parent_prefix = step.key.rsplit("/", 1)[0] + "/"
-            self.store.discard_steps(self.workflow, parent_prefix, recorded.number)
+            self.store.turns.discard_steps(self.workflow, parent_prefix, recorded.number)
             return False, None
         if recorded.status != "done":
             return False, None
@@ -141,7 +141,7 @@ class Journal:
 
     def record(self, step: Step, result: Any) -> None:
         """Record a finished step that has no agent turn to commit it with."""
-        number = self.store.record_step(
+        number = self.store.turns.record_step(
             self.workflow,
             step.key,
             template=step.template,

@@ -54,7 +54,7 @@ class MemoryHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped
             limits = MemoryLimits()
         turn = self._turn_of(agent)
         if turn is None:
-            return AgentMemory(agent.agent_id, self.store.memory_rows, limits)
+            return AgentMemory(agent.agent_id, self.store.turns.memory, limits)
         staged = turn.staged.get(PART)
         if not isinstance(staged, TurnMemory):
             staged = TurnMemory()
@@ -63,7 +63,7 @@ class MemoryHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped
         def live() -> bool:
             return any(running is turn for running in self._turns())
 
-        return AgentMemory(agent.agent_id, self.store.memory_rows, limits, staged, live)
+        return AgentMemory(agent.agent_id, self.store.turns.memory, limits, staged, live)
 
     def _tells(self, agent: PersistentAgent) -> bool:
         """A StateTools agent with a digest is told its memory on every request."""

@@ -222,16 +222,16 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self.on_invalid_state = on_invalid_state
         self.needs_approval = needs_approval
         self.code_version = _checked_code_version(code_version)
-        self._pruning = [self.store.pruning(keep_versions)] if keep_versions else []
+        self._pruning = [self.store.turns.pruning(keep_versions)] if keep_versions else []
         self.journal = Journal(self.store, workflow) if workflow is not None else None
-        self._database = self.store._identity
+        self._database = self.store.engine.identity
         self._local = threading.local()
-        self._tracing: Tracing | None = None
+        self.traces: Tracing | None = None  # its turns' spans; a runner's deliveries parent them
         if tracing is not False and tracing is not None:
             from .tracing import Tracing  # imports opentelemetry: only when asked
 
             provider = None if tracing is True else tracing
-            self._tracing = Tracing(provider, tool_arguments=trace_tool_arguments)
+            self.traces = Tracing(provider, tool_arguments=trace_tool_arguments)
 
     def close(self) -> None:
         """Close the handler's store."""
@@ -265,7 +265,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             return fwd()  # a nested call on the same agent belongs to its turn
         if agent is not None:
             validate_agent_id(agent.agent_id)
-        resume_only = agent is not None and self._resuming(agent)
+        resume_only = agent is not None and self.resuming(agent)
         journal = self.journal if (agent is not None or not turns) and not resume_only else None
         if agent is None and journal is None:
             return fwd()  # a free template, and not a workflow step: not ours
@@ -277,11 +277,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             agent_id = agent.agent_id if agent is not None else None
             conversation = current_conversation(agent) if agent is not None else None
             step = journal.next_step(template, name, arguments, agent_id, parent, conversation)
-            started = time.time_ns() if self._tracing is not None else 0
+            started = time.time_ns() if self.traces is not None else 0
             replayed, result = journal.replay(step, nested=bool(turns))
             if replayed:
-                if self._tracing is not None:
-                    self._tracing.replayed(journal.workflow, step.key, name, agent_id, started)
+                if self.traces is not None:
+                    self.traces.replayed(journal.workflow, step.key, name, agent_id, started)
                 return result
         if agent is not None:
             turn = Turn(agent, name, step, current_conversation(agent), arguments=arguments)
@@ -321,10 +321,10 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     def _run_turn(
         self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool = False
     ) -> Any:
-        if self._tracing is None:
+        if self.traces is None:
             return self._locked_turn(agent, turn, arguments, resume_only=resume_only)
         workflow = self.journal.workflow if self.journal is not None else None
-        with self._tracing.turn(agent, turn, workflow, self.code_version) as span:
+        with self.traces.turn(agent, turn, workflow, self.code_version) as span:
             turn.span = span
             return self._locked_turn(agent, turn, arguments, resume_only=resume_only)
 
@@ -332,8 +332,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         self, agent: PersistentAgent, turn: Turn, arguments: Any, *, resume_only: bool
     ) -> Any:
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
-        tracing = self._tracing
-        with self.store.locked_turn(
+        tracing = self.traces
+        with self.store.turns.start(
             agent.agent_id,
             wait=self.wait,
             template=turn.template,
@@ -351,8 +351,8 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 with contextlib.ExitStack() as installed:
                     if interpretation:
                         installed.enter_context(handler(interpretation))
-                    if self._tracing is not None:  # innermost: it sees every call first
-                        traced = self._tracing.interpretation(
+                    if self.traces is not None:  # innermost: it sees every call first
+                        traced = self.traces.interpretation(
                             turn, lambda: self._turns()[-1] is turn
                         )
                         installed.enter_context(handler(traced))
@@ -402,7 +402,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 )
                 raise DurableError(msg)
             compaction, history = _compaction(committed.history, agent, compacted)
-            version = self.store.commit_compaction(
+            version = self.store.turns.commit_compaction(
                 agent.agent_id,
                 base_version=committed.version,
                 compaction=compaction,
@@ -418,9 +418,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
     def _compaction_scope(
         self, agent: Any, messages: int, summarizer: str
     ) -> contextlib.AbstractContextManager[Any]:
-        if self._tracing is None:
+        if self.traces is None:
             return fwd()  # type: ignore[no-any-return]
-        return self._tracing.compaction(agent, messages, summarizer)
+        return self.traces.compaction(agent, messages, summarizer)
 
     @implements(search_compacted)  # type: ignore[untyped-decorator]
     def _search_compacted(self, agent: Any, query: str, limit: int) -> list[dict[str, Any]]:
@@ -442,7 +442,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
 
     def _begin(self, agent: PersistentAgent, turn: Turn, start: TurnStart) -> None:
         """Carry on with the turn the store began (or refuse it): load what it needs."""
-        tracing = self._tracing
+        tracing = self.traces
         if tracing is not None:
             earlier = start.earlier
             tracing.started(
@@ -461,7 +461,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 raise DurableError(workflow_message(suspension))
             raise ResumeFirst(suspension)
         if tracing is not None and suspension is not None:
-            suspended = self.store._version_trace(agent.agent_id, suspension.suspended_in)
+            suspended = self.store.turns.trace_of(agent.agent_id, suspension.suspended_in)
             if suspended is not None:
                 tracing.resumes(turn.span, suspended)
         turn.step_number = start.step_number
@@ -512,11 +512,11 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         the one in memory) the fields in memory are kept as they are.
         """
         conversation = current_conversation(agent)
-        if self._tracing is None:
-            loaded = self.store.load_agent(agent.agent_id, conversation)
+        if self.traces is None:
+            loaded = self.store.turns.load(agent.agent_id, conversation)
         else:
-            with self._tracing.load(agent.agent_id, conversation) as done:
-                loaded = self.store.load_agent(agent.agent_id, conversation)
+            with self.traces.load(agent.agent_id, conversation) as done:
+                loaded = self.store.turns.load(agent.agent_id, conversation)
                 done(len(loaded.history.messages))
         if (
             history_only
@@ -631,7 +631,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             detail["resumed"] = turn.resuming.suspension.suspended_in
         if self.code_version is not None:
             detail["code_version"] = self.code_version
-        tracing, stats = self._tracing, None
+        tracing, stats = self.traces, None
         if tracing is not None:
             # The turn's trace context, for the alarms it schedules (their deliveries link to it).
             detail["trace"] = tracing.traceparent(turn.span)
@@ -641,7 +641,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             if tracing is not None and stats is not None
             else contextlib.nullcontext()
         ):
-            version = self.store.commit_turn(
+            version = self.store.turns.commit(
                 agent.agent_id,
                 base_version=committed.version,
                 template=turn.template,
@@ -699,7 +699,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         step = (self.journal.workflow, turn.step.key) if self.journal and turn.step else None
         recorded = False
         with contextlib.suppress(Exception):  # never mask the turn's own error
-            self.store.fail_turn(
+            self.store.turns.fail(
                 agent.agent_id,
                 f"{type(error).__name__}: {error}",
                 step=step,

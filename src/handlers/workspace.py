@@ -72,7 +72,7 @@ class WorkspaceHandling(ObjectInterpretation[Any, Any]):  # type: ignore[no-unty
         workspace = turn.staged.get(_PART)
         if workspace is None and create:
             cls = type(agent)
-            workspace = self.store.workspace_turn(
+            workspace = self.store.turns.workspace(
                 agent.agent_id,
                 declaration=cls.__sql_declaration__,
                 allow_ddl=cls.__sql_create_tables__,

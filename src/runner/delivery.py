@@ -129,7 +129,7 @@ class Delivery(ObjectInterpretation[Any, Any]):  # type: ignore[no-untyped-call]
     def _resuming(self, agent: PersistentAgent) -> bool:
         """Whether this call on ``agent`` resumes its suspended turn."""
         persistence = self.persistence
-        return persistence is not None and persistence._resuming(agent)
+        return persistence is not None and persistence.resuming(agent)
 
 
 def turn_of(agent: PersistentAgent, claim: Claim) -> tuple[Template[..., Any], tuple[Any, ...]]:
@@ -218,7 +218,7 @@ class Deliverer:
 
     def deliver(self, claim: Claim, now: float) -> str:
         """Deliver ``claim`` (a span of its own when traced); its outcome in a word."""
-        tracing = self.persistence()._tracing
+        tracing = self.persistence().traces
         if tracing is None:
             return self._delivered(claim, now)
         from .tracing import delivery  # imports opentelemetry: only when traced
@@ -306,7 +306,7 @@ class Deliverer:
             next_fire = claim.schedule.next_after(claim.schedule.fire_at, now, coalesce=coalesce)
             self.delivery.armed = Armed(agent, claim, next_fire, now)
             if claim.kind == "alarm":
-                with persistence._delivering(agent, claim):
+                with persistence.delivering(agent, claim):
                     template(*arguments)
             else:
                 template(*arguments)

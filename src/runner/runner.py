@@ -193,7 +193,7 @@ class AgentRunner:
         self._rescued = False  # the first step looks for dead runners' claims at once
         self._signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._unsure_of_leases = False
-        self._outages = Outages(self.store._db.location)
+        self._outages = Outages(self.store.engine.location)
         self._resting = Resting(self._queue, self._outages)
         self._deliverer = Deliverer(
             self.id,
@@ -241,7 +241,7 @@ class AgentRunner:
         self._started, self._started_at = time.monotonic(), time.time()
         self._delivery.cancel.clear()
         self._cut_off = None
-        where = self.store._db.location  # the URL without its password
+        where = self.store.engine.location  # the URL without its password
         log.info(
             "runner %s started on %s",
             self.id,
@@ -274,7 +274,7 @@ class AgentRunner:
                     thread.join(timeout=max(0.0, ending - time.monotonic()))
             with self._lock:
                 self._running = False
-                self.store._db.hurry(None)  # the Store may serve on: its waits as before
+                self.store.engine.hurry(None)  # the Store may serve on: its waits as before
             for signum, old in previous.items():
                 signal.signal(signum, old)
             if last.is_alive():
@@ -310,7 +310,7 @@ class AgentRunner:
         grace = self.config.grace_seconds if grace is None else grace
         with self._lock:
             if self._running:
-                self.store._db.hurry(grace + _HURRY)
+                self.store.engine.hurry(grace + _HURRY)
         in_flight = self._workers.running()
         if not in_flight:
             log.info("stopping", extra={"runner": self.id})
@@ -423,7 +423,7 @@ class AgentRunner:
         # The runner's own PersistenceHandler holds nothing but self.store, and a
         # store the caller passed in stays open for the caller.
         if self._owns_store:
-            self.store._db.hurry(0.0)  # a frozen server's connections: not waited for
+            self.store.engine.hurry(0.0)  # a frozen server's connections: not waited for
             self.store.close()
 
     def __enter__(self) -> AgentRunner:
@@ -594,7 +594,7 @@ class AgentRunner:
     def _apply_timeout(self, config: RunnerConfig) -> None:
         """Give the store the config's ``statement_timeout``, if it sets one."""
         if config.statement_timeout is not None:
-            self.store._db.statement_timeout = config.store_timeout
+            self.store.engine.statement_timeout = config.store_timeout
 
     # -- signals -------------------------------------------------------------------
 
@@ -612,7 +612,7 @@ class AgentRunner:
         if stop and (self._interrupting or (self._stopping.is_set() and self._workers.running())):
             # The grace period is over, or a second Ctrl-C: interrupt the turns now.
             self._interrupting = False
-            self.store._db.hurry(_HURRY)  # a frozen server: not its statement_timeout
+            self.store.engine.hurry(_HURRY)  # a frozen server: not its statement_timeout
             if self._workers.inline:
                 raise KeyboardInterrupt  # the turn runs in this thread
             self._delivery.cancel.set()  # the workers' turns, at their next request

@@ -85,11 +85,11 @@ class Stack:
             raise DurableError(msg)
         if found:
             persistence = found[0]
-            if persistence.store._identity != self._store._identity:
+            if persistence.store.engine.identity != self._store.engine.identity:
                 msg = (
                     "the handler factory's PersistenceHandler uses "
-                    f"{persistence.store._db.location}, but the runner delivers the alarms "
-                    f"of {self._store._db.location}"
+                    f"{persistence.store.engine.location}, but the runner delivers the alarms "
+                    f"of {self._store.engine.location}"
                 )
                 raise DurableError(msg)
         else:

@@ -1,15 +1,17 @@
 """The durable log: agents, their versions and turns, on SQLite or PostgreSQL; no effectful here.
 
 Layers, each importing only itself and the layers below: the :class:`Store`
-facade (``store.py``, assembled from ``reads.py``, ``browse.py`` (reads a page
-at a time), ``diff.py`` (what changed between two versions), ``turns.py``,
-``maintenance.py``, ``agent_parts.py`` and ``journal.py`` on ``base.py``, with
-``retention.py``, ``copy.py`` and ``alarm_queue.py``); then ``parts/`` and
-``workspace/`` side by side (neither imports the other); then the shared leaves
-``records.py``, ``history.py``, ``rows.py`` and ``ids.py``; then ``engine/``,
-the seam and the two engines; then ``errors``. Nothing here imports effectful,
-litellm, or the packages above (``agents``, ``handlers``, ``runner``);
-``tests/test_imports.py`` checks it all.
+(``store.py``), the face users call, and its machinery, each module one concern:
+the components it hands out (``turns.py``, the turn protocol; ``alarm_queue.py``,
+the runners' side of alarms), the reads and changes its methods run
+(``reads.py``, ``browse.py``, ``diff.py``, ``maintenance.py``, ``journal.py``,
+``waiting.py``, ``retention.py``, ``copy.py``, ``inflight.py``) and what those
+share (``opening.py``, ``holds.py``, ``checked.py``, ``versions.py``,
+``handoffs.py``); then ``parts/`` and ``workspace/`` side by side (neither
+imports the other); then the shared leaves ``records.py``, ``history.py``,
+``rows.py`` and ``ids.py``; then ``engine/``, the seam and the two engines; then
+``errors``. Nothing here imports effectful, litellm, or the packages above
+(``agents``, ``handlers``, ``runner``); ``tests/test_imports.py`` checks it all.
 """
 
 from .engine.sqlite.connection import Durability, connect

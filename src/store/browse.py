@@ -13,22 +13,18 @@ it: in the agents list, that agent's line says so and the others read as usual.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import DamagedRowError, NotFoundError
-from .base import StoreBase
-from .engine.seam import CommitWatch, Conn
+from ..errors import DamagedRowError
+from .checked import checked_version
+from .engine.seam import Conn, Database
 from .history import message_text
-from .ids import DEFAULT_CONVERSATION, validate_conversation_id
+from .ids import validate_conversation_id
 from .records import Paged, VersionInfo
 from .rows import decode_messages, like_pattern, utc
-from .workspace.schema import quote
-
-if TYPE_CHECKING:
-    from .workspace.workspace import SQLResult
 
 #: The orders ``agent_page`` sorts by: name -> (SQL order, its reverse).
 AGENT_SORTS: dict[str, str] = {
@@ -42,7 +38,8 @@ AGENT_SORTS: dict[str, str] = {
     "-created": "created_at DESC, agent_id",
 }
 
-_TABLES = (
+#: The query of the names of an agent's SQL tables (``Store.sql_tables``).
+TABLE_NAMES = (
     "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite%' ORDER BY name"
 )
 
@@ -220,246 +217,117 @@ def _record_calls(message: dict[str, Any], calls: dict[str, str]) -> None:
             calls[call["id"]] = str(function.get("name"))
 
 
-class BrowseMethods(StoreBase):
-    """The browsing reads of :class:`~effectful_durable.Store` (a base of it)."""
+def agent_page(
+    db: Database, *, text: str, attention: bool, sort: str, page: int, per_page: int
+) -> AgentPage:
+    """Store.agent_page: one page of the agents, with what waits for each."""
+    order = AGENT_SORTS.get(sort)
+    if order is None:
+        msg = f"sort must be one of {', '.join(AGENT_SORTS)}; not {sort!r}"
+        raise ValueError(msg)
+    check_page(page, per_page)
+    where, params = ["1 = 1"], []
+    if text:
+        where.append("lower(agent_id) LIKE ? ESCAPE '\\'")
+        params.append(f"%{like_pattern(text.lower())}%")
+    if attention:
+        where.append(_ATTENTION)
+    condition = " AND ".join(where)
+    count = f"SELECT count(*) FROM agents WHERE {condition}"
+    paged = f"FROM agents WHERE {condition} ORDER BY {order} LIMIT ? OFFSET ?"
+    window = [*params, per_page, (page - 1) * per_page]
+    with db.reading() as conn:
+        if len(where) == 1:  # all agents: counted, and their page read through an index
+            total = int(conn.execute(count, params).get)
+            ids = [
+                str(agent_id) for (agent_id,) in conn.execute(f"SELECT agent_id {paged}", window)
+            ]
+        else:  # a filter reads every agent: once for both the count and the page
+            rows = conn.execute(f"SELECT agent_id, count(*) OVER () {paged}", window).fetchall()
+            ids = [str(agent_id) for agent_id, _ in rows]
+            if rows:
+                total = int(rows[0][1])
+            else:  # past the last page, or none match
+                total = 0 if page == 1 else int(conn.execute(count, params).get)
+    return AgentPage(_summaries_of(db, ids), total, page, per_page)
 
-    if TYPE_CHECKING:
 
-        def sql(
-            self,
-            agent_id: str,
-            query: str,
-            params: Sequence[Any] = (),
-            version: int | None = None,
-        ) -> SQLResult: ...
+def _summaries_of(db: Database, ids: list[str]) -> list[AgentSummary]:
+    """The summaries of ``ids``, in that order; one line per agent whose rows are damaged."""
+    try:
+        with db.reading() as conn:
+            found = _summaries(conn, ids)
+    except DamagedRowError:
+        found = {}
+        for agent_id in ids:  # one by one: only the damaged agent's line says so
+            try:
+                with db.reading() as conn:
+                    found |= _summaries(conn, [agent_id])
+            except DamagedRowError as error:
+                found[agent_id] = AgentSummary(agent_id, 0, None, None, damaged=str(error))
+    return [found[agent_id] for agent_id in ids if agent_id in found]
 
-    def agent_page(
-        self,
-        *,
-        text: str = "",
-        attention: bool = False,
-        sort: str = "id",
-        page: int = 1,
-        per_page: int = 50,
-    ) -> AgentPage:
-        """One page of the agents, with what waits for each: the agents list.
 
-        Args:
-            text: Keep the agents whose id holds this text (in any case).
-            attention: Keep the agents that need a person: an approval waits, an
-                alarm or event died, or a turn started and did not commit.
-            sort: One of ``AGENT_SORTS``: ``id``, ``updated``, ``version``,
-                ``created``, each reversed with a leading ``-``.
-            page: The page, from 1.
-            per_page: Agents per page, at most ``MAX_PAGE`` (500).
+def timeline(
+    db: Database,
+    agent_id: str,
+    conversation: str,
+    before: int | None,
+    limit: int,
+    filter: HistoryFilter | None,
+) -> Timeline:
+    """Store.timeline: a page of the agent's history, one block per version, newest first."""
+    validate_conversation_id(conversation)
+    check_page(1, limit)
+    if before is not None and before < 1:
+        msg = f"before must be a version >= 1, not {before}"
+        raise ValueError(msg)
+    wanted = filter if filter is not None and not filter.empty else None
+    with db.reading() as conn:
+        latest = checked_version(db, conn, agent_id, None)
+        start = latest + 1 if before is None else min(before, latest + 1)
+        if wanted is None:
+            blocks, next_before = _plain_page(conn, agent_id, conversation, start, limit)
+        else:
+            blocks, next_before = _filtered_page(
+                conn, agent_id, conversation, start, limit, wanted
+            )
+    return Timeline(agent_id, conversation, latest, blocks, next_before, wanted or HistoryFilter())
 
-        Raises:
-            ValueError: An unknown sort, or a page or page size out of range.
 
-        .. versionadded:: 0.2.0
-        """
-        order = AGENT_SORTS.get(sort)
-        if order is None:
-            msg = f"sort must be one of {', '.join(AGENT_SORTS)}; not {sort!r}"
-            raise ValueError(msg)
-        _check_page(page, per_page)
-        where, params = ["1 = 1"], []
-        if text:
-            where.append("lower(agent_id) LIKE ? ESCAPE '\\'")
-            params.append(f"%{like_pattern(text.lower())}%")
-        if attention:
-            where.append(_ATTENTION)
-        condition = " AND ".join(where)
-        count = f"SELECT count(*) FROM agents WHERE {condition}"
-        paged = f"FROM agents WHERE {condition} ORDER BY {order} LIMIT ? OFFSET ?"
-        window = [*params, per_page, (page - 1) * per_page]
-        with self._reading() as conn:
-            if len(where) == 1:  # all agents: counted, and their page read through an index
-                total = int(conn.execute(count, params).get)
-                ids = [
-                    str(agent_id)
-                    for (agent_id,) in conn.execute(f"SELECT agent_id {paged}", window)
-                ]
-            else:  # a filter reads every agent: once for both the count and the page
-                rows = conn.execute(
-                    f"SELECT agent_id, count(*) OVER () {paged}", window
-                ).fetchall()
-                ids = [str(agent_id) for agent_id, _ in rows]
-                if rows:
-                    total = int(rows[0][1])
-                else:  # past the last page, or none match
-                    total = 0 if page == 1 else int(conn.execute(count, params).get)
-        return AgentPage(self._summaries(ids), total, page, per_page)
+def version_page(
+    db: Database, agent_id: str, *, before: int | None, limit: int
+) -> list[VersionInfo]:
+    """Store.version_page: the agent's versions before ``before``, newest first."""
+    check_page(1, limit)
+    with db.reading() as conn:
+        latest = checked_version(db, conn, agent_id, None)
+        start = latest + 1 if before is None else before
+        rows = conn.execute(
+            f"{VERSION_SELECT} WHERE agent_id = ? AND version < ? ORDER BY version DESC LIMIT ?",
+            (agent_id, start, limit),
+        ).fetchall()
+    return [version_info(agent_id, row) for row in rows]
 
-    def _summaries(self, ids: list[str]) -> list[AgentSummary]:
-        """The summaries of ``ids``, in that order; one line per agent whose rows are damaged."""
-        try:
-            with self._reading() as conn:
-                found = _summaries(conn, ids)
-        except DamagedRowError:
-            found = {}
-            for agent_id in ids:  # one by one: only the damaged agent's line says so
-                try:
-                    with self._reading() as conn:
-                        found |= _summaries(conn, [agent_id])
-                except DamagedRowError as error:
-                    found[agent_id] = AgentSummary(agent_id, 0, None, None, damaged=str(error))
-        return [found[agent_id] for agent_id in ids if agent_id in found]
 
-    def timeline(
-        self,
-        agent_id: str,
-        *,
-        conversation: str = DEFAULT_CONVERSATION,
-        before: int | None = None,
-        limit: int = 20,
-        filter: HistoryFilter | None = None,
-    ) -> Timeline:
-        """A page of the agent's history in ``conversation``: one block per version, newest first.
-
-        Only the versions of the page are read, and with a filter only the
-        messages of versions that hold a match are kept: the history is read
-        newest first until the page is full, never loaded whole.
-
-        Args:
-            agent_id: The agent.
-            conversation: The conversation whose history to show.
-            before: Show versions before this one (the previous page's
-                ``next_before``); the latest first by default.
-            limit: Blocks per page, at most ``MAX_PAGE`` (500).
-            filter: Show only the versions with a message that passes, and only
-                those messages.
-
-        Raises:
-            NotFoundError: No such agent.
-            ValueError: ``before`` or ``limit`` is out of range.
-
-        .. versionadded:: 0.2.0
-        """
-        validate_conversation_id(conversation)
-        _check_page(1, limit)
-        if before is not None and before < 1:
-            msg = f"before must be a version >= 1, not {before}"
-            raise ValueError(msg)
-        wanted = filter if filter is not None and not filter.empty else None
-        with self._reading() as conn:
-            latest = self._checked_version(conn, agent_id, None)
-            start = latest + 1 if before is None else min(before, latest + 1)
-            if wanted is None:
-                blocks, next_before = _plain_page(conn, agent_id, conversation, start, limit)
-            else:
-                blocks, next_before = _filtered_page(
-                    conn, agent_id, conversation, start, limit, wanted
-                )
-        return Timeline(
-            agent_id, conversation, latest, blocks, next_before, wanted or HistoryFilter()
-        )
-
-    def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
-        """Call ``wake`` (from another thread) soon after each commit to the database.
-
-        A thread looks five times a second, reading no table: at ``PRAGMA
-        data_version`` on SQLite; on PostgreSQL at the server's statistics of our
-        tables and its WAL position (``engine/postgres/changes.py``), so that a
-        commit to another database of the server wakes nobody. No commit sends
-        anything for it. Close what it returns to stop.
-
-        .. versionadded:: 0.2.0
-        """
-        return self._db.watch_commits(wake)
-
-    def version_page(
-        self, agent_id: str, *, before: int | None = None, limit: int = 50
-    ) -> list[VersionInfo]:
-        """The agent's versions before ``before`` (default: all), newest first, at most ``limit``.
-
-        Raises:
-            NotFoundError: No such agent.
-            ValueError: ``limit`` is out of range.
-
-        .. versionadded:: 0.2.0
-        """
-        _check_page(1, limit)
-        with self._reading() as conn:
-            latest = self._checked_version(conn, agent_id, None)
-            start = latest + 1 if before is None else before
-            rows = conn.execute(
-                f"{VERSION_SELECT} WHERE agent_id = ? AND version < ? "
-                "ORDER BY version DESC LIMIT ?",
-                (agent_id, start, limit),
-            ).fetchall()
-        return [version_info(agent_id, row) for row in rows]
-
-    def compacted(
-        self, agent_id: str, version: int, *, conversation: str = DEFAULT_CONVERSATION
-    ) -> list[dict[str, Any]]:
-        """The originals the compaction that made ``version`` replaced, in order.
-
-        Empty if ``version`` is no compaction of ``conversation``.
-
-        Raises:
-            NotFoundError: No such agent or version.
-
-        .. versionadded:: 0.2.0
-        """
-        validate_conversation_id(conversation)
-        with self._reading() as conn:
-            self._checked_version(conn, agent_id, version)
-            bodies = conn.execute(
-                """
-                SELECT m.body FROM checked_messages AS m
-                  JOIN compactions AS c ON c.agent_id = m.agent_id AND c.version = m.removed_in
-                 WHERE m.agent_id = ?1 AND m.conversation = ?2 AND m.removed_in = ?3
-                   AND m.position BETWEEN c.first_position AND c.last_position
-                 ORDER BY m.position, m.added_in
-                """,
-                (agent_id, conversation, version),
-            ).fetchall()
-        return decode_messages(body for (body,) in bodies)
-
-    def sql_tables(self, agent_id: str, version: int | None = None) -> list[str]:
-        """The names of the agent's SQL tables at ``version`` (default: latest).
-
-        Raises:
-            NotFoundError: No such agent or version.
-
-        .. versionadded:: 0.2.0
-        """
-        result = self.sql(agent_id, _TABLES, version=version)
-        return [str(name) for (name,) in result.rows]
-
-    def table_page(
-        self,
-        agent_id: str,
-        table: str,
-        *,
-        version: int | None = None,
-        page: int = 1,
-        per_page: int = 50,
-    ) -> TablePage:
-        """One page of the rows of one of the agent's SQL tables, in rowid order.
-
-        Read in the sandbox of :meth:`~effectful_durable.Store.sql`.
-
-        Raises:
-            NotFoundError: No such agent, version or table.
-            ValueError: ``page`` or ``per_page`` is out of range.
-
-        .. versionadded:: 0.2.0
-        """
-        _check_page(page, per_page)
-        if table not in self.sql_tables(agent_id, version):
-            msg = f"agent {agent_id!r} has no SQL table {table!r}"
-            raise NotFoundError(msg)
-        name = quote(table)
-        total = int(self.sql(agent_id, f"SELECT count(*) FROM {name}", version=version).rows[0][0])
-        rows = self.sql(
-            agent_id,
-            f"SELECT * FROM {name} LIMIT ? OFFSET ?",
-            [per_page, (page - 1) * per_page],
-            version=version,
-        )
-        return TablePage(table, rows.columns, rows.rows, total, page, per_page)
+def compacted(
+    db: Database, agent_id: str, version: int, *, conversation: str
+) -> list[dict[str, Any]]:
+    """Store.compacted: the originals the compaction that made ``version`` replaced."""
+    validate_conversation_id(conversation)
+    with db.reading() as conn:
+        checked_version(db, conn, agent_id, version)
+        bodies = conn.execute(
+            """
+            SELECT m.body FROM checked_messages AS m
+              JOIN compactions AS c ON c.agent_id = m.agent_id AND c.version = m.removed_in
+             WHERE m.agent_id = ?1 AND m.conversation = ?2 AND m.removed_in = ?3
+               AND m.position BETWEEN c.first_position AND c.last_position
+             ORDER BY m.position, m.added_in
+            """,
+            (agent_id, conversation, version),
+        ).fetchall()
+    return decode_messages(body for (body,) in bodies)
 
 
 VERSION_SELECT = """
@@ -486,7 +354,8 @@ def version_info(agent_id: str, row: Sequence[Any]) -> VersionInfo:
     )
 
 
-def _check_page(page: int, per_page: int) -> None:
+def check_page(page: int, per_page: int) -> None:
+    """Raise ValueError unless ``page`` >= 1 and ``per_page`` from 1 to :data:`MAX_PAGE`."""
     if not 1 <= per_page <= MAX_PAGE:
         msg = f"a page holds 1 to {MAX_PAGE} rows, not {per_page}"
         raise ValueError(msg)
@@ -583,12 +452,7 @@ def _plain_page(
 
 
 def _filtered_page(
-    conn: Conn,
-    agent_id: str,
-    conversation: str,
-    start: int,
-    limit: int,
-    wanted: HistoryFilter,
+    conn: Conn, agent_id: str, conversation: str, start: int, limit: int, wanted: HistoryFilter
 ) -> tuple[list[TurnBlock], int | None]:
     """The blocks of the newest ``limit`` versions before ``start`` with a message
     that passes ``wanted``, reading messages newest version first until found."""

@@ -17,13 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import DurableError
 from .engine.seam import Conn, Database
-
-if TYPE_CHECKING:
-    from .base import StoreBase
 
 #: The tables of agent data, parents before children. Adding a table is one line.
 TABLES: tuple[str, ...] = (
@@ -54,7 +51,14 @@ class CopyResult:
     indexed: int
 
 
-def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
+class HasEngine(Protocol):
+    """What :func:`copy_store` copies from and to: a Store, or anything that holds an engine."""
+
+    @property
+    def engine(self) -> Database: ...
+
+
+def copy_store(source: HasEngine, target: HasEngine) -> CopyResult:
     """Copy every agent (versions, journals, memory, SQL tables, alarms, events,
     approvals) and the runners' status reports to ``target``.
 
@@ -64,7 +68,7 @@ def copy_store(source: StoreBase, target: StoreBase) -> CopyResult:
             backend does not carry); or a table read back differs from the
             source's. The target is left as it was.
     """
-    source_db, target_db = source._db, target._db
+    source_db, target_db = source.engine, target.engine
     with (
         source_db.unhurried(),
         target_db.unhurried(),

@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .base import StoreBase
 from .browse import VERSION_SELECT, version_info
-from .engine.seam import Conn
+from .checked import checked_rows, checked_version
+from .engine.seam import Conn, Database
 from .parts import approvals as _approvals
 from .parts import conversation_fields
 from .records import ApprovalInfo, VersionInfo
@@ -27,7 +27,7 @@ from .workspace.diff import TableChange, table_changes
 # A row of a versioned table is held by version ?N when this holds (columns: added, removed).
 _HELD = "({a} <= ?{n} AND ({r} IS NULL OR {r} > ?{n}))"
 
-#: The most messages (and rows per table) :meth:`DiffMethods.diff` lists by default.
+#: The most messages (and rows per table) ``Store.diff`` lists by default.
 DIFF_LIMIT = 200
 
 
@@ -116,59 +116,43 @@ class VersionDiff:
         )
 
 
-class DiffMethods(StoreBase):
-    """The diff of :class:`~effectful_durable.Store` (a base of it)."""
-
-    def diff(
-        self, agent_id: str, before: int, after: int, *, limit: int | None = DIFF_LIMIT
-    ) -> VersionDiff:
-        """What changed in the agent from version ``before`` to version ``after``.
-
-        Args:
-            agent_id: The agent.
-            before: One version (usually the older).
-            after: The other.
-            limit: The most messages listed per conversation and side, and rows per
-                table (None: all); the counts are always of all.
-
-        Raises:
-            NotFoundError: No such agent, or either version does not exist or was pruned.
-
-        .. versionadded:: 0.2.0
-        """
-        if limit is not None and limit < 0:
-            msg = f"limit must be >= 0 or None, not {limit}"
-            raise ValueError(msg)
-        with self._reading() as conn:
-            self._checked_rows_of(conn, agent_id, min(before, after), "messages", "1 = 1")
-            self._checked_version(conn, agent_id, max(before, after))
-            infos = {
-                row[0]: version_info(agent_id, row)
-                for row in conn.execute(
-                    f"{VERSION_SELECT} WHERE agent_id = ? AND version IN (?, ?)",
-                    (agent_id, before, after),
-                )
-            }
-            conversations = _messages(conn, agent_id, before, after, limit)
-            fields = _values(_json(state_at(conn, agent_id, before)),
-                             _json(state_at(conn, agent_id, after)))  # fmt: skip
-            conversations = _with_own_fields(conn, agent_id, before, after, conversations)
-            memory, notes = _memory(conn, agent_id, before, after)
-            tables = table_changes(conn, agent_id, before, after, limit=limit)
-            alarms = _alarms(conn, agent_id, before, after)
-            approvals = _approvals.between(conn, agent_id, min(before, after), max(before, after))
-        return VersionDiff(
-            agent_id,
-            infos[before],
-            infos[after],
-            conversations,
-            fields,
-            memory,
-            notes,
-            tables,
-            alarms,
-            approvals,
-        )
+def diff(
+    db: Database, agent_id: str, before: int, after: int, *, limit: int | None
+) -> VersionDiff:
+    """Store.diff: what changed in the agent from version ``before`` to version ``after``."""
+    if limit is not None and limit < 0:
+        msg = f"limit must be >= 0 or None, not {limit}"
+        raise ValueError(msg)
+    with db.reading() as conn:
+        checked_rows(db, conn, agent_id, min(before, after), "messages", "1 = 1")
+        checked_version(db, conn, agent_id, max(before, after))
+        infos = {
+            row[0]: version_info(agent_id, row)
+            for row in conn.execute(
+                f"{VERSION_SELECT} WHERE agent_id = ? AND version IN (?, ?)",
+                (agent_id, before, after),
+            )
+        }
+        conversations = _messages(conn, agent_id, before, after, limit)
+        fields = _values(_json(state_at(conn, agent_id, before)),
+                         _json(state_at(conn, agent_id, after)))  # fmt: skip
+        conversations = _with_own_fields(conn, agent_id, before, after, conversations)
+        memory, notes = _memory(conn, agent_id, before, after)
+        tables = table_changes(conn, agent_id, before, after, limit=limit)
+        alarms = _alarms(conn, agent_id, before, after)
+        approvals = _approvals.between(conn, agent_id, min(before, after), max(before, after))
+    return VersionDiff(
+        agent_id,
+        infos[before],
+        infos[after],
+        conversations,
+        fields,
+        memory,
+        notes,
+        tables,
+        alarms,
+        approvals,
+    )
 
 
 def _json(text: str | None) -> dict[str, Any]:

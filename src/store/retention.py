@@ -22,21 +22,21 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import apsw
 
-from ..errors import AgentInUseError, DurableError, NotFoundError
-from .engine.seam import Conn
+from ..errors import AgentInUseError, DatabaseBusyError, DurableError, NotFoundError
+from .checked import checked_version
+from .engine.seam import Conn, Database
+from .engine.sqlite.translate import translated
+from .holds import holding
 from .parts.versioned import VersionedPart
 from .records import PruneResult
-
-if TYPE_CHECKING:
-    from .base import StoreBase
+from .rows import kept_from
 
 
 def prune_store(
-    store: StoreBase,
+    db: Database,
     agent_id: str | None,
     *,
     keep_versions: int | None,
@@ -57,20 +57,20 @@ def prune_store(
     if agent_id is not None:
         ids = [agent_id]
     else:
-        ids = [a.agent_id for a in store.agents()]
-        if cutoff is not None:  # agents whose first turn never committed: a handoff only
-            with store._reading() as conn:
+        with db.reading() as conn:
+            ids = [str(a) for (a,) in conn.execute(_AGENTS).fetchall()]
+            if cutoff is not None:  # agents whose first turn never committed: a handoff only
                 ids += [str(a) for (a,) in conn.execute(_NEVER_COMMITTED).fetchall()]
     pruned: list[str] = []
     skipped: list[str] = []
     versions = messages = handoffs = 0
     for one in ids:
         try:
-            with store._holding(one) as conn:
-                if store._db.agent_version(conn, one) is None and has_handoff(conn, one):
+            with holding(db, one) as conn:
+                if db.agent_version(conn, one) is None and has_handoff(conn, one):
                     deleted = (0, 0, prune_handoffs(conn, one, before=None, cutoff=cutoff))
                 else:
-                    current = store._checked_version(conn, one, None)
+                    current = checked_version(db, conn, one, None)
                     point = retention_point(
                         conn, one, current, keep_versions=keep_versions, cutoff=cutoff
                     )
@@ -93,14 +93,16 @@ def prune_store(
         versions += deleted[0]
         messages += deleted[1]
         handoffs += deleted[2]
-    with store._writing() as conn:
+    with db.writing() as conn:
         workflows = finished_journals(conn, agent_id, cutoff)
         delete_journals(conn, workflows)
-        store._db.prune_holds(conn)
+        db.prune_holds(conn)
     return PruneResult(
         tuple(pruned), versions, messages, tuple(workflows), tuple(skipped), handoffs
     )
 
+
+_AGENTS = "SELECT agent_id FROM checked_agents ORDER BY agent_id"
 
 # Agents with a handoff and no version: their first turn failed or crashed.
 _NEVER_COMMITTED = """
@@ -141,21 +143,8 @@ def prune_handoffs(conn: Conn, agent_id: str, *, before: int | None, cutoff: flo
     return conn.changes()
 
 
-def kept_from(conn: Conn, agent_id: str) -> int:
-    """The agent's oldest version that was not pruned (1 if nothing was)."""
-    row = conn.execute(
-        "SELECT kept_from FROM retention WHERE agent_id = ?", (agent_id,)
-    ).fetchone()
-    return 1 if row is None else int(row[0])
-
-
 def retention_point(
-    conn: Conn,
-    agent_id: str,
-    current: int,
-    *,
-    keep_versions: int | None,
-    cutoff: float | None,
+    conn: Conn, agent_id: str, current: int, *, keep_versions: int | None, cutoff: float | None
 ) -> int:
     """The oldest version to keep: each rule given keeps what it names, and the latest."""
     points = []
@@ -223,8 +212,7 @@ def prune_agent(
     messages = conn.changes()
     if drop_compacted:
         conn.execute(
-            "DELETE FROM compacted_text WHERE agent_id = ? AND version <= ?",
-            (agent_id, keep_from),
+            "DELETE FROM compacted_text WHERE agent_id = ? AND version <= ?", (agent_id, keep_from)
         )
     for part in parts:
         part.prune(conn, agent_id, keep_from)
@@ -296,6 +284,25 @@ def vacuum(conn: apsw.Connection) -> None:
     """Rebuild the file without its free pages, then empty the WAL that rebuild filled."""
     conn.execute("VACUUM")
     checkpoint(conn)
+
+
+def vacuum_file(conn: apsw.Connection, path: str, busy_timeout: float) -> int:
+    """Store.vacuum: :func:`vacuum` the file ``path``; how many bytes it and its WAL shrank by.
+
+    Raises:
+        DatabaseBusyError: Another writer held the database too long.
+    """
+    before = _file_bytes(path)
+    try:
+        with translated(path, conn):
+            vacuum(conn)
+    except apsw.BusyError as e:
+        raise DatabaseBusyError(path, busy_timeout) from e
+    return before - _file_bytes(path)
+
+
+def _file_bytes(path: str) -> int:
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
 
 
 def backup(conn: apsw.Connection, source: str, target: str) -> None:

@@ -22,6 +22,14 @@ def current_version(conn: Conn, agent_id: str) -> int | None:
     return None if row is None else int(row[0])
 
 
+def kept_from(conn: Conn, agent_id: str) -> int:
+    """The agent's oldest version that was not pruned (1 if nothing was)."""
+    row = conn.execute(
+        "SELECT kept_from FROM retention WHERE agent_id = ?", (agent_id,)
+    ).fetchone()
+    return 1 if row is None else int(row[0])
+
+
 def typed_json(text: str) -> Any:
     """The value of JSON ``text`` a person typed; NaN and Infinity, which JSON lacks, are refused.
 

@@ -1,58 +1,109 @@
-"""The turn protocol PersistenceHandler runs: load, handoff, the one commit per turn."""
+"""The turn protocol: what PersistenceHandler (and a state migration) calls to run a turn.
+
+A turn starts in one way, :meth:`Turns.start`: it holds the agent for the block
+and commits the turn's handoff row (the common start travels with the hold's
+request: one round trip on PostgreSQL); it ends with :meth:`Turns.commit`, one
+write transaction of everything the turn did, or :meth:`Turns.fail`. What a
+running turn reads and stages besides (its agent's memory, SQL workspace and
+alarms, its workflow steps) is here too, so that the handlers write no SQL.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .base import StoreBase
-from .engine.seam import Conn, TurnWrite
-from .history import ActiveHistory, HistoryChange, message_json
+from .engine.seam import Database, TurnWrite
+from .engine.sqlite.damage import DamageWatch, watched
+from .handoffs import HANDOFF_SELECT, HOST, handoff_of, interrupted_json, new_handoff
+from .history import ActiveHistory, HistoryChange
+from .holds import fenced
 from .ids import DEFAULT_CONVERSATION, validate_agent_id
 from .journal import STEP_UPSERT, step_number
+from .parts import alarms as _alarms
 from .parts import approvals as _approvals
 from .parts import conversation_fields
 from .parts import conversations as _conversations
-from .records import CommitStats, Compaction, Handoff, LoadedAgent, TurnStart
-from .rows import decode_positioned, dumps, legible, state_at, utc
+from .parts import events as _events
+from .parts.alarms import AlarmInfo
+from .parts.memory import MemoryRows
+from .parts.versioned import VersionedPart
+from .records import CommitStats, Compaction, LoadedAgent, TurnStart
+from .retention import PruneAsYouGo
+from .rows import decode_positioned, dumps, legible, state_at, trace_in
+from .versions import write_compaction, write_version
+from .workspace.cache import WorkspaceCache
+from .workspace.sandbox import SQLLimits
+from .workspace.schema import Declaration
+from .workspace.workspace import WorkspaceTurn
 
-_HOST = socket.gethostname()
 
+@watched(lambda turns: turns._damage, name="Store.turns")
+class Turns:
+    """The turn protocol of one :class:`~effectful_durable.Store`: ``store.turns``.
 
-class TurnProtocol(StoreBase):
-    """The turn protocol of :class:`~effectful_durable.Store` (a base of it).
+    ``start()`` holds the agent and begins a turn; ``commit()`` commits it in one
+    transaction, or ``fail()`` records its failure. PersistenceHandler runs every
+    turn this way; ``migrate_states`` commits its migrations this way too.
 
-    PersistenceHandler holds the agent's lock (``agent_lock``) around a turn,
-    commits a handoff row when it starts (``begin_turn``), and commits the turn
-    in one transaction (``commit_turn``) or records its failure (``fail_turn``).
+    Example::
+
+        with store.turns.start("bot", template="note", arguments={}) as start:
+            store.turns.commit(
+                "bot", base_version=start.version, template="note",
+                change=HistoryChange(added=[], removed=[], removed_count=0), state='{"n": 1}'
+            )
+
+    Attributes:
+        memory: Reads of the agents' current memory, for a turn's memory tools.
+
+    .. versionadded:: 0.2.0
     """
 
-    def load_agent(self, agent_id: str, conversation: str = DEFAULT_CONVERSATION) -> LoadedAgent:
+    def __init__(
+        self,
+        db: Database,
+        damage: DamageWatch,
+        workspaces: WorkspaceCache,
+        parts: Sequence[VersionedPart],
+        *,
+        busy_timeout: float,
+    ) -> None:
+        self._db = db
+        self._damage = damage
+        self._workspaces = workspaces
+        self._parts = parts
+        self._busy_timeout = busy_timeout
+        self.memory = MemoryRows(db.reading)
+
+    # -- a turn ----------------------------------------------------------------
+
+    def load(self, agent_id: str, conversation: str = DEFAULT_CONVERSATION) -> LoadedAgent:
         """The agent's committed version, state, and one conversation's active history.
 
         Version 0 if the agent is new; an empty history, not found, if the
         conversation is.
         """
-        with self._reading() as conn:
-            version = self._db.agent_version(conn, agent_id)
+        db = self._db
+        with db.reading() as conn:
+            version = db.agent_version(conn, agent_id)
             if version is None:
                 return LoadedAgent(0, ActiveHistory(), None)
-            known, state = self._db.latest_state(conn, agent_id)
+            known, state = db.latest_state(conn, agent_id)
             if not known:
                 state = state_at(conn, agent_id, version)
-            rows = self._db.active_messages(conn, agent_id, conversation)
+            rows = db.active_messages(conn, agent_id, conversation)
             positions, messages = decode_positioned(rows)
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
     @contextmanager
-    def locked_turn(
+    def start(
         self,
         agent_id: str,
         *,
@@ -64,94 +115,73 @@ class TurnProtocol(StoreBase):
         resume_only: bool = False,
         trace: str | None = None,
     ) -> Iterator[TurnStart]:
-        """Hold the agent's lock for the block and begin a turn in it (``begin_turn``).
+        """Hold the agent for the block, and commit a handoff row for a turn that starts now.
 
-        The same as ``begin_turn`` inside ``agent_lock``, but the common start (no
-        workflow step, no earlier handoff) is written with the lock's request: on
-        PostgreSQL one round trip takes the lock and commits the handoff row.
-
-        Raises:
-            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
-            AgentInUseError: It stayed held for longer than ``wait`` seconds.
-        """
-        validate_agent_id(agent_id)
-        handoff = None
-        if step is None and not resume_only:
-            handoff = self._handoff_values(agent_id, conversation, template, arguments, trace)
-        with self._db.agent_lock(agent_id, wait=wait, handoff=handoff) as rows:
-            if rows:
-                yield TurnStart(int(rows[0][0]), None, None)
-            else:
-                yield self.begin_turn(
-                    agent_id,
-                    template=template,
-                    arguments=arguments,
-                    step=step,
-                    conversation=conversation,
-                    resume_only=resume_only,
-                    trace=trace,
-                    # PostgreSQL retries a start whose connection broke: the row
-                    # that one may have written is this turn's, not an earlier one.
-                    own=None if handoff is None else handoff[4:7],
-                )
-
-    def begin_turn(
-        self,
-        agent_id: str,
-        *,
-        template: str,
-        arguments: Any,
-        step: tuple[str, str] | None = None,
-        conversation: str = DEFAULT_CONVERSATION,
-        resume_only: bool = False,
-        trace: str | None = None,
-        own: Sequence[Any] | None = None,
-    ) -> TurnStart:
-        """Commit a handoff row for a turn that starts now (and its journal step).
+        The common start (no workflow step, no earlier handoff) is written with
+        the hold's request: on PostgreSQL one round trip takes the hold and
+        commits the handoff row. Otherwise the start reads what is there, in a
+        write transaction fenced by the hold: an earlier turn's handoff, which
+        this one replaces, and the workflow step (its number).
 
         A conversation whose turn is suspended starts no other turn: the start
-        returns the suspension, and writes nothing, unless this turn is the
+        yields the suspension, and writes nothing, unless this turn is the
         suspended one (same template, arguments and step) and every approval it
         waits for is decided: then it starts as that turn, resumed.
 
         Args:
             agent_id: The agent.
-            conversation: The conversation the turn runs in; it has its own handoff.
+            wait: Seconds to wait while another thread or process holds the agent.
             template: Name of the template the turn runs.
             arguments: The template's arguments, as JSON values.
             step: ``(workflow, step key)`` when the turn is a workflow step.
+            conversation: The conversation the turn runs in; it has its own handoff.
             resume_only: Start only as the conversation's suspended turn, resumed.
             trace: The W3C ``traceparent`` of the turn's span, kept in the handoff
                 (:attr:`Handoff.trace <effectful_durable.Handoff.trace>`) so
                 that the turn after a crash can link to it.
-            own: ``(host, pid, started_at)`` of the handoff row ``locked_turn``
-                sent with the hold, which found an earlier handoff or a suspended
-                turn (or whose answer was lost): it is not sent again, and a row
-                of these values is this turn's, not an earlier one.
 
-        Returns:
+        Yields:
             The agent's committed version, the handoff of an earlier turn that did
-            not commit (crashed or failed), which this one replaces, and the step's
-            number.
+            not commit (crashed or failed), and the step's number.
 
         Raises:
-            HoldLapsedError: This Store's hold on the agent lapsed, or another
-                process took the agent: nothing is written.
+            InvalidAgentIdError: ``agent_id`` is not a valid agent id.
+            AgentInUseError: It stayed held for longer than ``wait`` seconds.
+            HoldLapsedError: The hold lapsed, or another process took the agent:
+                nothing is written.
         """
+        validate_agent_id(agent_id)
+        handoff = None
+        if step is None and not resume_only:
+            handoff = new_handoff(agent_id, conversation, template, arguments, trace)
+        with self._db.agent_lock(agent_id, wait=wait, handoff=handoff) as rows:
+            if rows:
+                yield TurnStart(int(rows[0][0]), None, None)
+            else:
+                # PostgreSQL retries a start whose connection broke: the row that
+                # one may have written is this turn's, not an earlier one.
+                own = None if handoff is None else handoff[4:7]
+                yield self._begin(
+                    agent_id, template, arguments, step, conversation, resume_only, trace, own
+                )
+
+    def _begin(
+        self,
+        agent_id: str,
+        template: str,
+        arguments: Any,
+        step: tuple[str, str] | None,
+        conversation: str,
+        resume_only: bool,
+        trace: str | None,
+        own: Sequence[Any] | None,
+    ) -> TurnStart:
+        """The start that reads what is there (see :meth:`start`). ``own``: ``(host,
+        pid, started_at)`` of the handoff row sent with the hold, if one was: a row of
+        these values is this turn's, not an earlier one."""
         arguments_json = dumps(arguments)
         now = time.time()
-        if step is None and not resume_only and own is None:
-            # The common case: no earlier handoff to read, so one statement, in a
-            # transaction of its own, starts the turn (``locked_turn`` sent it with
-            # the hold, and passes ``own``). No row back means there is an earlier
-            # handoff, or a suspended turn.
-            with self._db.autocommit() as conn:
-                rows = self._db.start(
-                    conn, self._handoff_values(agent_id, conversation, template, arguments, trace)
-                )
-            if rows:
-                return TurnStart(int(rows[0][0]), None, None)
-        with self._fenced_writing(agent_id) as conn:
+        with fenced(self._db, agent_id) as conn:
             version = self._db.agent_version(conn, agent_id) or 0
             suspension = _approvals.open_suspension(conn, agent_id, conversation)
             if suspension is None and resume_only:
@@ -185,8 +215,8 @@ class TurnProtocol(StoreBase):
                     version,
                     template,
                     arguments_json,
-                    _handoff_json(earlier, trace),
-                    _HOST,
+                    interrupted_json(earlier, trace),
+                    HOST,
                     os.getpid(),
                     now,
                 ),
@@ -218,27 +248,7 @@ class TurnProtocol(StoreBase):
                 )
         return TurnStart(version, earlier, number, suspension)
 
-    def _handoff_values(
-        self,
-        agent_id: str,
-        conversation: str,
-        template: str,
-        arguments: Any,
-        trace: str | None = None,
-    ) -> tuple[Any, ...]:
-        """The parameters of ``HANDOFF_INSERT`` for a turn that starts now."""
-        return (
-            agent_id,
-            conversation,
-            template,
-            dumps(arguments),
-            _HOST,
-            os.getpid(),
-            time.time(),
-            _handoff_json(None, trace),
-        )
-
-    def commit_turn(
+    def commit(
         self,
         agent_id: str,
         *,
@@ -279,18 +289,20 @@ class TurnProtocol(StoreBase):
         Raises:
             StateSerializationError: A message cannot be stored as JSON.
             AgentInUseError: The agent was changed by a writer that bypassed its lock.
+            HoldLapsedError: The hold lapsed, or another process took the agent.
         """
-        new = base_version + 1
+        db, new = self._db, base_version + 1
         # A batch: on PostgreSQL the turn's statements and its commit travel together.
-        with self._db.writing(batch=True) as conn:
-            self._db.advance(
+        with db.writing(batch=True) as conn:
+            db.advance(
                 conn,
                 agent_id,
                 base_version,
                 new if compaction is None else new + 1,
                 state_in=new if state is not None else None,
             )
-            added = self._write_version(
+            added = write_version(
+                db,
                 conn,
                 agent_id,
                 new,
@@ -301,7 +313,7 @@ class TurnProtocol(StoreBase):
                 detail=detail,
                 conversation=conversation,
             )
-            self._db.check_writes(writes)
+            db.check_writes(writes)
             for write in writes:
                 write.write(conn, agent_id, new)
             conn.execute(
@@ -319,7 +331,7 @@ class TurnProtocol(StoreBase):
                 )
             if compaction is not None:
                 new += 1
-                self._write_compaction(conn, agent_id, new, compaction, conversation)
+                write_compaction(db, conn, agent_id, new, compaction, conversation)
         if stats is not None:
             _count(stats, added, change, state, detail, result, writes, compaction)
         return new
@@ -337,12 +349,12 @@ class TurnProtocol(StoreBase):
         Returns:
             The new version.
         """
-        with self._writing() as conn:
+        with self._db.writing() as conn:
             self._db.advance(conn, agent_id, base_version, base_version + 1)
-            self._write_compaction(conn, agent_id, base_version + 1, compaction, conversation)
+            write_compaction(self._db, conn, agent_id, base_version + 1, compaction, conversation)
         return base_version + 1
 
-    def fail_turn(
+    def fail(
         self,
         agent_id: str,
         error: str,
@@ -357,7 +369,7 @@ class TurnProtocol(StoreBase):
                 another process's now, and nothing is written.
         """
         now = time.time()
-        with self._fenced_writing(agent_id) as conn:
+        with fenced(self._db, agent_id) as conn:
             conn.execute(
                 """
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?
@@ -374,134 +386,107 @@ class TurnProtocol(StoreBase):
                     (now, *step),
                 )
 
-    def _write_version(
+    def trace_of(self, agent_id: str, version: int) -> str | None:
+        """The ``traceparent`` of the traced turn that committed ``version``, if any."""
+        with self._db.reading() as conn:
+            row = conn.execute(
+                "SELECT detail FROM checked_versions WHERE agent_id = ? AND version = ?",
+                (agent_id, version),
+            ).fetchone()
+        return trace_in(row[0]) if row else None
+
+    # -- what a turn stages ------------------------------------------------------
+
+    def workspace(
         self,
-        conn: Conn,
         agent_id: str,
-        version: int,
         *,
-        kind: str,
-        template: str | None,
-        change: HistoryChange,
-        state: str | None,
-        detail: Mapping[str, Any] | None,
-        conversation: str,
-    ) -> list[tuple[Any, ...]]:
-        """Apply one conversation's history change as ``version`` and record the version.
+        declaration: Declaration,
+        allow_ddl: bool,
+        limits: SQLLimits,
+        owner: str,
+    ) -> WorkspaceTurn:
+        """Open the agent's SQL workspace for its running turn (the agent is held)."""
+        return WorkspaceTurn(
+            self._db,
+            self._workspaces,
+            agent_id,
+            declaration=declaration,
+            allow_ddl=allow_ddl,
+            limits=limits,
+            owner=owner,
+            busy_timeout=self._busy_timeout,
+        )
+
+    def pruning(self, keep_versions: int) -> TurnWrite:
+        """A turn write that prunes its agent to its last ``keep_versions`` versions as it goes."""
+        self._db.require("pruning as you go (keep_versions)")
+        return PruneAsYouGo(keep_versions, self._parts)
+
+    def pending_alarms(self, agent_id: str) -> int:
+        """How many pending alarms the agent has, committed (a turn's own are staged)."""
+        with self._db.reading() as conn:
+            return _alarms.pending_count(conn, agent_id)
+
+    def open_alarm(self, alarm_id: str) -> AlarmInfo | None:
+        """The pending or dead alarm ``alarm_id``, if there is one."""
+        with self._db.reading() as conn:
+            return _alarms.open_alarm(conn, alarm_id)
+
+    # -- workflow steps ------------------------------------------------------------
+
+    def record_step(
+        self, workflow: str, key: str, *, template: str, arguments: Any, result: str
+    ) -> int:
+        """Record a finished step that has no agent to commit (a free template).
 
         Returns:
-            The message rows it inserted.
+            The step's number.
         """
-        added = [
-            (
-                agent_id,
-                conversation,
-                position,
-                version,
-                None,
-                message.get("id"),
-                message.get("role", ""),
-                message_json(agent_id, message),
+        now = time.time()
+        with self._db.writing() as conn:
+            self._db.serialize(conn, "workflow", workflow)
+            number = step_number(conn, workflow, key)
+            conn.execute(
+                f"""
+                INSERT INTO workflow_steps (workflow, step_key, number, template,
+                    arguments, status, result, started_at, finished_at)
+                VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)
+                {STEP_UPSERT}
+                """,
+                (workflow, key, number, template, dumps(arguments), result, now, now),
             )
-            for position, message in change.added
-        ]
-        _conversations.ensure(conn, agent_id, conversation, version)
-        for low, high in change.removed:
+        return number
+
+    def discard_steps(self, workflow: str, key_prefix: str, from_number: int) -> None:
+        """Forget steps numbered ``from_number`` or later whose key starts with ``key_prefix``.
+
+        Used when a step that runs again makes other nested calls than last time.
+        """
+        with self._db.writing() as conn:
             conn.execute(
                 """
-                UPDATE messages SET removed_in = ?4
-                 WHERE agent_id = ?1 AND conversation = ?5 AND removed_in IS NULL
-                   AND position BETWEEN ?2 AND ?3
+                DELETE FROM workflow_steps
+                 WHERE workflow = ?1 AND number >= ?3
+                   AND substr(step_key, 1, length(?2)) = ?2
                 """,
-                (agent_id, low, high, version, conversation),
+                (workflow, key_prefix, from_number),
             )
-        if added:
-            self._db.insert(conn, "messages", MESSAGE_COLUMNS, added)
-        self._insert_version(
-            conn,
-            agent_id,
-            version,
-            kind=kind,
-            template=template,
-            state=state,
-            added=len(added),
-            removed=change.removed_count,
-            detail=detail,
-            conversation=conversation,
-        )
-        return added
 
-    def _write_compaction(
-        self,
-        conn: Conn,
-        agent_id: str,
-        version: int,
-        compaction: Compaction,
-        conversation: str,
-    ) -> None:
-        self._write_version(
-            conn,
-            agent_id,
-            version,
-            kind="compaction",
-            template=compaction.summarizer,
-            change=compaction.change,
-            state=None,
-            detail={"summary_id": compaction.summary_id, "messages": compaction.messages},
-            conversation=conversation,
-        )
-        conn.execute(
-            """
-            INSERT INTO compactions (agent_id, version, summary_id, first_position,
-                last_position, messages, summarizer)
-            VALUES (?, ?, ?, ?, ?, ?, ?)
-            """,
-            (
-                agent_id,
-                version,
-                compaction.summary_id,
-                compaction.first_position,
-                compaction.last_position,
-                compaction.messages,
-                compaction.summarizer,
-            ),
-        )
-        self._db.index_compacted(
-            conn,
-            agent_id,
-            version,
-            compaction.first_position,
-            compaction.last_position,
-            conversation,
-        )
+    def wait_event(
+        self, workflow: str, step_key: str, agent_id: str, name: str, timeout: float
+    ) -> tuple[bool, str | None, float]:
+        """Begin or look again at a workflow step that waits for an event.
 
-    def _insert_version(
-        self,
-        conn: Conn,
-        agent_id: str,
-        version: int,
-        *,
-        kind: str,
-        template: str | None,
-        state: str | None,
-        added: int,
-        removed: int,
-        detail: Mapping[str, Any] | None,
-        conversation: str | None = None,
-    ) -> None:
-        row = (
-            agent_id,
-            version,
-            kind,
-            conversation,
-            template,
-            state,
-            added,
-            removed,
-            dumps(detail) if detail else None,
-            time.time(),
-        )
-        self._db.insert(conn, "versions", VERSION_COLUMNS, [row])
+        Returns:
+            ``(done, result JSON, deadline)``; see ``parts/events.py``'s ``wait``.
+        """
+        now = time.time()
+        with self._db.writing() as conn:
+            self._db.serialize(conn, "workflow", workflow)
+            self._db.serialize(conn, "events", agent_id)
+            number = step_number(conn, workflow, step_key)
+            return _events.wait(conn, workflow, step_key, number, agent_id, name, timeout, now)
 
 
 def _count(
@@ -525,90 +510,3 @@ def _count(
     stats.rows = rows
     stats.bytes = sum(len(text.encode()) for text in texts)
     stats.parts = len(writes)
-
-
-#: A message row's columns, as ``_write_version`` inserts them.
-MESSAGE_COLUMNS = (
-    "agent_id",
-    "conversation",
-    "position",
-    "added_in",
-    "removed_in",
-    "message_id",
-    "role",
-    "body",
-)
-#: A version row's columns, as ``_insert_version`` inserts them.
-VERSION_COLUMNS = (
-    "agent_id",
-    "version",
-    "kind",
-    "conversation",
-    "template",
-    "state",
-    "added",
-    "removed",
-    "detail",
-    "committed_at",
-)
-
-HANDOFF_SELECT = """
-    SELECT agent_id, base_version, template, arguments, status, error, interrupted,
-           host, pid, started_at, ended_at, conversation
-      FROM checked_handoffs
-"""
-
-
-def handoff_of(row: tuple[Any, ...]) -> Handoff:
-    (
-        agent_id,
-        base,
-        template,
-        arguments,
-        status,
-        error,
-        interrupted,
-        host,
-        pid,
-        started,
-        ended,
-        conversation,
-    ) = row
-    told = json.loads(interrupted) if interrupted else None
-    trace = told.pop("trace", None) if told is not None else None
-    return Handoff(
-        agent_id,
-        base,
-        template,
-        json.loads(arguments),
-        status,
-        error,
-        told or None,
-        host,
-        pid,
-        utc(started),
-        utc(ended) if ended is not None else None,
-        conversation,
-        trace,
-    )
-
-
-def _handoff_json(handoff: Handoff | None, trace: str | None = None) -> str | None:
-    """The handoff's ``interrupted`` column: the earlier handoff it replaces, if any.
-
-    With tracing on it also keeps the turn's own ``traceparent`` under ``"trace"``
-    (read back as :attr:`Handoff.trace`), so that no schema change was needed.
-    """
-    told: dict[str, Any] = {}
-    if handoff is not None:
-        told = {
-            "template": handoff.template,
-            "arguments": handoff.arguments,
-            "status": handoff.status,
-            "error": handoff.error,
-            "base_version": handoff.base_version,
-            "started_at": handoff.started_at.isoformat(),
-        }
-    if trace is not None:
-        told["trace"] = trace
-    return dumps(told) if told else None

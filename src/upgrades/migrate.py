@@ -90,7 +90,7 @@ def _migrate(
 ) -> MigratedAgent | None:
     target = state_version(type(agent))
     with store.agent_lock(agent.agent_id):
-        loaded = store.load_agent(agent.agent_id)
+        loaded = store.turns.load(agent.agent_id)
         if loaded.state is None:
             return None
         found = stored_version(json.loads(loaded.state))
@@ -102,7 +102,7 @@ def _migrate(
         detail: dict[str, object] = {"migrated_state": {"from": found, "to": target}}
         if code_version is not None:
             detail["code_version"] = code_version
-        version = store.commit_turn(
+        version = store.turns.commit(
             agent.agent_id,
             base_version=loaded.version,
             template=MIGRATE_STATE,

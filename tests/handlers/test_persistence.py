@@ -102,9 +102,9 @@ class TestRestore:
             bot = Assistant(agent_id="bot")
             bot.ask("one")
             loads = []
-            original = persistence.store.load_agent
-            persistence.store.load_agent = lambda agent_id: (
-                loads.append(agent_id) or original(agent_id)
+            original = persistence.store.turns.load
+            persistence.store.turns.load = lambda agent_id, *conversation: (
+                loads.append(agent_id) or original(agent_id, *conversation)
             )  # type: ignore[method-assign]
             bot.ask("two")
         assert loads == []

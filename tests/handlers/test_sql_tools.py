@@ -391,7 +391,7 @@ class TestVersions:
         big = "x" * 2000
         sql_turn(store_url, bot, *[insert(float(k), big) for k in range(5)])
         sql_turn(store_url, bot, insert(9.0))
-        with Store(store_url) as store, store._db.writing() as conn:
+        with Store(store_url) as store, store.engine.writing() as conn:
             [part] = [p for p in store._parts if isinstance(p, WorkspacePart)]
             part.prune(conn, "t", 3)  # version 2's step is small: no fold
         versions = persisted_rows(

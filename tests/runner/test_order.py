@@ -27,7 +27,7 @@ with Store(sys.argv[1]) as store, store.agent_lock("k"):
 
 def noted(store: Store, agent_id: str) -> list[str]:
     """The notes the agent's committed state holds, in order."""
-    state = store.load_agent(agent_id).state
+    state = store.turns.load(agent_id).state
     return [] if state is None else list(json.loads(state).get("notes", []))
 
 

@@ -233,7 +233,7 @@ class TestFailures:
             if not stolen:  # mid-turn: the lease runs out, the runner's heartbeat stops
                 clock.advance(301)  # (it stalled), and another runner claims the alarm
                 with Store(store_url) as other:
-                    with other._writing() as conn:
+                    with other.engine.writing() as conn:
                         conn.execute("UPDATE runner_status SET reported_at = 0")
                     stolen.append(other.alarm_queue.claim("thief", clock.now(), 300))
             return "did contested"

@@ -26,10 +26,23 @@ from effectful_durable.store.parts.alarms import (
     cron_next,
     make_schedule,
     new_alarm_id,
-    pending_at,
 )
 
 NOW = 1_800_000_000.0
+
+
+def pending_at(conn: Any, agent_id: str, version: int) -> list[str]:
+    """The ids of the alarms pending (or dead) at ``version``, sorted."""
+    rows = conn.execute(
+        """
+        SELECT DISTINCT alarm_id FROM alarms
+         WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
+           AND kind = 'alarm'
+         ORDER BY alarm_id
+        """,
+        (agent_id, version),
+    ).fetchall()
+    return [alarm_id for (alarm_id,) in rows]
 
 
 def beating(queue: AlarmQueue, runner: str, state: str = "running") -> None:
@@ -39,7 +52,7 @@ def beating(queue: AlarmQueue, runner: str, state: str = "running") -> None:
 
 def silence(store: Store, runner: str, seconds: float) -> None:
     """Make ``runner``'s last heartbeat ``seconds`` older, through the store's own connection."""
-    with store._writing() as conn:
+    with store.engine.writing() as conn:
         conn.execute(
             "UPDATE runner_status SET reported_at = reported_at - ? WHERE runner_id = ?",
             (seconds, runner),
@@ -169,7 +182,7 @@ class TestTurnWrites:
         with Store(store_url) as store:
             commit_writes(store, "a")
             with pytest.raises(Exception, match="in use"):
-                store.commit_turn(
+                store.turns.commit(
                     "a",
                     base_version=0,
                     template="t",
@@ -197,7 +210,7 @@ class TestVersions:
             v4 = store.rollback("a", v1)
             assert pending_actions(store, "a") == ["keep"]
             assert [a.alarm_id for a in store.alarms("a")] == [kept_id]
-            with store._reading() as conn:
+            with store.engine.reading() as conn:
                 assert len(pending_at(conn, "a", 3)) == 1  # "later" was pending at 3
                 assert pending_at(conn, "a", v4) == [kept_id]
             store.rollback("a", 3)
@@ -242,7 +255,7 @@ class TestVersions:
             commit_writes(store, "a", scheduled("later"))
             from effectful_durable.store.parts.alarms import AlarmPart
 
-            with store._writing() as conn:
+            with store.engine.writing() as conn:
                 AlarmPart().prune(conn, "a", v3)
             actions = [r[0] for r in persisted_rows(store_url, "SELECT action FROM alarms")]
             assert sorted(actions) == ["late", "later"]
@@ -352,13 +365,13 @@ class TestQueue:
                 claim = queue.claim(f"runner-{n % 4}", NOW + 1000, 300, held)
                 assert claim is not None
                 held.append(claim.agent_id)
-            with store._reading() as conn:
+            with store.engine.reading() as conn:
                 conn.execute("ANALYZE alarms")  # a table the planner has weighed
             busy = held[:8]
             with statements_run(store) as statements:
                 assert queue.next_due(busy) == NOW + 32  # agent-32's first: the earliest free
             [(query, bindings)] = statements
-            with store._reading() as conn:
+            with store.engine.reading() as conn:
                 [plan] = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", bindings).get
         nodes, read = [plan["Plan"]], 0
         while nodes:
@@ -519,7 +532,7 @@ _OPEN_ONLY = {"alarms_due", "alarms_open", "alarms_leased"}
 
 def done_rows_read(store: Store, sql: str, bindings: Any) -> list[str]:
     """Each step of ``sql``'s plan that reads the alarms table beyond its open rows."""
-    with store._reading() as conn:
+    with store.engine.reading() as conn:
         if not is_postgres(store.path):
             details = [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings)]
             return [
@@ -623,10 +636,8 @@ class TestDoneRows:
             assert claim is not None and claim.agent_id == "bot"
             [(sql, bindings)] = [(s, b) for s, b in statements if "due_at <=" in s]
             if not is_postgres(store_url):
-                details = [
-                    str(r[3])
-                    for r in store._connection().execute(f"EXPLAIN QUERY PLAN {sql}", bindings)
-                ]
+                plan = store.engine.connection().execute(f"EXPLAIN QUERY PLAN {sql}", bindings)
+                details = [str(r[3]) for r in plan]
                 assert [d for d in details if d.startswith("SCAN")] == []
                 return
         import psycopg

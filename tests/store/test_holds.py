@@ -49,7 +49,7 @@ def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def silence(store: Store) -> None:
     """Stop ``store``'s renewals, as a host cut from the network stops them."""
-    agent_holds = store._db._holds  # type: ignore[attr-defined]
+    agent_holds = store.engine._holds  # type: ignore[attr-defined]
     agent_holds._renew = lambda holds, unreleased: False
 
 
@@ -64,14 +64,14 @@ class TestRenewals:
         """A holder that renews keeps its agent through a turn four leases long: another
         process is refused all along, and the turn commits."""
         holder, other = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             deadline = time.monotonic() + 4 * LEASE
             while time.monotonic() < deadline:
                 with pytest.raises(AgentInUseError, match=f"process {os.getpid()} on"):
                     with other.agent_lock("bot"):
                         pass
                 time.sleep(0.2)
-            version = holder.commit_turn(
+            version = holder.turns.commit(
                 "bot", base_version=start.version, template="t", change=added(0), state=None
             )
         assert version == 1
@@ -85,7 +85,7 @@ class TestRenewals:
         timeout, an administrator) during its turn: the hold is renewed on a new
         connection, stays its own, and the turn commits."""
         holder, other = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             for _ in range(3):
                 with psycopg.connect(postgres_url, autocommit=True) as admin:
                     admin.execute(
@@ -98,7 +98,7 @@ class TestRenewals:
             with pytest.raises(AgentInUseError):
                 with other.agent_lock("bot"):
                     pass
-            holder.commit_turn(
+            holder.turns.commit(
                 "bot", base_version=start.version, template="t", change=added(0), state=None
             )
         assert len(holder.history("bot")) == 1
@@ -110,14 +110,14 @@ class TestSessionsEnded:
 
     def hold_through(self, holder: Store, other: Store, seconds: float) -> None:
         """Hold "bot" in a turn for ``seconds``, ``other`` refused all along; commit."""
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 with pytest.raises(AgentInUseError):
                     with other.agent_lock("bot"):
                         pass
                 time.sleep(0.25)
-            holder.commit_turn(
+            holder.turns.commit(
                 "bot", base_version=start.version, template="t", change=added(0), state=None
             )
         assert [v.template for v in other.versions("bot")] == ["t"]
@@ -139,7 +139,7 @@ class TestSessionsEnded:
         with pgbouncer_running(postgres_server, {"idle_transaction_timeout": 1}) as pooler:
             url = pooler.pooled(postgres_url)
             with Store(url) as holder, Store(url) as other:
-                assert holder._db.pooled  # type: ignore[attr-defined]
+                assert holder.engine.pooled  # type: ignore[attr-defined]
                 self.hold_through(holder, other, 3 * LEASE)
 
 
@@ -151,17 +151,17 @@ class TestLapse:
         renewal; another process takes it, and the holder's commit then raises
         HoldLapsedError, writing nothing."""
         holder, other = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             silence(holder)
             silent_since = time.monotonic()
-            with other.locked_turn("bot", template="u", arguments={}, wait=10) as theirs:
+            with other.turns.start("bot", template="u", arguments={}, wait=10) as theirs:
                 took = time.monotonic() - silent_since
                 with pytest.raises(HoldLapsedError, match="lapsed before its write"):
-                    holder.commit_turn(
+                    holder.turns.commit(
                         "bot", base_version=start.version, template="t", change=added(0),
                         state=None,
                     )  # fmt: skip
-                other.commit_turn(
+                other.turns.commit(
                     "bot", base_version=theirs.version, template="u", change=added(1), state=None
                 )
         assert LEASE - 0.5 <= took <= LEASE + 1.0, took
@@ -173,13 +173,13 @@ class TestLapse:
         """Even when the holder believes its hold fresh (its clock says so), the commit's
         own statement finds it taken by another process, and refuses it."""
         holder, other = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             silence(holder)
             with other.agent_lock("bot", wait=10):
-                hold = holder._db._holds._held["bot"]  # type: ignore[attr-defined]
+                hold = holder.engine._holds._held["bot"]  # type: ignore[attr-defined]
                 hold.renewed = holds.clock()  # as if renewed just now
                 with pytest.raises(HoldLapsedError, match=f"process {os.getpid()} on .* took it"):
-                    holder.commit_turn(
+                    holder.turns.commit(
                         "bot", base_version=start.version, template="t", change=added(0),
                         state=None,
                     )  # fmt: skip
@@ -191,12 +191,12 @@ class TestLapse:
         """A hold that lapsed is refused at commit whether or not another process took
         the agent meanwhile, on the server's word too."""
         holder, _ = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             silence(holder)
             time.sleep(LEASE + 0.3)
-            holder._db._holds._held["bot"].renewed = holds.clock()  # type: ignore[attr-defined]
+            holder.engine._holds._held["bot"].renewed = holds.clock()  # type: ignore[attr-defined]
             with pytest.raises(HoldLapsedError, match="last renewed"):
-                holder.commit_turn(
+                holder.turns.commit(
                     "bot", base_version=start.version, template="t", change=added(0), state=None
                 )
         assert holder.agents() == []  # nothing committed
@@ -207,11 +207,11 @@ class TestLapse:
         """A holder whose hold lapsed cannot mark the agent's handoff failed: the
         handoff is the new holder's turn's, and stays running."""
         holder, other = stores
-        with holder.locked_turn("bot", template="t", arguments={}):
+        with holder.turns.start("bot", template="t", arguments={}):
             silence(holder)
-            with other.locked_turn("bot", template="u", arguments={}, wait=10):
+            with other.turns.start("bot", template="u", arguments={}, wait=10):
                 with pytest.raises(HoldLapsedError):
-                    holder.fail_turn("bot", "RuntimeError: the model failed")
+                    holder.turns.fail("bot", "RuntimeError: the model failed")
                 (handoff,) = other.handoffs()
                 assert (handoff.template, handoff.status) == ("u", "running")
 
@@ -280,14 +280,14 @@ class TestFence:
         holder, other = stores
         with holder.agent_lock("bot"):
             with pytest.raises(DurableError):
-                with holder._db.writing() as conn:  # type: ignore[attr-defined]
-                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                with holder.engine.writing() as conn:
+                    holder.engine.fence(conn, "bot")
                     conn.execute("DELETE FROM agent_holds WHERE agent_id = 'nobody'")
                     silence(holder)
                     silent_since = time.monotonic()
-                    with other.locked_turn("bot", template="u", arguments={}, wait=10) as start:
+                    with other.turns.start("bot", template="u", arguments={}, wait=10) as start:
                         took = time.monotonic() - silent_since
-                        other.commit_turn(
+                        other.turns.commit(
                             "bot", base_version=start.version, template="u", change=added(0),
                             state=None,
                         )  # fmt: skip
@@ -303,8 +303,8 @@ class TestFence:
         holder, _ = stores
         with holder.agent_lock("bot"):
             with pytest.raises(HoldLapsedError, match="last renewed"):
-                with holder._db.writing() as conn:  # type: ignore[attr-defined]
-                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                with holder.engine.writing() as conn:
+                    holder.engine.fence(conn, "bot")
                     silence(holder)
                     conn.execute(
                         "INSERT INTO agents (agent_id, version, created_at, updated_at)"
@@ -324,9 +324,9 @@ class TestFence:
         half the lease's remaining time at most per statement and per wait for the
         client, on the server's side."""
         with Store(postgres_url, statement_timeout=None) as holder:
-            with holder.agent_lock("bot"), holder._db.writing() as conn:  # type: ignore[attr-defined]
+            with holder.agent_lock("bot"), holder.engine.writing() as conn:
                 before = conn.execute("SHOW statement_timeout").fetchone()[0]
-                holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                holder.engine.fence(conn, "bot")
                 for setting in ("statement_timeout", "idle_in_transaction_session_timeout"):
                     shown = conn.execute(f"SHOW {setting}").fetchone()[0]
                     assert 0 < seconds(shown) <= LEASE / 2, (setting, shown)
@@ -341,8 +341,8 @@ class TestFence:
         first, second = two_roles(postgres_server, postgres_url)
         with Store(first) as holder, Store(second) as other:
             with holder.agent_lock("bot"), pytest.raises(DurableError):
-                with holder._db.writing() as conn:  # type: ignore[attr-defined]
-                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                with holder.engine.writing() as conn:
+                    holder.engine.fence(conn, "bot")
                     silence(holder)
                     silent_since = time.monotonic()
                     with other.agent_lock("bot", wait=10):
@@ -359,8 +359,8 @@ class TestFence:
         first, second = two_roles(postgres_server, postgres_url)
         with Store(first) as holder, Store(second) as other:
             with holder.agent_lock("bot"), pytest.raises(HoldLapsedError):
-                with holder._db.writing() as conn:  # type: ignore[attr-defined]
-                    holder._db.fence(conn, "bot")  # type: ignore[attr-defined]
+                with holder.engine.writing() as conn:
+                    holder.engine.fence(conn, "bot")
                     silence(holder)
                     backend = conn.raw.info.backend_pid
                     with conn.raw.pipeline():  # sent, with no Sync: the server waits
@@ -389,8 +389,8 @@ class TestRenewalPaths:
         taken: list[psycopg.Connection] = []
         try:
             with Store(limited, pool_size=2) as holder, Store(postgres_url) as other:
-                with holder.locked_turn("bot", template="t", arguments={}) as start:
-                    renewals = holder._db._holds._conn  # type: ignore[attr-defined]
+                with holder.turns.start("bot", template="t", arguments={}) as start:
+                    renewals = holder.engine._holds._conn  # type: ignore[attr-defined]
                     with psycopg.connect(postgres_url, autocommit=True) as admin:
                         admin.execute(
                             "SELECT pg_terminate_backend(%s)", (renewals.info.backend_pid,)
@@ -406,7 +406,7 @@ class TestRenewalPaths:
                             with other.agent_lock("bot"):
                                 pass
                         time.sleep(0.2)
-                    holder.commit_turn(
+                    holder.turns.commit(
                         "bot", base_version=start.version, template="t", change=added(0),
                         state=None,
                     )  # fmt: skip
@@ -435,14 +435,14 @@ class TestRenewalPaths:
             url = pooler.pooled(postgres_url)
             direct = postgres_url if renewal_url else None
             with Store(url, renewal_url=direct) as holder:
-                with holder.locked_turn("bot", template="t", arguments={}) as start:
+                with holder.turns.start("bot", template="t", arguments={}) as start:
                     blockers = [psycopg.connect(url) for _ in range(2)]
                     for blocker in blockers:
                         blocker.execute("SELECT 1")  # BEGIN ... a transaction left open
                     time.sleep(4 * LEASE)
                     for blocker in blockers:
                         blocker.close()
-                    commit = lambda: holder.commit_turn(  # noqa: E731
+                    commit = lambda: holder.turns.commit(  # noqa: E731
                         "bot", base_version=start.version, template="t", change=added(0),
                         state=None,
                     )  # fmt: skip
@@ -482,7 +482,7 @@ class TestRestarts:
         monkeypatch.setattr(holds, "TTL", 6.0)
         monkeypatch.setattr(holds, "RENEW_EVERY", 1.0)
         with Store(postgres_url) as holder, Store(postgres_url) as other:
-            with holder.locked_turn("bot", template="t", arguments={}) as start:
+            with holder.turns.start("bot", template="t", arguments={}) as start:
                 with psycopg.connect(postgres_url, autocommit=True) as victim:
                     started_at = victim.execute("SELECT pg_postmaster_start_time()").fetchone()
                     os.kill(victim.info.backend_pid, signal.SIGKILL)
@@ -501,7 +501,7 @@ class TestRestarts:
                 with pytest.raises(AgentInUseError):
                     with other.agent_lock("bot"):
                         pass
-                holder.commit_turn(
+                holder.turns.commit(
                     "bot", base_version=start.version, template="t", change=added(0), state=None
                 )
             assert [v.template for v in other.versions("bot")] == ["t"]
@@ -518,7 +518,7 @@ class TestForkAndSuspend:
         objects, the parent's sessions stay and its turn commits."""
         target = str(tmp_path / "state.db") if backend == "sqlite" else postgres_url
         with Store(target) as store:
-            with store.locked_turn("bot", template="t", arguments={}) as start:
+            with store.turns.start("bot", template="t", arguments={}) as start:
                 read, write = os.pipe()
                 pid = os.fork()
                 if pid == 0:  # the child
@@ -541,7 +541,7 @@ class TestForkAndSuspend:
                 assert os.waitpid(pid, 0)[1] == 0
                 assert len(said) == 2 and all("a child it forked" in s for s in said), said
                 assert all("\n" not in s for s in said)
-                store.commit_turn(
+                store.turns.commit(
                     "bot", base_version=start.version, template="t", change=added(0), state=None
                 )
             assert [a.agent_id for a in store.agents()] == ["bot"]
@@ -553,12 +553,12 @@ class TestForkAndSuspend:
         jumps; the monotonic one does not): its hold is known lapsed here, and a write
         under it is refused before anything is sent."""
         holder, _ = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
+        with holder.turns.start("bot", template="t", arguments={}) as start:
             silence(holder)
             resumed = holds.clock() + LEASE + 1
             monkeypatch.setattr(holds, "clock", lambda: resumed)
             with pytest.raises(HoldLapsedError, match="could not renew it for"):
-                holder.commit_turn(
+                holder.turns.commit(
                     "bot", base_version=start.version, template="t", change=added(0), state=None
                 )
         assert holder.agents() == []
@@ -575,8 +575,8 @@ class TestTidyRows:
             with pytest.raises(NotFoundError):
                 refused()
         for agent_id in ("kept", "gone"):
-            with holder.locked_turn(agent_id, template="t", arguments={}) as start:
-                holder.commit_turn(
+            with holder.turns.start(agent_id, template="t", arguments={}) as start:
+                holder.turns.commit(
                     agent_id, base_version=start.version, template="t", change=added(0),
                     state=None,
                 )  # fmt: skip
@@ -590,8 +590,8 @@ class TestTidyRows:
         """A let-go row of an agent gone since (left by an earlier release) goes with a
         prune; a held row and an agent's row stay."""
         holder, other = stores
-        with holder.locked_turn("kept", template="t", arguments={}) as start:
-            holder.commit_turn(
+        with holder.turns.start("kept", template="t", arguments={}) as start:
+            holder.turns.commit(
                 "kept", base_version=start.version, template="t", change=added(0), state=None
             )
         for agent_id, token in (("left", None), ("held", "theirs")):
@@ -614,7 +614,7 @@ class TestRefusals:
         """Refused, a taker is told the holder's host, pid and place, what it runs, and
         when its hold lapses by the server's clock."""
         holder, other = stores
-        with holder.locked_turn("bot", template="ask", arguments={}):
+        with holder.turns.start("bot", template="ask", arguments={}):
             with pytest.raises(AgentInUseError) as refused:
                 with other.agent_lock("bot"):
                     pass
@@ -631,8 +631,8 @@ class TestRefusals:
         """While one thread's take waits on a locked row, another thread of the same
         Store asking with wait=0 is answered at once."""
         holder, other = stores
-        with holder.locked_turn("bot", template="t", arguments={}) as start:
-            holder.commit_turn(
+        with holder.turns.start("bot", template="t", arguments={}) as start:
+            holder.turns.commit(
                 "bot", base_version=start.version, template="t", change=added(0), state=None
             )
         with psycopg.connect(postgres_url) as locker:

@@ -19,10 +19,15 @@ def commit(store: Store, agent_id: str, **values: Any) -> int:
     changes = MemoryChanges()
     for key, value in values.items():
         changes.changes[KEY, key] = None if value is None else json.dumps(value)
-    store.begin_turn(agent_id, template="t", arguments={})
-    return store.commit_turn(
-        agent_id, base_version=base, template="t", change=NO_MESSAGES, state=None, writes=[changes]
-    )
+    with store.turns.start(agent_id, template="t", arguments={}):
+        return store.turns.commit(
+            agent_id,
+            base_version=base,
+            template="t",
+            change=NO_MESSAGES,
+            state=None,
+            writes=[changes],
+        )
 
 
 def rows(store_url: str, agent_id: str = "a") -> list[tuple[Any, ...]]:
@@ -85,7 +90,7 @@ class TestWrites:
         changes = MemoryChanges()
         changes.changes[KEY, "x"] = "2"
         with pytest.raises(RuntimeError):
-            store.commit_turn(
+            store.turns.commit(
                 "a",
                 base_version=1,
                 template="t",
@@ -111,10 +116,10 @@ class TestWrites:
         changes = MemoryChanges()
         changes.changes[NOTE, "00000000000000000001"] = json.dumps({"at": 1.5, "text": "hi"})
         changes.changes[KEY, "00000000000000000001"] = "3"
-        store.begin_turn("a", template="t", arguments={})
-        store.commit_turn(
-            "a", base_version=0, template="t", change=NO_MESSAGES, state=None, writes=[changes]
-        )
+        with store.turns.start("a", template="t", arguments={}):
+            store.turns.commit(
+                "a", base_version=0, template="t", change=NO_MESSAGES, state=None, writes=[changes]
+            )
         assert store.memory("a") == {"00000000000000000001": 3}
         [note] = store.memory_notes("a")
         assert (note.text, note.at.timestamp()) == ("hi", 1.5)
@@ -152,7 +157,7 @@ class TestVersionedPart:
         commit(store, "a", y=None, z=3)  # v3
         commit(store, "a", x=4)  # v4
         expected = {v: store.memory("a", v) for v in range(3, 5)}
-        with store._db.writing() as conn:
+        with store.engine.writing() as conn:
             MemoryPart().prune(conn, "a", 3)
         assert ("x", 1, 2, "1") not in rows(store_url)
         assert ("y", 1, 3, "1") not in rows(store_url)

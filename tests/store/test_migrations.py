@@ -14,7 +14,7 @@ from effectful_durable.store.engine.sqlite.migrations import (
     SCHEMA_VERSION,
     schema_sql,
 )
-from tests.helpers import writable_connection
+from tests.helpers import begin_turn, writable_connection
 
 
 def schema_of(conn: apsw.Connection) -> list[tuple[str, str, str]]:
@@ -61,7 +61,7 @@ class TestSchema:
     def test_reopening_keeps_data(self, db_path: Path) -> None:
         """Opening an existing database again neither migrates nor loses anything."""
         with Store(db_path) as store:
-            store.begin_turn("a", template="t", arguments={})
+            begin_turn(store, "a", template="t", arguments={})
         with Store(db_path) as store:
             assert [h.agent_id for h in store.handoffs()] == ["a"]
 
@@ -129,7 +129,7 @@ class TestRefusedFiles:
 def test_durability_sets_synchronous(db_path: Path, durability: str) -> None:
     """'normal' runs with synchronous=NORMAL and 'full' with synchronous=FULL."""
     with Store(db_path, durability=durability) as store:  # type: ignore[arg-type]
-        level = store._connection().pragma("synchronous")
+        level = store.engine.connection().pragma("synchronous")
     assert level == {"normal": 1, "full": 2}[durability]
 
 

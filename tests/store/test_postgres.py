@@ -316,7 +316,7 @@ class TestMigrations:
         with Store(postgres_url) as store:
             assert store.check()["schema"] == SCHEMA_VERSION
             assert commit_message(store, "bot") == 2  # bot was at version 1
-            with store.locked_turn("new", template="t", arguments={}) as start:
+            with store.turns.start("new", template="t", arguments={}) as start:
                 assert start.version == 0
         functions = [name for name, _ in catalog(postgres_url)["functions"]]
         assert {"effectful_durable_take", "effectful_durable_advance"} <= set(functions)
@@ -385,12 +385,12 @@ class TestSingleWriter:
                 held.wait(10)
                 with (
                     pytest.raises(AgentInUseError, match="process"),
-                    waiter.locked_turn("bot", template="t", arguments={}),
+                    waiter.turns.start("bot", template="t", arguments={}),
                 ):
                     pass
                 assert waiter.handoffs() == []
                 go.set()
-                with waiter.locked_turn("bot", wait=10, template="t", arguments={"a": 1}) as start:
+                with waiter.turns.start("bot", wait=10, template="t", arguments={"a": 1}) as start:
                     assert start.version == 0
                     assert [h.arguments for h in waiter.handoffs()] == [{"a": 1}]
             finally:
@@ -406,12 +406,12 @@ class TestSingleWriter:
                 with holder.agent_lock("bot"):
                     with (
                         pytest.raises(AgentInUseError),
-                        waiter.locked_turn("bot", template="t", arguments={}),
+                        waiter.turns.start("bot", template="t", arguments={}),
                     ):
                         pass
-                with waiter.locked_turn("bot", template="t", arguments={}) as start:
+                with waiter.turns.start("bot", template="t", arguments={}) as start:
                     assert start.version == version
-                    waiter.commit_turn(
+                    waiter.turns.commit(
                         "bot",
                         base_version=version,
                         template="t",
@@ -432,11 +432,11 @@ class TestSingleWriter:
                 for wait in (0.0, 0.0, 0.05):
                     with (
                         pytest.raises(AgentInUseError),
-                        waiter.locked_turn("bot", template="t", arguments={}, wait=wait),
+                        waiter.turns.start("bot", template="t", arguments={}, wait=wait),
                     ):
                         pass
                 logged = log.read_bytes()[before:].decode()
-            with waiter.locked_turn("bot", template="t", arguments={}) as start:
+            with waiter.turns.start("bot", template="t", arguments={}) as start:
                 assert start.version == 0
         assert "ERROR" not in logged, logged
 
@@ -447,10 +447,10 @@ class TestSingleWriter:
         with Store(postgres_url) as store:
             for version in range(10):
                 with pytest.raises(AgentInUseError, match="committed version"):
-                    store.commit_turn(
+                    store.turns.commit(
                         "bot", base_version=version + 1, template="t", change=added(99), state=None
                     )
-                store.commit_turn(
+                store.turns.commit(
                     "bot", base_version=version, template="t", change=added(version), state=None
                 )
             assert len(store.history("bot")) == 10

@@ -320,8 +320,8 @@ class TestJournals:
         """A journal with a failed step is never pruned."""
         run_turns(store_url, 2, workflow="wf")
         with Store(store_url) as store:
-            store.begin_turn("bot", template="ask", arguments={}, step=("wf", "bot#9"))
-            store.fail_turn("bot", "boom", step=("wf", "bot#9"))
+            with store.turns.start("bot", template="ask", arguments={}, step=("wf", "bot#9")):
+                store.turns.fail("bot", "boom", step=("wf", "bot#9"))
         run_turns(store_url, 3)
         with Store(store_url) as store:
             assert store.prune(keep_versions=1).workflows == ()
@@ -366,7 +366,7 @@ class TestVacuumAndWal:
                     {"id": f"m{version}", "role": "user", "content": body},
                 ]
                 change, history = plan_change(history, messages)
-                store.commit_turn(
+                store.turns.commit(
                     "bot", base_version=version - 1, template="t", change=change, state=None
                 )
                 sizes.append(os.path.getsize(f"{db_path}-wal"))
@@ -400,7 +400,7 @@ class TestBackup:
                         {"id": f"{agent_id}-{version}", "role": "user", "content": "w" * 2000},
                     ]
                     change, history = plan_change(history, messages)
-                    version = store.commit_turn(
+                    version = store.turns.commit(
                         agent_id,
                         base_version=version,
                         template="t",
@@ -455,7 +455,7 @@ def test_prune_agent_is_a_noop_at_the_same_point(store_url: str) -> None:
         store.prune(keep_versions=2)
         again = store.prune(keep_versions=2)
         assert (again.versions, again.messages, again.agents) == (0, 0, ())
-        with store._db.reading() as conn:
+        with store.engine.reading() as conn:
             assert retention.kept_from(conn, "bot") == 4
 
 
@@ -553,12 +553,14 @@ class TestPruneWhatRunnersLeave:
             for _ in range(3):
                 commit_writes(store, "bot")
             for conversation, fail in (("old", True), ("crashed", False)):
-                store.begin_turn("bot", template="ask", arguments=[], conversation=conversation)
-                if fail:
-                    store.fail_turn("bot", "boom", conversation=conversation)
+                with store.turns.start(
+                    "bot", template="ask", arguments=[], conversation=conversation
+                ):
+                    if fail:
+                        store.turns.fail("bot", "boom", conversation=conversation)
             commit_writes(store, "bot")  # 4
-            store.begin_turn("bot", template="ask", arguments=[])
-            store.fail_turn("bot", "the last one")
+            with store.turns.start("bot", template="ask", arguments=[]):
+                store.turns.fail("bot", "the last one")
 
             def left() -> list[str]:
                 return [h.conversation for h in store.handoffs()]
@@ -579,13 +581,13 @@ class TestPruneWhatRunnersLeave:
         prune() of every agent and prune of that agent, and stays with keep_versions."""
         with Store(store_url) as store:
             for agent in ("new-1", "new-2"):
-                store.begin_turn(agent, template="ask", arguments=[])
-                store.fail_turn(agent, "boom")
+                with store.turns.start(agent, template="ask", arguments=[]):
+                    store.turns.fail(agent, "boom")
             assert store.prune(keep_versions=1).handoffs == 0
             result = store.prune(older_than=datetime.timedelta(0))
             assert (result.agents, result.handoffs) == (("new-1", "new-2"), 2)
-            store.begin_turn("new-1", template="ask", arguments=[])
-            store.fail_turn("new-1", "boom")
+            with store.turns.start("new-1", template="ask", arguments=[]):
+                store.turns.fail("new-1", "boom")
             assert store.prune("new-1", older_than=datetime.timedelta(0)).handoffs == 1
             assert store.handoffs() == []
             with pytest.raises(NotFoundError):
@@ -593,8 +595,7 @@ class TestPruneWhatRunnersLeave:
 
     def test_a_running_first_turn_is_skipped(self, store_url: str) -> None:
         """The handoff of a first turn that is running stays: its agent is skipped."""
-        with Store(store_url) as store, store.agent_lock("new"):
-            store.begin_turn("new", template="ask", arguments=[])
+        with Store(store_url) as store, store.turns.start("new", template="ask", arguments=[]):
             with Store(store_url) as other:
                 result = other.prune(older_than=datetime.timedelta(0))
             assert (result.skipped, len(store.handoffs())) == (("new",), 1)

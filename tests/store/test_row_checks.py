@@ -60,7 +60,7 @@ def test_a_hand_edit_refuses_that_agent_only(two_agents: Path) -> None:
         )
         assert "'a'" in str(error) and "checksum" in str(error) and "backup" in str(error)
         with pytest.raises(DamagedRowError):
-            store.load_agent("a")
+            store.turns.load("a")
         assert [m["content"] for m in store.history("a", 1)] == ["a says 0"]
         assert [m["content"] for m in store.history("b")] == ["b says 0", "b says 1"]
         assert commit_message(store, "b", "b goes on") == 3
@@ -199,15 +199,15 @@ def test_the_load_checks_rows_as_the_view_does(two_agents: Path) -> None:
     """Loading a conversation checks each active row in Python, with the same checksum:
     a changed row is refused there too, naming it."""
     with Store(two_agents) as store:
-        assert len(store.load_agent("a").history.messages) == 3
+        assert len(store.turns.load("a").history.messages) == 3
     hand_edit(
         two_agents, "UPDATE messages SET role = 'system' WHERE agent_id = 'a' AND added_in = 1"
     )
     with Store(two_agents) as store:
         with pytest.raises(DamagedRowError) as caught:
-            store.load_agent("a")
+            store.turns.load("a")
         assert (caught.value.agent_id, caught.value.version) == ("a", 1)
-        assert len(store.load_agent("b").history.messages) == 2
+        assert len(store.turns.load("b").history.messages) == 2
 
 
 def test_a_changed_version_mark_refuses_rather_than_hides(two_agents: Path) -> None:
@@ -231,14 +231,14 @@ def test_a_changed_version_mark_refuses_rather_than_hides(two_agents: Path) -> N
 
 def commit_state(store: Store, agent_id: str, state: str | None) -> int:
     """Commit an empty turn of ``agent_id`` that stores ``state`` (None: unchanged)."""
-    start = store.begin_turn(agent_id, template="t", arguments={})
-    return store.commit_turn(
-        agent_id,
-        base_version=start.version,
-        template="t",
-        change=HistoryChange([], [], 0),
-        state=state,
-    )
+    with store.turns.start(agent_id, template="t", arguments={}) as start:
+        return store.turns.commit(
+            agent_id,
+            base_version=start.version,
+            template="t",
+            change=HistoryChange([], [], 0),
+            state=state,
+        )
 
 
 class TestLatestState:
@@ -257,13 +257,13 @@ class TestLatestState:
         that wrote it and in a new one, and a rollback moves it."""
         assert persisted_rows(stateful, "SELECT version, state_in FROM agents") == [(5, 3)]
         with Store(stateful) as store:
-            assert store.load_agent("a").state == '{"n":3}'
+            assert store.turns.load("a").state == '{"n":3}'
             assert store.rollback("a", 1) == 6
-            assert store.load_agent("a").state == '{"n":1}'
+            assert store.turns.load("a").state == '{"n":1}'
             assert commit_state(store, "a", None) == 7
         assert persisted_rows(stateful, "SELECT version, state_in FROM agents") == [(7, 6)]
         with Store(stateful) as store:
-            assert store.load_agent("a").state == '{"n":1}'
+            assert store.turns.load("a").state == '{"n":1}'
             assert store.check()["damaged_rows"] == []
 
     def test_a_state_emptied_by_another_program_is_refused(self, stateful: Path) -> None:
@@ -271,21 +271,21 @@ class TestLatestState:
         the older state in its place."""
         hand_edit(stateful, "UPDATE versions SET state = NULL WHERE version = 3")
         with Store(stateful) as store, pytest.raises(DamagedRowError) as caught:
-            store.load_agent("a")
+            store.turns.load("a")
         assert (caught.value.table, caught.value.version) == ("versions", 3)
 
     def test_a_pointer_changed_by_another_program_is_refused(self, stateful: Path) -> None:
         """state_in changed by hand (to the older state): the agent's row is refused."""
         hand_edit(stateful, "UPDATE agents SET state_in = 1")
         with Store(stateful) as store, pytest.raises(DamagedRowError, match="agents"):
-            store.load_agent("a")
+            store.turns.load("a")
 
     def test_an_agent_without_a_pointer_is_read_by_its_versions(self, stateful: Path) -> None:
         """A row naming no version (copied from PostgreSQL, say) loads as before: the
         walk back through the versions finds the state."""
         edit_rows(stateful, "UPDATE agents SET state_in = NULL")
         with Store(stateful) as store:
-            assert store.load_agent("a").state == '{"n":3}'
+            assert store.turns.load("a").state == '{"n":3}'
 
 
 class TestTheStoresHint:
@@ -295,7 +295,7 @@ class TestTheStoresHint:
         """The agent's version changed by hand under a Store that holds a hint: its next
         turn is refused at its start, and writes nothing."""
         with Store(two_agents) as store:
-            assert store.load_agent("a").version == 3  # the hint: version 3
+            assert store.turns.load("a").version == 3  # the hint: version 3
             hand_edit(two_agents, "UPDATE agents SET version = 9 WHERE agent_id = 'a'")
             with pytest.raises(DamagedRowError, match="agents"):
                 commit_message(store, "a", "refused")
@@ -306,7 +306,7 @@ class TestTheStoresHint:
         hint of the row: the next turn is refused at its start, as a Store without the
         hint refuses it, and the row stays as that program left it."""
         with Store(two_agents) as store:
-            assert store.load_agent("a").version == 3
+            assert store.turns.load("a").version == 3
             hand_edit(two_agents, "UPDATE agents SET updated_at = 1.5 WHERE agent_id = 'a'")
             with pytest.raises(DamagedRowError, match="agents"):
                 commit_message(store, "a", "refused")
@@ -321,21 +321,21 @@ def test_the_load_checks_positions_sqlite_writes_otherwise(db_path: Path) -> Non
     exponent) load, their rows checked the exact way; a changed one is refused."""
     odd = [0.1 + 0.2, 1 / 3, 1e16]
     with Store(db_path) as store:
-        start = store.begin_turn("a", template="t", arguments={})
-        added = [
-            (p, {"id": f"m{i}", "role": "user", "content": str(p)}) for i, p in enumerate(odd)
-        ]
-        store.commit_turn(
-            "a",
-            base_version=start.version,
-            template="t",
-            change=HistoryChange(added, [], 0),
-            state=None,
-        )
-        loaded = store.load_agent("a").history
+        with store.turns.start("a", template="t", arguments={}) as start:
+            added = [
+                (p, {"id": f"m{i}", "role": "user", "content": str(p)}) for i, p in enumerate(odd)
+            ]
+            store.turns.commit(
+                "a",
+                base_version=start.version,
+                template="t",
+                change=HistoryChange(added, [], 0),
+                state=None,
+            )
+        loaded = store.turns.load("a").history
         assert loaded.positions == odd
         assert [m["content"] for m in loaded.messages] == [str(p) for p in odd]
     hand_edit(db_path, "UPDATE messages SET role = 'system' WHERE position = 1e16")
     with Store(db_path) as store, pytest.raises(DamagedRowError) as caught:
-        store.load_agent("a")
+        store.turns.load("a")
     assert (caught.value.table, caught.value.version) == ("messages", 1)

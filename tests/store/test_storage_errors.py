@@ -135,12 +135,12 @@ from effectful_durable.store.history import HistoryChange
 from tests.faultvfs import SYNC_ENOSPC, FaultVFS
 
 def commit(store):
-    start = store.begin_turn("bot", template="t", arguments={})
-    message = {"id": f"m{start.version}", "role": "user"}
-    change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
-    return store.commit_turn(
-        "bot", base_version=start.version, template="t", change=change, state=None
-    )
+    with store.turns.start("bot", template="t", arguments={}) as start:
+        message = {"id": f"m{start.version}", "role": "user"}
+        change = HistoryChange(added=[(start.version, message)], removed=[], removed_count=0)
+        return store.turns.commit(
+            "bot", base_version=start.version, template="t", change=change, state=None
+        )
 
 vfs = FaultVFS()
 store = Store(sys.argv[1], durability="full")

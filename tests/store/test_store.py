@@ -3,6 +3,7 @@
 import pytest
 
 from effectful_durable import AgentInUseError, DurableError, NotFoundError, Store
+from effectful_durable.store import versions
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.testing import FakeCall, FakeLLM
 from tests.helpers import Assistant, persisted, persisted_rows, texts
@@ -135,43 +136,45 @@ class TestTransactions:
         "error", [RuntimeError, KeyboardInterrupt], ids=["exception", "ctrl-c"]
     )
     def test_failed_commit_writes_nothing(
-        self, store_url: str, error: type[BaseException]
+        self, store_url: str, error: type[BaseException], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """An error inside the commit transaction rolls every row of it back."""
         store = Store(store_url)
         change, _ = plan_change(ActiveHistory(), [{"id": "a", "role": "user", "content": "x"}])
         calls = {"n": 0}
-        original = store._insert_version
+        original = versions.insert_version
 
         def failing(*args: object, **kwargs: object) -> None:
             calls["n"] += 1
             original(*args, **kwargs)  # type: ignore[arg-type]
             raise error("mid-commit")
 
-        store._insert_version = failing  # type: ignore[method-assign]
+        monkeypatch.setattr(versions, "insert_version", failing)
         with pytest.raises(error):
-            store.commit_turn("a", base_version=0, template="t", change=change, state="{}")
+            store.turns.commit("a", base_version=0, template="t", change=change, state="{}")
         assert calls["n"] == 1
         for table in ("agents", "messages", "versions"):
             assert persisted_rows(store_url, f"SELECT count(*) FROM {table}") == [(0,)]
-        store._insert_version = original  # type: ignore[method-assign]
-        assert store.commit_turn("a", base_version=0, template="t", change=change, state="{}") == 1
+        monkeypatch.undo()
+        assert (
+            store.turns.commit("a", base_version=0, template="t", change=change, state="{}") == 1
+        )
 
     def test_stale_base_version_is_refused(self, store_url: str) -> None:
         """A commit based on an outdated version raises instead of overwriting."""
         store = Store(store_url)
         first = {"id": "a", "role": "user"}
         change, after = plan_change(ActiveHistory(), [first])
-        store.commit_turn("a", base_version=0, template="t", change=change, state=None)
+        store.turns.commit("a", base_version=0, template="t", change=change, state=None)
         with pytest.raises(AgentInUseError, match="committed version 1"):
-            store.commit_turn("a", base_version=0, template="t", change=change, state=None)
+            store.turns.commit("a", base_version=0, template="t", change=change, state=None)
         later, _ = plan_change(after, [first, {"id": "b", "role": "user"}])
-        store.commit_turn("a", base_version=1, template="t", change=later, state=None)
+        store.turns.commit("a", base_version=1, template="t", change=later, state=None)
         with pytest.raises(AgentInUseError, match="committed version 2"):
-            store.commit_turn("a", base_version=1, template="t", change=later, state=None)
+            store.turns.commit("a", base_version=1, template="t", change=later, state=None)
         reopened = Store(store_url)
         assert [v.version for v in reopened.versions("a")] == [1, 2]
-        loaded = reopened.load_agent("a")
+        loaded = reopened.turns.load("a")
         assert loaded.version == 2
         assert loaded.history.messages == [first, {"id": "b", "role": "user"}]
 

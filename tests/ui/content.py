@@ -109,6 +109,6 @@ def build(db: str) -> None:
     with Store(db) as store:
         commit_message(store, HTML_AGENT, f"hello {HTML}")
         commit_message(store, BROKEN, "first")
-        store.begin_turn(BROKEN, template="ask", arguments={"question": HTML})
-        store.fail_turn(BROKEN, f"ValueError: bad {HTML}")
+        with store.turns.start(BROKEN, template="ask", arguments={"question": HTML}):
+            store.turns.fail(BROKEN, f"ValueError: bad {HTML}")
         store.send_event(DESK, "payment_received", {"note": HTML}, key="pay-1")

@@ -140,18 +140,21 @@ class TestTimeline:
         after a rollback, a turn's messages take positions below those it removed."""
 
         def turn(store: Store, messages: int, first: float) -> int:
-            start = store.begin_turn("bot", template="t", arguments={})
-            added = [
-                (first + i, {"id": f"v{start.version + 1}-{i}", "role": "user", "content": "x"})
-                for i in range(messages)
-            ]
-            return store.commit_turn(
-                "bot",
-                base_version=start.version,
-                template="t",
-                change=HistoryChange(added, [], 0),
-                state=None,
-            )
+            with store.turns.start("bot", template="t", arguments={}) as start:
+                added = [
+                    (
+                        first + i,
+                        {"id": f"v{start.version + 1}-{i}", "role": "user", "content": "x"},
+                    )
+                    for i in range(messages)
+                ]
+                return store.turns.commit(
+                    "bot",
+                    base_version=start.version,
+                    template="t",
+                    change=HistoryChange(added, [], 0),
+                    state=None,
+                )
 
         with Store(store_url) as store:
             turn(store, 2, 0)  # v1: positions 0, 1
@@ -206,7 +209,7 @@ class TestDiff:
             memory.changes[("key", "customer")] = '"Ben"'
             memory.changes[("key", "plan")] = '"gold"'
             commit_writes(store, "bot", memory)
-            last = store.commit_turn(
+            last = store.turns.commit(
                 "bot",
                 base_version=2,
                 template="t",
@@ -302,10 +305,11 @@ import sys
 from effectful_durable import Store
 from effectful_durable.store.history import HistoryChange
 with Store(sys.argv[1]) as store:
-    start = store.begin_turn("bot", template="t", arguments={})
-    message = {"id": f"m{start.version}", "role": "user", "content": "second"}
-    change = HistoryChange([(start.version + 1.0, message)], [], 0)
-    store.commit_turn("bot", base_version=start.version, template="t", change=change, state=None)
+    with store.turns.start("bot", template="t", arguments={}) as start:
+        message = {"id": f"m{start.version}", "role": "user", "content": "second"}
+        change = HistoryChange([(start.version + 1.0, message)], [], 0)
+        base = start.version
+        store.turns.commit("bot", base_version=base, template="t", change=change, state=None)
 """
 
 

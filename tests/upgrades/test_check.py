@@ -298,11 +298,11 @@ class TestInFlight:
         ]
         with Store(store_url) as store:
             commit_message(store, "bot")
-            start = store.begin_turn("bot", template="t", arguments={})
-            change = HistoryChange([(10.0 + i, m) for i, m in enumerate(messages)], [], 0)
-            store.commit_turn(
-                "bot", base_version=start.version, template="t", change=change, state="{}"
-            )
+            with store.turns.start("bot", template="t", arguments={}) as start:
+                change = HistoryChange([(10.0 + i, m) for i, m in enumerate(messages)], [], 0)
+                store.turns.commit(
+                    "bot", base_version=start.version, template="t", change=change, state="{}"
+                )
             [held] = store.in_flight(["bot", "nobody"])
         [conversation] = held.conversations
         assert [c for c, _ in conversation.calls] == ["c1", "c2", "c3", "c4"]

@@ -107,6 +107,8 @@ class Database(Protocol):
     kind: str
     #: The file path, or the URL without its password: named in messages.
     location: str
+    #: The database, the same for every Store on it: a file's real path, or the URL.
+    identity: str
     #: An SQL expression for the database's own time, in seconds since the epoch:
     #: runners on many machines write and judge their heartbeats by this one clock.
     now_sql: str
@@ -124,13 +126,6 @@ class Database(Protocol):
         commit (PostgreSQL's pipeline mode): reading a statement's rows or
         :meth:`Conn.changes` then waits for its answer, and a statement's error may
         be raised by a later statement or at the end of the block.
-        """
-
-    def autocommit(self) -> AbstractContextManager[Conn]:
-        """A connection whose statements each commit on their own (no BEGIN or COMMIT).
-
-        For a write of one statement: it costs a write transaction's round trips
-        less. Nested in this thread's open write, the statements join that.
         """
 
     def agent_lock(
@@ -154,19 +149,13 @@ class Database(Protocol):
 
         For the writes made under a hold besides the commit's own (which
         :meth:`advance` fences): a turn's start and the record of its failure,
-        rollback, fork, deletion and pruning (``Store._fenced_writing``). A hold
+        rollback, fork, deletion and pruning (``store/holds.py``). A hold
         can be lost only where it is a lease (PostgreSQL); elsewhere this checks
         nothing.
 
         Raises:
             HoldLapsedError: The hold lapsed, or another process took the agent.
         """
-
-    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
-        """Run :data:`HANDOFF_INSERT` with ``handoff``: the turn's handoff row, unless the
-        conversation has an earlier one or a suspended turn; its rows (the version
-        the turn starts from, or none: then the turn starts in a transaction that
-        reads what is there)."""
 
     def agent_version(self, conn: Conn, agent_id: str) -> int | None:
         """The agent's committed version, or None if the database does not know it."""

@@ -4,7 +4,7 @@ Each engine names a marker that moves with every commit to our tables and costs
 no table read: SQLite's ``PRAGMA data_version``, which changes whenever another
 connection committed to the file (sqlite.org/pragma.html#pragma_data_version);
 on PostgreSQL the server's statistics of our tables, helped by the WAL position
-where the server lets us read it (``postgres/changes.py``). A writer cannot tell
+where the server lets us read it (``postgres/table_stats.py``). A writer cannot tell
 that someone watches: nothing is written, locked or sent by a commit for it. One
 thread looks a few times a second, however many pages are open.
 """

@@ -212,10 +212,12 @@ class AlarmInfo:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """An alarm a runner holds the lease of, to deliver it as a turn of its agent.
+    """An alarm (or event, or resumption) a claimer holds the lease of, to deliver it
+    as a turn of its agent.
 
-    Made by the runners' queue (``store/alarm_queue.py``); the turn that delivers
-    the alarm commits only while ``token`` is still the alarm's (:class:`AlarmWrite`).
+    Made by :meth:`AlarmQueue.claim
+    <effectful_durable.store.alarm_queue.AlarmQueue.claim>`; the turn that delivers
+    it commits only while ``token`` is still the alarm's (``AlarmWrite``).
     """
 
     alarm_id: str
@@ -227,8 +229,8 @@ class Claim:
     lease_until: float
     kind: str = "alarm"  # or "event" (topic: its name), "resume" (topic: the conversation)
     topic: str | None = None
-    #: When it was due before the claim: a claim given back for a reason that is not
-    #: the alarm's (the database failed) is due again then, keeping the agent's order.
+    #: The time it was due before the claim. A claim given back for a reason that is
+    #: not the alarm's (the database failed) is due again then, keeping the agent's order.
     due_at: float | None = None
 
 
@@ -607,20 +609,6 @@ class AlarmPart:
     def delete(self, conn: Conn, agent_id: str) -> None:
         """Delete all the agent's alarms (they may exist before its first commit)."""
         conn.execute("DELETE FROM alarms WHERE agent_id = ?", (agent_id,))
-
-
-def pending_at(conn: Conn, agent_id: str, version: int) -> list[str]:
-    """The ids of the alarms pending (or dead) at ``version``, sorted."""
-    rows: list[tuple[Any, ...]] = conn.execute(
-        """
-        SELECT DISTINCT alarm_id FROM alarms
-         WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
-           AND kind = 'alarm'
-         ORDER BY alarm_id
-        """,
-        (agent_id, version),
-    ).fetchall()
-    return [alarm_id for (alarm_id,) in rows]
 
 
 def _timestamp(at: datetime | float) -> float:

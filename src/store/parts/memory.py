@@ -75,7 +75,7 @@ class MemoryRows:
     """Reads of agents' current memory, on the calling thread's connection.
 
     Args:
-        reading: Opens a read of the database (``Store._reading``), which turns
+        reading: Opens a read of the database (``Database.reading``), which turns
             I/O errors into StorageError.
     """
 
@@ -129,18 +129,6 @@ class MemoryRows:
                 (agent_id, kind, prefix, limit, small, _prefix_end(prefix)),
             ).fetchall()
         return rows
-
-    def last_key(self, agent_id: str, kind: Kind) -> str | None:
-        """The greatest current key of ``kind``, or None."""
-        with self._reading() as conn:
-            row = conn.execute(
-                """
-                SELECT max(key) FROM memory
-                 WHERE agent_id = ? AND kind = ? AND removed_in IS NULL
-                """,
-                (agent_id, kind),
-            ).fetchone()
-        return None if row is None or row[0] is None else str(row[0])
 
 
 def memory_at(conn: Conn, agent_id: str, version: int, kind: Kind) -> list[tuple[str, str]]:

@@ -184,11 +184,6 @@ def _record(version: int, stamp: float) -> bytes:
     return body + zlib.crc32(body).to_bytes(4, "little")
 
 
-def workspace_path(db_path: str, agent_id: str) -> str:
-    """The file that holds ``agent_id``'s tables, beside the SQLite database ``db_path``."""
-    return WorkspaceCache.beside(db_path).path(agent_id)
-
-
 def remove_files(path: str) -> None:
     """Delete a workspace file with its WAL, shared memory, journal and stamps."""
     for suffix in ("", "-wal", "-shm", "-journal", _STAMPS):

@@ -68,7 +68,6 @@ from ....errors import (
 from ..seam import (
     APPLICATION_ID,
     DEFAULT_STATEMENT_TIMEOUT,
-    HANDOFF_INSERT,
     Conn,
     Rows,
     TurnWrite,
@@ -77,7 +76,6 @@ from ..seam import (
     redacted,
 )
 from ..watch import MarkerWatch
-from .changes import OurChanges
 from .connections import (
     KEEPALIVES,
     POOL_PREFIX,
@@ -101,6 +99,7 @@ from .opening import (
     user_options,
 )
 from .schema import MIGRATIONS, SCHEMA_VERSION, schema_sql
+from .table_stats import TableStatsMarker
 
 _HOST = socket.gethostname()
 
@@ -194,7 +193,7 @@ class PostgresDatabase:
         if pool_size < 1:
             msg = f"pool_size must be >= 1, not {pool_size!r}"
             raise ValueError(msg)
-        self.url = url
+        self.url = self.identity = url
         self.location = redacted(url)
         self.busy_timeout = busy_timeout
         self.readonly = readonly
@@ -898,11 +897,6 @@ class PostgresDatabase:
             """
         )
 
-    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
-        """The turn's handoff row, unless (see engine/seam.py)."""
-        rows: list[Any] = conn.execute(HANDOFF_INSERT, handoff).fetchall()
-        return rows
-
     def agent_version(self, conn: Conn, agent_id: str) -> int | None:
         """The agent's committed version, or None."""
         row = conn.execute("SELECT version FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
@@ -971,12 +965,12 @@ class PostgresDatabase:
 
     def watch_commits(self, wake: Callable[[], None]) -> MarkerWatch:
         """Poll the server's statistics of our tables in a thread of its own, one
-        statement a look (``changes.py``, engine/watch.py): a commit to another
+        statement a look (``table_stats.py``, engine/watch.py): a commit to another
         database of the server wakes nobody. No LISTEN: a notifying commit locks
         the whole server (schema.py, schema 10), and a pooler in transaction mode
         would not deliver it.
         """
-        return MarkerWatch(OurChanges(self).read, wake, location=self.location)
+        return MarkerWatch(TableStatsMarker(self).read, wake, location=self.location)
 
     def select_for_claim(self, conn: Conn, query: str, params: Sequence[Any]) -> Rows:
         # Runners on many machines claim at once: each skips the rows the others

@@ -253,20 +253,24 @@ class DamageWatch:
             raise translated from e
 
 
-def watched[T](watch_of: Callable[[Any], DamageWatch]) -> Callable[[type[T]], type[T]]:
+def watched[T](
+    watch_of: Callable[[Any], DamageWatch], *, name: str | None = None
+) -> Callable[[type[T]], type[T]]:
     """A class decorator: every public method translates the damage it meets.
 
-    ``watch_of(self)`` is the instance's :class:`DamageWatch`. Methods inherited
-    from base classes are wrapped on the class itself; the bases stay as they are.
+    ``watch_of(self)`` is the instance's :class:`DamageWatch`; ``name`` names the
+    instance in the error (``Store.turns``: "found during Store.turns.commit()"),
+    the class's name by default. Methods inherited from base classes are wrapped
+    on the class itself; the bases stay as they are.
     """
 
     def decorate(cls: type[T]) -> type[T]:
+        owner = name or cls.__name__
         for base in reversed(cls.__mro__[:-1]):
-            for name, function in vars(base).items():
-                if not name.startswith("_") and isinstance(function, types.FunctionType):
-                    setattr(
-                        cls, name, _translating(function, f"{cls.__name__}.{name}()", watch_of)
-                    )
+            for method, function in vars(base).items():
+                if not method.startswith("_") and isinstance(function, types.FunctionType):
+                    during = f"{owner}.{method}()"
+                    setattr(cls, method, _translating(function, during, watch_of))
         return cls
 
     return decorate

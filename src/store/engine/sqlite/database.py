@@ -91,6 +91,7 @@ class SQLiteDatabase:
                 quarantine(self.path)
                 self.connection()
         self._locks = AgentLocks.for_database(self.path)
+        self.identity = os.path.realpath(self.path)
 
     def unhurried(self) -> AbstractContextManager[None]:
         """Nothing to lift: SQLite's only wait is for a lock (``busy_timeout``)."""
@@ -199,13 +200,13 @@ class SQLiteDatabase:
     def prune_holds(self, conn: Conn) -> None:
         """Nothing to prune: a file's record locks leave no rows."""
 
-    def start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
-        """Write the turn's handoff row, with its checksum, unless (see engine/seam.py).
+    def _start(self, conn: Conn, handoff: Sequence[Any]) -> list[Any]:
+        """Write the turn's handoff row, with its checksum (``HANDOFF_INSERT``, engine/seam.py).
 
         The version it starts from is this Store's hint (the agent's row, read
         and checked at its first use), and the statement writes only while the
         row is still exactly that one: otherwise nothing, and the turn starts
-        the checked way (``begin_turn``'s transaction), which refuses a row that
+        the checked way (a transaction, ``Turns.start``), which refuses a row that
         fails its checksum.
         """
         agent_id, conversation, template, arguments, host, pid, started_at, told = handoff
@@ -702,7 +703,7 @@ class _Held:
             return None
         try:
             with self._db.autocommit() as conn:
-                return self._db.start(conn, self._handoff)
+                return self._db._start(conn, self._handoff)
         except BaseException:
             self._db._locks.release(self._agent_id)
             raise

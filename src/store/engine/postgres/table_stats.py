@@ -94,7 +94,7 @@ def watched_tables() -> tuple[str, ...]:
     return tuple(name for name in names if name not in _UNSEEN)
 
 
-class OurChanges:
+class TableStatsMarker:
     """A counter that moves when our tables changed, read by polling (``read()``).
 
     Args:

@@ -1,0 +1,158 @@
+"""Writing a version: its row, and a conversation's history change applied as it.
+
+A turn's commit (``turns.py``) writes its version this way, and a compaction as
+the next one; rollback, fork and the deletion of a conversation (``maintenance.py``)
+write the version row of theirs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .engine.seam import Conn, Database
+from .history import HistoryChange, message_json
+from .parts import conversations as _conversations
+from .records import Compaction
+from .rows import dumps
+
+#: A message row's columns, as :func:`write_version` inserts them.
+MESSAGE_COLUMNS = tuple(
+    "agent_id conversation position added_in removed_in message_id role body".split()
+)
+#: A version row's columns, as :func:`insert_version` inserts them.
+VERSION_COLUMNS = tuple(
+    "agent_id version kind conversation template state added removed detail committed_at".split()
+)
+
+
+def insert_version(
+    db: Database,
+    conn: Conn,
+    agent_id: str,
+    version: int,
+    *,
+    kind: str,
+    template: str | None,
+    state: str | None,
+    added: int,
+    removed: int,
+    detail: Mapping[str, Any] | None,
+    conversation: str | None = None,
+) -> None:
+    """Insert the row of ``version``: what made it, and how many messages it added and removed."""
+    row = (
+        agent_id,
+        version,
+        kind,
+        conversation,
+        template,
+        state,
+        added,
+        removed,
+        dumps(detail) if detail else None,
+        time.time(),
+    )
+    db.insert(conn, "versions", VERSION_COLUMNS, [row])
+
+
+def write_version(
+    db: Database,
+    conn: Conn,
+    agent_id: str,
+    version: int,
+    *,
+    kind: str,
+    template: str | None,
+    change: HistoryChange,
+    state: str | None,
+    detail: Mapping[str, Any] | None,
+    conversation: str,
+) -> list[tuple[Any, ...]]:
+    """Apply one conversation's history change as ``version`` and record the version.
+
+    Returns:
+        The message rows it inserted.
+    """
+    added = [
+        (
+            agent_id,
+            conversation,
+            position,
+            version,
+            None,
+            message.get("id"),
+            message.get("role", ""),
+            message_json(agent_id, message),
+        )
+        for position, message in change.added
+    ]
+    _conversations.ensure(conn, agent_id, conversation, version)
+    for low, high in change.removed:
+        conn.execute(
+            """
+            UPDATE messages SET removed_in = ?4
+             WHERE agent_id = ?1 AND conversation = ?5 AND removed_in IS NULL
+               AND position BETWEEN ?2 AND ?3
+            """,
+            (agent_id, low, high, version, conversation),
+        )
+    if added:
+        db.insert(conn, "messages", MESSAGE_COLUMNS, added)
+    insert_version(
+        db,
+        conn,
+        agent_id,
+        version,
+        kind=kind,
+        template=template,
+        state=state,
+        added=len(added),
+        removed=change.removed_count,
+        detail=detail,
+        conversation=conversation,
+    )
+    return added
+
+
+def write_compaction(
+    db: Database,
+    conn: Conn,
+    agent_id: str,
+    version: int,
+    compaction: Compaction,
+    conversation: str,
+) -> None:
+    """Write ``compaction`` as ``version``, and index the originals it replaced for recall."""
+    write_version(
+        db,
+        conn,
+        agent_id,
+        version,
+        kind="compaction",
+        template=compaction.summarizer,
+        change=compaction.change,
+        state=None,
+        detail={"summary_id": compaction.summary_id, "messages": compaction.messages},
+        conversation=conversation,
+    )
+    conn.execute(
+        """
+        INSERT INTO compactions (agent_id, version, summary_id, first_position,
+            last_position, messages, summarizer)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        """,
+        (
+            agent_id,
+            version,
+            compaction.summary_id,
+            compaction.first_position,
+            compaction.last_position,
+            compaction.messages,
+            compaction.summarizer,
+        ),
+    )
+    db.index_compacted(
+        conn, agent_id, version, compaction.first_position, compaction.last_position, conversation
+    )
