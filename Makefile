@@ -1,7 +1,10 @@
-.PHONY: demo test lint format docs bench soak faults crash pg-faults screenshots
+.PHONY: demo check test lint format docs bench soak faults crash pg-faults screenshots
 
 demo:  ## run the offline example (sets up .venv on first use)
 	bash scripts/demo.sh
+
+check:  ## while you work (~3 min): lint, types, and the tests that need no server, process or browser
+	bash scripts/check.sh
 
 test:  ## lint, type-check, run the tests and build the docs
 	bash scripts/test.sh
@@ -28,7 +31,7 @@ faults:  ## every I/O call of every operation failed in turn, and power cut at e
 	bash scripts/faults.sh
 
 crash:  ## the SIGKILL and network-cut tests, and the others EFFECTFUL_DURABLE_CRASH=full widens, with every case they allow, on both backends (~24 min)
-	bash -c 'source scripts/env.sh && EFFECTFUL_DURABLE_CRASH=full "$$PYTHON" -m pytest -q -s -p no:cacheprovider tests/test_*crash.py tests/test_hold_freezes.py tests/test_partitions.py tests/runner/test_heartbeats.py tests/runner/test_refused_heartbeats.py tests/runner/test_idle_runner.py'
+	bash -c 'source scripts/env.sh && EFFECTFUL_DURABLE_CRASH=full "$$PYTHON" -m pytest -q -s -p no:cacheprovider tests/processes/test_*crash.py tests/processes/test_hold_freezes.py tests/processes/test_partitions.py tests/runner/test_heartbeats.py tests/runner/test_refused_heartbeats.py tests/runner/test_idle_runner.py'
 
 pg-faults:  ## PostgreSQL restarted, frozen and cut at random, loops in full (~5 min)
 	bash scripts/pg_faults.sh

@@ -562,8 +562,8 @@ def run_sqlite(sizes: list[int], samples: int, directory: str, plans: bool) -> N
 
 
 def durable_server() -> Any:
-    """tests/postgres_server.py's throwaway cluster, with fsync on as in production."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    """tests/support/postgres_server.py's throwaway cluster, with fsync on as in production."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from postgres_server import PostgresServer, find_bindir, unavailable
 
     class Durable(PostgresServer):

@@ -6,7 +6,7 @@ flushed, so notifying commits queue behind one another, one WAL flush each,
 however many writers there are. Schema 9 notified readers from triggers at every
 turn's commit; schema 10 drops them (readers poll). This measures what writers gain.
 
-It starts a throwaway PostgreSQL cluster of its own (tests/postgres_server.py's,
+It starts a throwaway PostgreSQL cluster of its own (tests/support/postgres_server.py's,
 but with fsync on: ``fsync``, ``synchronous_commit`` and ``full_page_writes`` at
 their defaults; 200 connections), on a Unix socket in a temporary directory and on
 no network address, and removes it at the end (also on Ctrl-C or SIGTERM). Two
@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_store_turn import turn  # noqa: E402

@@ -1,14 +1,14 @@
 """Benchmark: how soon is an agent usable elsewhere when its holder froze inside a
 maintenance write?
 
-Each round, a holder (``tests/freeze_child.py``, with the real lease: 15 s, renewed
+Each round, a holder (``tests/programs/freeze_child.py``, with the real lease: 15 s, renewed
 every 5 s) makes a maintenance write of an agent (rollback, fork, delete, a
 conversation's removal, prune) and stops itself (SIGSTOP, its renewals with it)
 in the middle of it: right after its second statement under the hold, or just
 before its COMMIT, by turns. Its transaction stays open on the server, locks and
 all. This process then waits for the agent (``wait=60``) and commits a turn; the
 round's figure is the time from the stop to the agent taken here. The holder is
-then let go on, and must commit nothing (``tests/test_hold_freezes.py``'s checks).
+then let go on, and must commit nothing (``tests/processes/test_hold_freezes.py``'s checks).
 Directly, and through PgBouncer in transaction mode.
 
 DESIGN.md's promise 11: within 30 s. A hold lapses 15 s after its last renewal,
@@ -31,14 +31,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+import paths  # noqa: E402  (the tests' modules, and the holder it starts)
+from freezes import Holder, case  # noqa: E402
 from pgbouncer_server import PgBouncer, find_pgbouncer  # noqa: E402
 from postgres_server import PostgresServer, find_bindir  # noqa: E402
-from test_hold_freezes import Holder, case  # noqa: E402
 
 from effectful_durable import Store  # noqa: E402
 from effectful_durable.store.engine.postgres import holds  # noqa: E402
+
+paths.install()
 
 KINDS = ("rollback", "fork", "delete", "delete_conversation", "prune")
 

@@ -1,11 +1,11 @@
 """Benchmark: how soon is an agent held by a host cut off the network usable elsewhere?
 
 Each round, on a fresh database of a throwaway PostgreSQL cluster that listens on an
-address of the tests' own network (``tests/netns.py``: 198.18.0.0/15, network
+address of the tests' own network (``tests/support/netns.py``: 198.18.0.0/15, network
 namespaces joined by veth pairs), a holder on a host of that network starts a turn
-of agent ``shared`` whose model takes a minute: a worker (``tests/partition_worker.py``,
+of agent ``shared`` whose model takes a minute: a worker (``tests/programs/partition_worker.py``,
 a process running one turn, as a web service does) or a runner (``effectful-durable
-run`` delivering an event, ``tests/heartbeat_app.py``). Once its model is called,
+run`` delivering an event, ``tests/programs/heartbeat_app.py``). Once its model is called,
 the host is cut off (a blackhole route on each side: packets vanish, and nobody is
 told). This process then runs a turn of ``shared`` every 0.1 s (AgentInUseError
 until the hold lapses), and the round's figure is the time from the cut to its
@@ -38,8 +38,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+import paths  # noqa: E402  (the tests' modules, and the programs it starts)
 from helpers import first_turn_after, wait_until  # noqa: E402
 from netns import Host, Network, network  # noqa: E402
 from pgbouncer_server import PgBouncer, find_pgbouncer  # noqa: E402
@@ -47,6 +48,8 @@ from postgres_server import PostgresServer, find_bindir  # noqa: E402
 from runner_procs import Runner, starts_of, worker, write_config  # noqa: E402
 
 from effectful_durable import Store  # noqa: E402
+
+paths.install()
 
 #: Seconds a holder's model takes: longer than any round.
 MODEL = 60

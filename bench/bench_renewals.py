@@ -31,7 +31,7 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from helpers import added  # noqa: E402
 from pgbouncer_server import PgBouncer, find_pgbouncer  # noqa: E402

@@ -24,7 +24,7 @@ machine: a row each (``base``).
 
 Run: ``.venv/bin/python bench/bench_round_trips.py [--turns 400] [--gap 5]
 [--postgres URL] [--baseline DIR]``. Without ``--postgres``, a throwaway cluster on
-a Unix socket (tests/postgres_server.py, fsync off), as ``bench_scale.py``. No
+a Unix socket (tests/support/postgres_server.py, fsync off), as ``bench_scale.py``. No
 assertions.
 """
 

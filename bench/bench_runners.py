@@ -143,7 +143,7 @@ def postgres(url: str | None) -> Iterator[Server]:
         with postgres_databases(url) as new_database:
             yield Server(new_database, None)
         return
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from postgres_server import PostgresServer, find_bindir, unavailable
 
     reason = unavailable()

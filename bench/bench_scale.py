@@ -18,7 +18,7 @@ that the clock starts when all are ready. Printed per row:
 
 The ``none`` backend runs the same turns without persistence: effectful's own
 ceiling on this machine. Without ``--postgres URL`` the PostgreSQL rows run on a
-throwaway cluster started from the installed server binaries (tests/postgres_server.py)
+throwaway cluster started from the installed server binaries (tests/support/postgres_server.py)
 on a Unix socket, with fsync off: compare it with SQLite's default ``durability="normal"``,
 which does not sync at each commit either. A server with fsync on pays a flush per
 commit (``synchronous_commit``), as SQLite does with ``durability="full"``.
@@ -115,7 +115,7 @@ def postgres_databases(url: str | None) -> Iterator[Any]:
 
         yield fresh_on_server
         return
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from postgres_server import PostgresServer, find_bindir, unavailable
 
     reason = unavailable()

@@ -27,7 +27,7 @@ database beside it on the same server; then
   PersistenceHandler with FakeLLM (as bench_persistence.py plays them) of a new
   agent and of an agent of the bulk (a fork of one, copied row for row into the
   empty database; the agents a run makes in the big one are deleted at its end);
-* a real ``effectful-durable ui`` process over the big database (tests/ui/server.py's
+* a real ``effectful-durable ui`` process over the big database (tests/support/ui_server.py's
   ``serving``), each page fetched ``--runs`` (20) times with httpx after one
   warm-up: the agents list (first page, default sort; needs attention; a name
   filter; ...) and agents' first pages.
@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import httpx  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
@@ -525,8 +525,7 @@ def served_pages(db: str, runs: int, middle: str) -> None:
     """The agents list and agents' pages from a real ``effectful-durable ui`` process over
     ``db``: the median and p90 of ``runs`` requests each, after one."""
     import psycopg
-
-    from tests.ui.server import serving
+    from ui_server import serving
 
     with psycopg.connect(db) as conn:
         row = conn.execute(

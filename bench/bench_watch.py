@@ -12,7 +12,7 @@ tables and a second database of the same server:
   and the server's own time (``EXPLAIN (ANALYZE)``'s execution time), median and
   p90 in milliseconds.
 * **heard after**: seconds from a commit of ours (a turn through a Store, in a
-  process of its own, ``tests/turns_child.py``, that then stays idle) until the
+  process of its own, ``tests/programs/turns_child.py``, that then stays idle) until the
   page's watch (``MarkerWatch`` over ``TableStatsMarker``, as ``watch_commits`` makes it)
   woke, for a turn after a quiet second and for one 0.3 s after the previous one
   (its session's statistics are published late: PostgreSQL publishes a session's
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from postgres_server import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
-TURNS_CHILD = ROOT / "tests" / "turns_child.py"
+TURNS_CHILD = ROOT / "tests" / "programs" / "turns_child.py"
 
 
 def ms(values: list[float]) -> str:

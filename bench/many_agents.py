@@ -35,7 +35,7 @@ once the rows are in: see ``bulk``), then every table is
 vacuumed and analyzed, as autovacuum would leave them, and a checkpoint flushes
 it all (else the first turns timed would share the disk with that flush).
 
-``BenchServer`` is tests/postgres_server.py's throwaway cluster on a Unix socket,
+``BenchServer`` is tests/support/postgres_server.py's throwaway cluster on a Unix socket,
 but with fsync on and PostgreSQL's default shared_buffers (128 MB).
 """
 
@@ -144,10 +144,11 @@ def agent_id(i: int) -> str:
 
 
 class BenchServer:
-    """tests/postgres_server.py's throwaway cluster with fsync on: ``start()``, ``stop()``."""
+    """tests/support/postgres_server.py's throwaway cluster with fsync on: ``start()``,
+    ``stop()``."""
 
     def __new__(cls) -> Any:
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.insert(0, str(ROOT / "tests" / "support"))
         from postgres_server import PostgresServer, find_bindir, unavailable
 
         reason = unavailable()

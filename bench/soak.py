@@ -1,6 +1,6 @@
 """Soak: worker processes run agents' turns on one database while a supervisor SIGKILLs them.
 
-``make soak`` runs it for 2 minutes per durability setting; ``tests/test_soak.py`` runs a
+``make soak`` runs it for 2 minutes per durability setting; ``tests/processes/test_soak.py`` runs a
 short version. What runs (the processes are in ``bench/soak_worker.py``):
 
 * ``--workers`` worker processes (default 4), each driving ``--agents`` agents (16) from

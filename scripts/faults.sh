@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The full fault sweep (about 20 minutes on 2 cores): every I/O call of every operation fails
-# in turn (tests/test_faults.py), and the power is cut at every write and sync of a run
-# (tests/test_power_loss.py). `make test` runs a sample of the same points.
+# in turn (tests/processes/test_faults.py), and the power is cut at every write and sync of a run
+# (tests/processes/test_power_loss.py). `make test` runs a sample of the same points.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 report="$(mktemp)"
 trap 'rm -f "$report"' EXIT
 EFFECTFUL_DURABLE_FAULT_SWEEP=full EFFECTFUL_DURABLE_FAULT_REPORT="$report" \
-    "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_faults.py tests/test_power_loss.py "$@"
+    "$PYTHON" -m pytest -q -p no:cacheprovider tests/processes/test_faults.py tests/processes/test_power_loss.py "$@"
 "$PYTHON" - "$report" <<'PY'
 import json, sys
 

@@ -1,15 +1,27 @@
+"""What every test shares: the import path, the fixtures of databases and servers.
+
+The tests' shared modules (``support/``) and the programs they start
+(``programs/``) are imported by bare name (``from helpers import persisted``):
+``paths.install()`` puts both folders on ``sys.path`` here and on ``PYTHONPATH``
+for every process a test starts. Tests never import ``tests.<something>``.
+"""
+
 import contextlib
 import gc
 import itertools
 import os
+import subprocess
+import sys
 
 # litellm downloads a price list on import unless told to use its bundled copy.
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
+import paths
 import pytest
 
 if TYPE_CHECKING:
@@ -17,6 +29,73 @@ if TYPE_CHECKING:
     from netns import Network
     from pgbouncer_server import PgBouncer
     from postgres_server import PostgresServer
+
+paths.install()
+
+# -- the fast tier (``make check``): no server, no child process, no browser ----------
+
+#: Fixtures that start a server, a network or a browser.
+OUTSIDE_FIXTURES = frozenset(
+    {
+        "postgres_server",
+        "postgres_url",
+        "pgbouncer",
+        "pooled_url",
+        "net",
+        "listening_server",
+        "listening_bouncer",
+        "driver",
+    }
+)
+#: Folders whose every test starts processes: the crash, fault and fleet suites, the examples.
+OUTSIDE_FOLDERS = frozenset({"processes", "examples"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="run only the tests that need no server, no child process and no browser",
+    )
+
+
+def needs_outside(item: pytest.Item) -> bool:
+    """Whether ``item`` starts a server, a process or a browser (so ``--fast`` leaves it)."""
+    if item.get_closest_marker("slow") or item.get_closest_marker("processes"):
+        return True
+    if OUTSIDE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(value == "postgres" for value in callspec.params.values()):
+        return True
+    return item.path.parent.name in OUTSIDE_FOLDERS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    outside = [item for item in items if needs_outside(item)]
+    config.hook.pytest_deselected(items=outside)
+    items[:] = [item for item in items if not needs_outside(item)]
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_nothing(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``--fast``, a test that starts a process fails, saying how to mark it."""
+    if not request.config.getoption("--fast"):
+        yield
+        return
+
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process: mark it @pytest.mark.processes "
+            "(make check runs none; make test runs it)"
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", refuse)
+        patch.setattr(os, "fork", refuse)
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -67,7 +146,7 @@ def postgres_url(postgres_server: "PostgresServer") -> "Iterator[str]":
 @pytest.fixture(scope="session")
 def pgbouncer(postgres_server: "PostgresServer") -> "Iterator[PgBouncer]":
     """A PgBouncer in transaction mode in front of the session's cluster, for the whole
-    session, on a Unix socket in a temp dir (tests/pgbouncer_server.py).
+    session, on a Unix socket in a temp dir (support/pgbouncer_server.py).
 
     Skipped, with one line saying how to enable it, where pgbouncer is not installed;
     a failure instead when $EFFECTFUL_DURABLE_REQUIRE_POSTGRES is set (CI).
@@ -85,7 +164,7 @@ def pooled_url(pgbouncer: "PgBouncer", postgres_url: str) -> str:
     return pgbouncer.pooled(postgres_url)
 
 
-# -- a network the tests can cut (tests/netns.py), and servers listening on it ------
+# -- a network the tests can cut (support/netns.py), and servers listening on it ------
 
 
 @pytest.fixture(scope="module")

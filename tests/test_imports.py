@@ -19,9 +19,10 @@ import ast
 import sys
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+from paths import ROOT
+
+SRC = ROOT / "src"
 PACKAGE = "effectful_durable"
 
 #: The layers, top to bottom. A name stands for that module and, if it is a

@@ -327,7 +327,8 @@ class Deliverer:
             log.info("turn suspended: %s", suspended, extra=context)
             return "suspended"
         # The agent's conversation waits for a decision: no turn began. The
-        # resumption the decision queues goes first (alarm_queue._EARLIER).
+        # resumption the decision queues goes first (the alarm queue claims a
+        # resumption before its agent's alarms and events).
         self.resting.put_back(claim, now, _SUSPENDED_RETRY)
         log.info(
             "agent waits for a decision; %s put back for %g s",

@@ -1,6 +1,6 @@
 """What a page of agents holds in flight, read in a few set-wise reads: their fields, the
 tool calls and results of their active histories, their own fields per conversation
-and their memory. ``effectful-durable check --agents`` reads a database this way."""
+and their memory. ``effectful-durable check-upgrade`` reads a database this way."""
 
 from __future__ import annotations
 

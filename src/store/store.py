@@ -942,7 +942,7 @@ class Store:
 
     def unresumed_approvals(self) -> list[ApprovalInfo]:
         """Every approval whose suspended turn has not resumed yet, decided or not, oldest
-        first: one indexed read (what ``effectful-durable check --agents`` looks at).
+        first: one indexed read (what ``effectful-durable check-upgrade`` looks at).
 
         .. versionadded:: 0.2.0
         """

@@ -7,6 +7,7 @@ from typing import Any
 from effectful.handlers.llm.completions import _get_history, completion
 from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
+from helpers import Assistant, NewDatabases, persisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ from effectful_durable import Store
 from effectful_durable.agents.history import History
 from effectful_durable.store.history import _without_cache_hints
 from effectful_durable.testing import FakeLLM
-from tests.helpers import Assistant, NewDatabases, persisted
 
 
 def msg(key: str, text: str = "", role: str = "user") -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from helpers import Keeper, integrity, persisted, persisted_rows
 
 from effectful_durable import (
     DurableError,
@@ -17,7 +18,6 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Keeper, integrity, persisted, persisted_rows
 
 
 @dataclasses.dataclass

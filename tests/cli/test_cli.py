@@ -16,13 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_server import PostgresServer
-
-from effectful_durable import CompactionHandler, PersistenceHandler, Store
-from effectful_durable.cli import main
-from effectful_durable.store.copy import copy_store
-from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import (
+from helpers import (
     Assistant,
     Keeper,
     free_port,
@@ -31,6 +25,13 @@ from tests.helpers import (
     run_cli_in_fresh_python,
     running,
 )
+from paths import ROOT
+from postgres_server import PostgresServer
+
+from effectful_durable import CompactionHandler, PersistenceHandler, Store
+from effectful_durable.cli import main
+from effectful_durable.store.copy import copy_store
+from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 
 READS = [
     ["agents"],
@@ -645,6 +646,7 @@ class TestOnPostgres:
         assert code == 0 and "hunter2" not in out and ":***@" in out
 
 
+@pytest.mark.processes
 class TestPostgresConnectionErrors:
     """The command run as a user runs it, against a server that cannot be used: one
     line on stderr, at once when retrying cannot help."""
@@ -659,7 +661,7 @@ class TestPostgresConnectionErrors:
             capture_output=True,
             text=True,
             env=env,
-            cwd=Path(__file__).parents[2],
+            cwd=ROOT,
             timeout=60,
         )
         print(f"{' '.join(argv[:1])}: exit {done.returncode} after "
@@ -725,6 +727,7 @@ class TestPostgresConnectionErrors:
         assert "planner" in done.stdout
 
 
+@pytest.mark.processes
 class TestImports:
     def test_command_never_imports_litellm(self, db: str) -> None:
         """python -m effectful_durable runs without loading litellm or effectful's LLM layer."""

@@ -5,11 +5,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_cli_in_fresh_python
 
 from effectful_durable import Store
 from effectful_durable.cli import main
 from effectful_durable.store.alarms import make_schedule
-from tests.helpers import run_cli_in_fresh_python
 
 
 @pytest.fixture
@@ -132,6 +132,7 @@ class TestRun:
         assert code == 1 and "unknown key(s) ['lease'] in [runner]" in err
 
 
+@pytest.mark.processes
 class TestImports:
     """The read commands never import litellm."""
 

@@ -24,6 +24,13 @@ import pytest
 from effectful.handlers.llm import Template, Tool
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.types import NotHandled
+from helpers import (
+    integrity,
+    is_postgres,
+    persisted,
+    persisted_rows,
+    run_cli_in_fresh_python,
+)
 
 from effectful_durable import (
     AgentRunner,
@@ -36,13 +43,6 @@ from effectful_durable import (
 )
 from effectful_durable.runner import FakeClock
 from effectful_durable.testing import FakeLLM, ToolCall
-from tests.helpers import (
-    integrity,
-    is_postgres,
-    persisted,
-    persisted_rows,
-    run_cli_in_fresh_python,
-)
 
 pytestmark = pytest.mark.slow  # every command runs in a new process
 

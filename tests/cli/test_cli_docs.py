@@ -3,13 +3,13 @@ its family, and no command that does not exist."""
 
 import argparse
 import re
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from effectful_durable.cli import FAMILIES, parser
 
-CLI_RST = Path(__file__).parents[2] / "docs" / "source" / "cli.rst"
+CLI_RST = ROOT / "docs" / "source" / "cli.rst"
 
 
 def sections() -> dict[str, dict[str, str]]:

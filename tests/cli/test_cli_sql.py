@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import is_postgres, persisted_rows
+from sql_helpers import Tracker, sql_turn, workspace_files
 
 from effectful_durable.cli import main
 from effectful_durable.testing import ToolCall
-from tests.helpers import is_postgres, persisted_rows
-from tests.sql_helpers import Tracker, sql_turn, workspace_files
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -40,6 +40,7 @@ def factory_module(folder: Path, name: str, *edits: tuple[str, str]) -> str:
 
 
 class TestCheckCommand:
+    @pytest.mark.processes
     def test_a_real_process(self, tmp_path: Path) -> None:
         """In a process of its own: exit 3 and JSON for a renamed tool, 0 for the same code."""
         db = str(tmp_path / "state.db")
@@ -199,6 +200,7 @@ class TestCodeVersion:
             PersistenceHandler(str(tmp_path / "x.db"), code_version="")
 
 
+@pytest.mark.processes
 def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     """On a terminal the check draws its progress, redrawn in place, and ends the line."""
     import pty

@@ -5,6 +5,7 @@ import logging
 from typing import Any
 
 import pytest
+from helpers import Assistant, PlainBot, in_new_process, running, texts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from effectful_durable import (
 )
 from effectful_durable.handlers.compaction import valid_cut
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, PlainBot, in_new_process, running, texts
 
 
 @dataclasses.dataclass
@@ -377,6 +377,7 @@ def test_compaction_keeps_any_conversation_valid(
         assert after[len(after) - keep_recent :] == conversation[len(conversation) - keep_recent :]
 
 
+@pytest.mark.processes
 def test_compacted_context_loads_in_a_new_process(store_url: str) -> None:
     """A fresh interpreter loads [system, summary, recent] and never calls the summariser."""
     model = Model()
@@ -385,7 +386,7 @@ def test_compacted_context_loads_in_a_new_process(store_url: str) -> None:
     script = f"""
         from effectful_durable import CompactionHandler, PersistenceHandler
         from effectful_durable.testing import FakeLLM
-        from tests.helpers import Assistant, running, texts
+        from helpers import Assistant, running, texts
         llm = FakeLLM(["fresh answer"])
         compaction = CompactionHandler(max_messages=8, keep_recent=3)
         with running(llm, PersistenceHandler({str(store_url)!r}), compaction):

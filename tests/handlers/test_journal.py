@@ -9,6 +9,7 @@ import pydantic
 import pytest
 from effectful.handlers.llm import Template
 from effectful.ops.types import NotHandled
+from helpers import Assistant, Manager, persisted, persisted_rows, running
 
 from effectful_durable import (
     PersistenceHandler,
@@ -17,7 +18,6 @@ from effectful_durable import (
     WorkflowDivergedError,
 )
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, Manager, persisted, persisted_rows, running
 
 
 def echo(call: FakeCall) -> str:

@@ -7,15 +7,7 @@ import pytest
 from effectful.handlers.llm import Template
 from effectful.handlers.llm.completions import RetryLLMHandler
 from effectful.ops.types import NotHandled
-
-from effectful_durable import (
-    InvalidAgentIdError,
-    PersistenceHandler,
-    StateSerializationError,
-    Store,
-)
-from effectful_durable.testing import FakeLLM, Raw, ToolCall
-from tests.helpers import (
+from helpers import (
     Address,
     Assistant,
     Manager,
@@ -28,6 +20,14 @@ from tests.helpers import (
     running,
     texts,
 )
+
+from effectful_durable import (
+    InvalidAgentIdError,
+    PersistenceHandler,
+    StateSerializationError,
+    Store,
+)
+from effectful_durable.testing import FakeLLM, Raw, ToolCall
 
 
 class TestRestore:
@@ -48,6 +48,7 @@ class TestRestore:
             "user:Answer the question: second question",
         ]
 
+    @pytest.mark.processes
     def test_history_and_state_survive_a_new_process(self, store_url: str) -> None:
         """A fresh interpreter restores the history and fields committed by this one."""
         with persisted(store_url, FakeLLM(["remembered"])):
@@ -55,7 +56,7 @@ class TestRestore:
             bot.ask("hello")
         script = f"""
             from effectful_durable.testing import FakeLLM
-            from tests.helpers import Assistant, persisted, texts
+            from helpers import Assistant, persisted, texts
             with persisted({str(store_url)!r}, FakeLLM(["again"])) as p:
                 bot = Assistant(agent_id="bot")
                 print(p.load(bot), bot.notes, texts(list(bot.__history__.values()))[-1])

@@ -9,6 +9,16 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import integrity, persisted, persisted_rows
+from sql_helpers import (
+    Builder,
+    Small,
+    Tracker,
+    dump,
+    sql_turn,
+    workspace_file,
+    workspace_files,
+)
 
 from effectful_durable import (
     DurableError,
@@ -19,16 +29,6 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.testing import FakeLLM, ToolCall
-from tests.helpers import integrity, persisted, persisted_rows
-from tests.sql_helpers import (
-    Builder,
-    Small,
-    Tracker,
-    dump,
-    sql_turn,
-    workspace_file,
-    workspace_files,
-)
 
 
 def insert(km: float, day: str = "mon") -> ToolCall:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from approvals_app import TOOL_LOG_ENV, Shop, answer, suspend
 from effectful.handlers.llm.completions import LiteLLMProvider
+from helpers import statements_run
 
 from effectful_durable import AgentRunner, RunnerConfig, Store
 from effectful_durable.testing import FakeLLM
-from tests.helpers import statements_run
 
 #: Seconds the idle runner runs.
 IDLE = 3.0

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from alarms_app import in_threads
 from pg_faults_app import make_agent, make_handlers
 
@@ -32,6 +33,7 @@ def noted(store: Store, agent_id: str) -> list[str]:
 
 
 class TestOrder:
+    @pytest.mark.processes
     def test_events_held_back_by_another_process_keep_their_order(self, store_url: str) -> None:
         """While another process holds the agent, two runners claim its first event
         again and again; once it lets go, the five events are noted in the order sent."""

@@ -17,7 +17,6 @@ from effectful_durable import Store
 from effectful_durable.cli import main
 from effectful_durable.store.alarms import make_schedule
 
-TESTS = Path(__file__).parents[1]
 START_TIMEOUT = 120.0
 
 
@@ -29,7 +28,6 @@ class Runner(StderrLines):
     ) -> None:
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
             "ALARMS_APP_SLOW": str(slow),
         }
         super().__init__(

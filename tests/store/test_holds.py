@@ -3,7 +3,7 @@
 holder whose hold lapsed commits nothing (DESIGN.md, promise 11).
 
 A holder that stops renewing is played here by stopping its renewals, with a lease of
-a second or two (``holds.TTL``); the partition tests (``tests/test_partitions.py``) cut
+a second or two (``holds.TTL``); the partition tests (``tests/processes/test_partitions.py``) cut
 real processes off a real network with the real lease.
 """
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from helpers import ENDED_PID, added, edit_rows, persisted_rows
 from pgbouncer_server import running as pgbouncer_running
 from postgres_server import PostgresServer
 
@@ -35,7 +36,6 @@ from effectful_durable import (
 )
 from effectful_durable.store.engine import process
 from effectful_durable.store.engine.postgres import holds
-from tests.helpers import ENDED_PID, added, edit_rows, persisted_rows
 
 LEASE = 1.5  # seconds: the holds' TTL in these tests
 LOCK_BOT = "SELECT 1 FROM agent_holds WHERE agent_id = 'bot' FOR UPDATE"

@@ -4,11 +4,11 @@ import json
 from typing import Any
 
 import pytest
+from helpers import integrity, persisted_rows
 
 from effectful_durable import NotFoundError, Store
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.store.parts.memory import KEY, NOTE, MemoryChanges, MemoryPart
-from tests.helpers import integrity, persisted_rows
 
 NO_MESSAGES = HistoryChange(added=[], removed=[], removed_count=0)
 

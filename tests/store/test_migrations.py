@@ -5,6 +5,7 @@ from pathlib import Path
 
 import apsw
 import pytest
+from helpers import begin_turn, writable_connection
 
 from effectful_durable import DurableError, NotOurDatabaseError, SchemaTooNewError, Store
 from effectful_durable.store.engine.seam import APPLICATION_ID
@@ -14,7 +15,6 @@ from effectful_durable.store.engine.sqlite.migrations import (
     SCHEMA_VERSION,
     schema_sql,
 )
-from tests.helpers import begin_turn, writable_connection
 
 
 def schema_of(conn: apsw.Connection) -> list[tuple[str, str, str]]:

@@ -9,6 +9,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from helpers import (
+    Assistant,
+    added,
+    commit_message,
+    free_port,
+    in_new_process,
+    integrity,
+    persisted,
+)
+from paths import FIXTURES
 from postgres_server import PostgresServer
 
 from effectful_durable import (
@@ -27,15 +37,6 @@ from effectful_durable.store.engine.postgres.opening import access_error
 from effectful_durable.store.engine.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from effectful_durable.store.engine.seam import APPLICATION_ID
 from effectful_durable.testing import FakeLLM
-from tests.helpers import (
-    Assistant,
-    added,
-    commit_message,
-    free_port,
-    in_new_process,
-    integrity,
-    persisted,
-)
 
 
 def tables(url: str) -> list[str]:
@@ -282,7 +283,7 @@ def catalog(url: str) -> dict[str, list[tuple[object, ...]]]:
 class TestMigrations:
     def schema3(self, url: str) -> None:
         """Make ``url`` a database as the first PostgreSQL release (schema 3) left it."""
-        ddl = (Path(__file__).parent.parent / "fixtures" / "schema3_postgres.sql").read_text()
+        ddl = (FIXTURES / "schema3_postgres.sql").read_text()
         with psycopg.connect(url) as conn:
             conn.execute(ddl)
             conn.execute("INSERT INTO effectful_durable VALUES (%s, 3, 0)", (APPLICATION_ID,))

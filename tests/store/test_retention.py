@@ -9,6 +9,15 @@ from typing import Any
 
 import apsw
 import pytest
+from helpers import (
+    Assistant,
+    commit_writes,
+    integrity,
+    is_postgres,
+    persisted,
+    persisted_rows,
+    running,
+)
 
 from effectful_durable import (
     AgentInUseError,
@@ -25,15 +34,6 @@ from effectful_durable.store.engine.sqlite.connection import WAL_SIZE_LIMIT
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.store.parts.alarms import AlarmWrite, make_schedule, new_alarm_id
 from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import (
-    Assistant,
-    commit_writes,
-    integrity,
-    is_postgres,
-    persisted,
-    persisted_rows,
-    running,
-)
 
 
 def echo(call: FakeCall) -> str:

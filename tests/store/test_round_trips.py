@@ -1,6 +1,6 @@
 """What a turn costs PostgreSQL in round trips and statements, counted on the wire.
 
-The clients talk to a real server through ``tests/wire_counter.py``'s proxy, which
+The clients talk to a real server through ``tests/support/wire_counter.py``'s proxy, which
 counts the messages they send: a count, not a timing, so the same on any machine.
 """
 
@@ -10,11 +10,11 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from helpers import Assistant, persisted
 from postgres_server import PostgresServer
+from wire_counter import Counts, WireCounter
 
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import Assistant, persisted
-from tests.wire_counter import Counts, WireCounter
 
 #: The most round trips a plain turn of an agent already loaded may take (issues 25
 #: and 43): the hold with the handoff row, the commit, letting go (12 before issue 25).

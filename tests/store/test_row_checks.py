@@ -4,14 +4,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import commit_message, edit_rows, persisted_rows, writable_connection
+from paths import FIXTURES
 
 from effectful_durable import DamagedRowError, DatabaseCorruptError, Store
 from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
 from effectful_durable.store.engine.sqlite.row_checks import PAYLOAD, damaged_rows, row_crc
 from effectful_durable.store.history import HistoryChange
-from tests.helpers import commit_message, edit_rows, persisted_rows, writable_connection
 
-SCHEMA3 = Path(__file__).parent.parent / "fixtures" / "schema3.db"
+SCHEMA3 = FIXTURES / "schema3.db"
 
 
 @pytest.fixture

@@ -8,10 +8,7 @@ from pathlib import Path
 
 import apsw
 import pytest
-
-from effectful_durable import DiskFullError, DurableError, StorageError, Store
-from effectful_durable.store.engine.sqlite.translate import TRANSLATIONS, translate, translated
-from tests.faultvfs import (
+from faultvfs import (
     READ_EIO,
     SHORT_WRITE,
     SYNC_EIO,
@@ -20,7 +17,11 @@ from tests.faultvfs import (
     WRITE_ENOSPC,
     FaultVFS,
 )
-from tests.helpers import commit_message, integrity, persisted_rows
+from helpers import commit_message, integrity, persisted_rows
+from paths import ROOT
+
+from effectful_durable import DiskFullError, DurableError, StorageError, Store
+from effectful_durable.store.engine.sqlite.translate import TRANSLATIONS, translate, translated
 
 
 @pytest.fixture
@@ -124,6 +125,7 @@ class TestErrors:
         Store(db_path).close()
 
 
+@pytest.mark.processes
 class TestFailedSync:
     """A commit whose fsync failed: gone for this process; whole or absent after it stops."""
 
@@ -132,7 +134,7 @@ import os, sys
 import apsw
 from effectful_durable import DiskFullError, Store
 from effectful_durable.store.history import HistoryChange
-from tests.faultvfs import SYNC_ENOSPC, FaultVFS
+from faultvfs import SYNC_ENOSPC, FaultVFS
 
 def commit(store):
     with store.turns.start("bot", template="t", arguments={}) as start:
@@ -173,7 +175,7 @@ os._exit(0)  # dies: no close, no checkpoint
         """
         out = subprocess.run(
             [sys.executable, "-c", self.CHILD, str(db_path), then],
-            capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
+            capture_output=True, text=True, check=True, cwd=ROOT,
         ).stdout.split()  # fmt: skip
         assert out[0] == "[1]"
         with Store(db_path) as store:

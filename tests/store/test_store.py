@@ -1,12 +1,12 @@
 """Store: reads, rollback, fork, delete, and transactions that commit whole or not at all."""
 
 import pytest
+from helpers import Assistant, persisted, persisted_rows, texts
 
 from effectful_durable import AgentInUseError, DurableError, NotFoundError, Store
 from effectful_durable.store import versions
 from effectful_durable.store.history import ActiveHistory, plan_change
 from effectful_durable.testing import FakeCall, FakeLLM
-from tests.helpers import Assistant, persisted, persisted_rows, texts
 
 
 def echo(call: FakeCall) -> str:

@@ -1,13 +1,12 @@
-"""The page's tests share one database of test content per backend (tests/ui/content.py),
-and one headless chromium per module that drives a browser (tests/ui/browser.py)."""
+"""The page's tests share one database of test content per backend (tests/support/ui_content.py),
+and one headless chromium per module that drives a browser (tests/support/browser.py)."""
 
 from collections.abc import Iterator
 from typing import Any
 
+import browser
 import pytest
-
-from tests.ui import browser
-from tests.ui.content import build
+from ui_content import build
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])

@@ -2,7 +2,7 @@
 its command and says what it did; bad input shows the library's error on the form and
 writes nothing; no other origin, missing or stale form token, or read-only page acts.
 
-Each test writes to a copy of the test content of its own (tests/ui/content.py).
+Each test writes to a copy of the test content of its own (tests/support/ui_content.py).
 """
 
 import contextlib
@@ -14,20 +14,20 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import edit_rows, is_postgres
 from starlette.testclient import TestClient
+from ui_content import BROKEN, DESK, HTML
+from ui_forms import copy_content, dump, fields, notice_in, problem_in, token_in
 
 from effectful_durable import Store
 from effectful_durable.ui import make_app
-from tests.helpers import edit_rows, is_postgres
-from tests.ui.content import BROKEN, DESK, HTML
-from tests.ui.forms import copy_content, dump, fields, notice_in, problem_in, token_in
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "the-token"
 PORT = 8124
 BASE = f"http://127.0.0.1:{PORT}"
-#: The arguments the desk's refund waits with (tests/ui/content.py).
+#: The arguments the desk's refund waits with (tests/support/ui_content.py).
 ASKED = {"order": "A-1", "amount": 250.0}
 
 

@@ -8,6 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import commit_message, commit_writes, edit_rows
+from paths import ROOT
+from sql_helpers import Builder, Tracker, sql_turn
+from ui_content import BROKEN, DESK, HTML, HTML_AGENT
 
 from effectful_durable import Store
 from effectful_durable.errors import NotFoundError
@@ -15,9 +19,6 @@ from effectful_durable.store.browse import HistoryFilter
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.store.parts.memory import MemoryChanges
 from effectful_durable.testing import ToolCall
-from tests.helpers import commit_message, commit_writes, edit_rows
-from tests.sql_helpers import Builder, Tracker, sql_turn
-from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT
 
 pytestmark = pytest.mark.slow
 
@@ -329,7 +330,7 @@ class TestWatchCommits:
                 subprocess.run(
                     [sys.executable, "-c", script, store_url],
                     check=True,
-                    cwd=Path(__file__).parents[2],
+                    cwd=ROOT,
                     timeout=60,
                 )
                 assert woken.wait(5)

@@ -2,7 +2,7 @@
 demo made, the history filter, a diff, a live update, HTML as text, a foreign host.
 
 One browser for the module; the pages are served for real (``effectful-durable ui``).
-Screenshots of the main pages are saved (tests/ui/browser.py says where).
+Screenshots of the main pages are saved (tests/support/browser.py says where).
 """
 
 import os
@@ -13,14 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import browser
 import pydantic
 import pytest
-
-from tests.ui import browser
-from tests.ui.browser import enter, shot, text_of, wait_for
-from tests.ui.content import DESK, HTML
-from tests.ui.server import ROOT, Server, serving
-from tests.ui.test_live import write
+from browser import enter, shot, text_of, wait_for
+from ui_content import DESK, HTML
+from ui_server import ROOT, Server, serving, write_turns
 
 pytestmark = pytest.mark.slow
 
@@ -229,7 +227,7 @@ class TestContent:
             )
             time.sleep(1)  # the live stream connects
             driver.execute_script("window.notReloaded = true")
-            assert write(db, 1).returncode == 0
+            assert write_turns(db, 1).returncode == 0
             wait_for(driver, lambda d, shows=shows: d.execute_script(f"return {shows}"))
             assert driver.execute_script("return window.notReloaded") is True
 
@@ -253,7 +251,7 @@ class TestContent:
             toggled = driver.find_element("css selector", f"{fold} summary")
             toggled.click()
             driver.execute_script("document.getElementById('live').dataset.before = 'yes'")
-            assert write(db, 1).returncode == 0
+            assert write_turns(db, 1).returncode == 0
             # The live part is replaced (the mark on the old one is gone) ...
             wait_for(
                 driver,

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.ui.browser import enter, shot, text_of, wait_for
-from tests.ui.server import ROOT, Server, serving
+from browser import enter, shot, text_of, wait_for
+from ui_server import ROOT, Server, serving
 
 pytestmark = pytest.mark.slow
 

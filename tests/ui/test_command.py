@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import commit_message, edit_rows
+from ui_content import DESK
+from ui_server import ROOT, serving
 
 from effectful_durable import Store
 from effectful_durable.cli import main
 from effectful_durable.store.engine.sqlite.migrations import SCHEMA_VERSION
-from tests.helpers import commit_message, edit_rows
-from tests.ui.content import DESK
-from tests.ui.server import ROOT, serving
 
 pytestmark = pytest.mark.slow
 

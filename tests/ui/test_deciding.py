@@ -7,7 +7,7 @@ event is sent; the example's runner resumes the turns, and the open page shows t
 result. Then a fork and a rollback, a form from another site, a form without its token,
 and the page read-only. The tests of this module are those steps, in order, over one
 database per backend; screenshots of the inbox, a misfit on the approve form, and a
-decided approval are saved (tests/ui/browser.py says where).
+decided approval are saved (tests/support/browser.py says where).
 """
 
 import contextlib
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import click, enter, shot, shot_of, text_of, texts, wait_for
+from ui_forms import dump
+from ui_server import ROOT, Server, serving
 
 from effectful_durable import Store
-from tests.ui.browser import click, enter, shot, shot_of, text_of, texts, wait_for
-from tests.ui.forms import dump
-from tests.ui.server import ROOT, Server, serving
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,6 @@ writer committing while pages poll never notices them."""
 
 import contextlib
 import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -14,26 +12,15 @@ from typing import TYPE_CHECKING
 import httpx
 import psycopg
 import pytest
+from helpers import commit_message
+from ui_server import Server, serving, write_turns
 
 from effectful_durable import Store
-from tests.helpers import commit_message
-from tests.ui.server import ROOT, Server, serving
 
 if TYPE_CHECKING:
     from postgres_server import PostgresServer
 
 pytestmark = pytest.mark.slow
-
-
-def write(db: str, turns: int) -> subprocess.CompletedProcess[str]:
-    """Commit ``turns`` turns of agent ``w`` from another process (tests/turns_child.py)."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "turns_child.py"), db, str(turns)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
 
 
 def next_commit(server: Server, client: httpx.Client, found: threading.Event) -> None:
@@ -58,7 +45,7 @@ class TestLive:
             reader.start()
             listening = client.get("/agent?id=w")  # the stream is open by now, or soon
             assert listening.status_code == 200
-            assert write(store_url, 1).returncode == 0
+            assert write_turns(store_url, 1).returncode == 0
             reader.join(timeout=30)
             assert found.is_set()
             assert "turn 1" in client.get("/agent?id=w").text
@@ -87,7 +74,7 @@ def test_a_writer_never_notices_the_pages(store_url: str) -> None:
         for thread in [*pollers, listener]:
             thread.start()
         try:
-            wrote = write(store_url, 1000)
+            wrote = write_turns(store_url, 1000)
         finally:
             stop.set()
             for thread in pollers:

@@ -5,12 +5,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import commit_message, edit_rows
 from starlette.testclient import TestClient
+from ui_content import BROKEN, DESK, HTML, HTML_AGENT
 
 from effectful_durable import Store
 from effectful_durable.ui import make_app
-from tests.helpers import commit_message, edit_rows
-from tests.ui.content import BROKEN, DESK, HTML, HTML_AGENT
 
 pytestmark = pytest.mark.slow
 

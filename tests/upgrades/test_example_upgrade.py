@@ -3,11 +3,11 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-SCRIPT = Path(__file__).parents[2] / "examples" / "multi_agent" / "upgrade.py"
+SCRIPT = ROOT / "examples" / "multi_agent" / "upgrade.py"
 
 pytestmark = pytest.mark.slow
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from effectful.handlers.llm.completions import LiteLLMProvider
 from helpers import persisted
+from paths import ROOT
 from upgrade_helpers import REFUND_CALL, REFUNDS
 
 from effectful_durable import AgentRunner, DurableError, Store, TurnSuspended
@@ -33,7 +34,7 @@ from effectful_durable.cli import main
 from effectful_durable.runner import FakeClock
 from effectful_durable.testing import FakeLLM, ToolCall
 
-EXAMPLES = Path(__file__).parents[2] / "examples"
+EXAMPLES = ROOT / "examples"
 COACH = EXAMPLES / "memory_agent.py"
 _names = itertools.count()
 
@@ -526,6 +527,7 @@ class TestNewCodeThatFails:
         with Store(deploy.db, readonly=True) as store:
             assert store.approval(approval).status == "pending"
 
+    @pytest.mark.processes
     def test_factory_raises(self, deploy: Deploy) -> None:
         """A factory that raises: one line naming where, exit 1, for check and retarget."""
         approval = deploy.suspend(deploy.code())
@@ -543,6 +545,7 @@ class TestNewCodeThatFails:
             assert len(err.splitlines()) == 1, err
             assert "KeyError: 'support-ann'" in err and f"{name}.py, line" in err
 
+    @pytest.mark.processes
     def test_in_a_process_of_its_own(self, deploy: Deploy) -> None:
         """From the shell, a module with a syntax error prints one line and no traceback."""
         deploy.suspend(deploy.code())

@@ -165,7 +165,7 @@ class SQLiteDatabase:
 
         SQLite rolls a failed transaction back in the file, but FTS5's state in the
         connection did not follow and damaged its index at the next insert (found
-        by tests/test_faults.py). Closing the process's last connection first would
+        by tests/processes/test_faults.py). Closing the process's last connection first would
         drop the WAL index, and a commit whose sync failed could then be recovered.
         """
         old = self._local.conn
