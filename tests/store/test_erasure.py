@@ -153,10 +153,7 @@ def file_bytes(url: str, server: PostgresServer | None) -> bytes:
     """Every byte of every file the library wrote for ``url``: the database's files and
     its workspace files; on PostgreSQL the table files after a checkpoint, and a dump."""
     if server is None:
-        chunks = []
-        for path in Path(url).parent.rglob("*"):
-            if path.is_file():
-                chunks.append(path.read_bytes())
+        chunks = [p.read_bytes() for p in Path(url).parent.rglob("*") if p.is_file()]
         cache = Path(os.environ["XDG_CACHE_HOME"])
         chunks += [p.read_bytes() for p in cache.rglob("*") if p.is_file()]
         return b"".join(chunks)
