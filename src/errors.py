@@ -219,6 +219,23 @@ class InvalidConversationIdError(DurableError, ValueError):
         super().__init__(msg)
 
 
+class InvalidSubjectError(DurableError, ValueError):
+    """A subject (who an agent's content is about) is empty, too long, or holds
+    non-printable characters.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, subject: object, reason: str) -> None:
+        self.subject = subject
+        msg = (
+            f"invalid subject {subject!r}: {reason}. A subject names the person or tenant "
+            "an agent's content is about: a non-empty string of at most 200 printable "
+            "characters, such as 'user:42'."
+        )
+        super().__init__(msg)
+
+
 class StateSerializationError(DurableError, TypeError):
     """A value to persist cannot be stored as JSON; nothing was written."""
 

@@ -27,13 +27,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 from ..errors import DurableError
-from . import decisions, maintenance, page, reading, repairs, running, upgrades
+from . import decisions, maintenance, page, privacy, reading, repairs, running, upgrades
 from .command import PROG, Command, fail
 
 __all__ = ["PROG", "main", "parser"]
 
 #: The families of commands, in the order ``--help`` lists them.
-FAMILIES = (reading, decisions, repairs, maintenance, upgrades, running, page)
+FAMILIES = (reading, decisions, repairs, maintenance, privacy, upgrades, running, page)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,10 +21,25 @@ from .output import cell, dumps, print_json, print_rows, show
 COMMANDS = Family("Reading")
 
 
-@COMMANDS.reads("agents", "list the agents: version, active messages, last commit")
+@COMMANDS.reads(
+    "agents",
+    "list the agents: version, active messages, last commit, subject",
+    flag("--subject", metavar="SUBJECT", help="only what holds this subject's content"),
+)
 def agents(store: Store, args: argparse.Namespace) -> int:
-    columns = ["agent_id", "version", "messages", "created_at", "updated_at"]
-    show(args, store.agents(), columns)
+    if args.subject is None:
+        records = store.agents()
+        columns = ["agent_id", "version", "messages", "created_at", "updated_at"]
+        if any(record.subject is not None for record in records):
+            columns.append("subject")
+        show(args, records, columns)
+        return 0
+    holders = store.holders(args.subject)
+    if args.json:
+        print_json([{"agent_id": a, "conversation": c} for a, c in holders])
+        return 0
+    rows = [[agent, conversation or "(the whole agent)"] for agent, conversation in holders]
+    print_rows([["agent_id", "conversation"], *rows])
     return 0
 
 

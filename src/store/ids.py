@@ -1,8 +1,8 @@
-"""What makes a valid agent id or conversation id."""
+"""What makes a valid agent id, conversation id or subject."""
 
 from __future__ import annotations
 
-from ..errors import InvalidAgentIdError, InvalidConversationIdError
+from ..errors import InvalidAgentIdError, InvalidConversationIdError, InvalidSubjectError
 
 MAX_AGENT_ID_LENGTH = 200
 
@@ -34,6 +34,19 @@ def validate_conversation_id(conversation: object) -> str:
     if problem:
         raise InvalidConversationIdError(conversation, problem)
     return conversation  # type: ignore[return-value]  # _problem checked it is a str
+
+
+def validate_subject(subject: object) -> str:
+    """Return ``subject`` if it is a valid subject (the rules of agent ids).
+
+    Raises:
+        InvalidSubjectError: It is not a non-empty string of at most 200 printable
+            characters without leading or trailing whitespace.
+    """
+    problem = _problem(subject)
+    if problem:
+        raise InvalidSubjectError(subject, problem)
+    return subject  # type: ignore[return-value]  # _problem checked it is a str
 
 
 def _problem(name: object) -> str | None:

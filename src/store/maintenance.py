@@ -150,6 +150,7 @@ def fork(
         record.updated_at,
         source_id=agent_id,
         source_version=version,
+        subject=record.subject,
     )
 
 

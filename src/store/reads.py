@@ -27,13 +27,15 @@ def agents(conn: Conn) -> list[AgentRecord]:
         """
         SELECT agent_id, version, created_at, updated_at,
                (SELECT count(*) FROM messages AS m
-                 WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL)
+                 WHERE m.agent_id = a.agent_id AND m.removed_in IS NULL),
+               (SELECT s.subject FROM checked_subjects AS s
+                 WHERE s.agent_id = a.agent_id AND s.conversation = '')
           FROM checked_agents AS a ORDER BY agent_id
         """
     ).fetchall()
     return [
-        AgentRecord(agent_id, version, messages, utc(created), utc(updated))
-        for agent_id, version, created, updated, messages in rows
+        AgentRecord(agent_id, version, messages, utc(created), utc(updated), subject=subject)
+        for agent_id, version, created, updated, messages, subject in rows
     ]
 
 

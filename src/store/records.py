@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -11,13 +11,20 @@ from .history import ActiveHistory, HistoryChange
 
 @dataclass(frozen=True, slots=True)
 class AgentRecord:
-    """One durable agent: its id, last committed version and active message count."""
+    """One durable agent: its id, last committed version and active message count, and
+    the subject its content is about, if the application named one
+    (:meth:`~effectful_durable.Store.set_subject`).
+
+    .. versionchanged:: 0.2.0
+       ``subject``.
+    """
 
     agent_id: str
     version: int
     messages: int
     created_at: datetime
     updated_at: datetime
+    subject: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,3 +344,36 @@ class Suspension:
     def decided(self) -> bool:
         """Whether every approval is decided, so that the turn can resume."""
         return not self.pending
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureReceipt:
+    """What :meth:`~effectful_durable.Store.erase` erased, and when, without any of it.
+
+    ``selector`` says what was asked: ``{"subject": <its digest>}``, or ``{"agent":
+    id}`` with ``"conversation"``. ``agents`` were erased whole; ``conversations``
+    (agent, conversation) alone. ``counts`` are the rows erased, by kind
+    (messages, versions, memory entries, ...), ``versions`` the versions the
+    erased agents had, ``tables`` the tables they were in, ``files`` the SQL
+    workspace files removed on this machine. ``scrubbed_at`` is when the bytes
+    left the live files (None while pending: the next erasure scrubs first).
+    ``digest`` is the SHA-256 of the receipt's body and ``previous`` the digest
+    of the receipt before it, so that a later audit can check the chain;
+    ``verified`` says whether this one's body still matches its digest.
+
+    .. versionadded:: 0.2.0
+    """
+
+    erasure_id: str
+    erased_at: datetime
+    selector: dict[str, str]
+    agents: tuple[str, ...]
+    conversations: tuple[tuple[str, str], ...]
+    versions: int
+    counts: dict[str, int]
+    tables: tuple[str, ...]
+    previous: str | None
+    files: int
+    scrubbed_at: datetime | None
+    digest: str
+    verified: bool

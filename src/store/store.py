@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 import apsw
 
 from ..errors import DatabaseBusyError, NotFoundError
-from . import browse, diff, journal, maintenance, reads, retention, waiting
+from . import browse, diff, erasure, journal, maintenance, reads, retention, waiting
 from .alarm_queue import AlarmQueue, statuses
 from .browse import VERSION_SELECT, AgentPage, HistoryFilter, TablePage, Timeline, version_info
 from .checked import checked_rows, checked_version
@@ -37,19 +37,26 @@ from .engine.sqlite.damage import watched
 from .engine.sqlite.database import SQLiteDatabase
 from .handoffs import HANDOFF_SELECT, handoff_of
 from .holds import hold
-from .ids import DEFAULT_CONVERSATION, validate_agent_id
+from .ids import (
+    DEFAULT_CONVERSATION,
+    validate_agent_id,
+    validate_conversation_id,
+    validate_subject,
+)
 from .inflight import AgentInFlight
 from .opening import open_engine
 from .parts import alarms as _alarms
 from .parts import approvals as _approvals
 from .parts import conversations as _conversations
 from .parts import events as _events
+from .parts import subjects as _subjects
 from .parts.alarms import AlarmInfo, AlarmPart, Schedule
 from .parts.approvals import ApprovalPart
 from .parts.conversation_fields import ConversationFields
 from .parts.conversations import Conversations
 from .parts.events import EventInfo
 from .parts.memory import KEY, NOTE, MemoryNote, MemoryPart, memory_at, note_of
+from .parts.subjects import SubjectPart
 from .parts.versioned import VersionedPart
 from .records import (
     AgentRecord,
@@ -57,6 +64,7 @@ from .records import (
     ApprovalStatus,
     ConversationInfo,
     DecisionPage,
+    ErasureReceipt,
     ForkedAgent,
     Handoff,
     PruneResult,
@@ -82,6 +90,7 @@ PARTS: tuple[VersionedPart, ...] = (
     MemoryPart(),
     AlarmPart(),
     ApprovalPart(),
+    SubjectPart(),
 )
 
 
@@ -674,6 +683,107 @@ class Store:
             AgentInUseError: A turn of the agent is running.
         """
         maintenance.delete(self.engine, self._parts, agent_id)
+
+    # -- privacy: subjects and erasure (SQL in parts/subjects.py, erasure.py) -------
+
+    def set_subject(
+        self, agent_id: str, subject: str | None, *, conversation: str | None = None
+    ) -> None:
+        """Name the subject (the person or tenant) the agent's content, or one of its
+        conversations', is about; None names none any more.
+
+        :meth:`erase` with ``subject=`` then erases what carries it: the agent
+        whole, or that conversation alone (an agent's fields and memory are shared
+        by its conversations, so a person whose data may be in them is the
+        agent's subject). A fork carries its source's subjects. It may be named
+        before the agent's first turn.
+
+        Raises:
+            InvalidAgentIdError, InvalidConversationIdError, InvalidSubjectError:
+                An argument is not valid. Nothing was written.
+
+        .. versionadded:: 0.2.0
+        """
+        validate_agent_id(agent_id)
+        talk = _subjects.AGENT if conversation is None else validate_conversation_id(conversation)
+        with self.engine.writing() as conn:
+            if subject is None:
+                _subjects.clear(conn, agent_id, talk)
+            else:
+                _subjects.set_subject(conn, agent_id, talk, validate_subject(subject), time.time())
+
+    def subjects(self, agent_id: str) -> dict[str | None, str]:
+        """The subjects named for the agent: ``None`` for its own, and by conversation.
+
+        .. versionadded:: 0.2.0
+        """
+        with self.engine.reading() as conn:
+            found = _subjects.subjects_of(conn, agent_id)
+        return {(None if talk == _subjects.AGENT else talk): who for talk, who in found.items()}
+
+    def holders(self, subject: str) -> list[tuple[str, str | None]]:
+        """What carries ``subject``: ``(agent_id, None)`` for an agent whose subject it
+        is, ``(agent_id, conversation)`` for a conversation of its own; by agent.
+
+        .. versionadded:: 0.2.0
+        """
+        validate_subject(subject)
+        with self.engine.reading() as conn:
+            found = _subjects.holders(conn, subject)
+        return [(agent, None if talk == _subjects.AGENT else talk) for agent, talk in found]
+
+    def erase(
+        self,
+        *,
+        subject: str | None = None,
+        agent: str | None = None,
+        conversation: str | None = None,
+    ) -> ErasureReceipt:
+        """Erase every copy the database holds of what a subject, an agent, or one of its
+        conversations holds, and scrub it from the files; a receipt of what was erased.
+
+        ``subject=`` erases every agent whose subject it is, whole (forks included),
+        and every conversation of another agent that carries it; ``agent=`` one
+        agent whole; ``agent=`` with ``conversation=`` that conversation alone. An
+        agent's erasure reaches its every version, message, compacted original and
+        its search index, state, memory, SQL workspace (its log, and its file on
+        this machine, overwritten), approvals, events, alarms, journal steps,
+        handoffs and subjects; a conversation's, its messages, compactions, fields,
+        handoffs, approvals and journal steps. It holds every affected agent
+        (refused, with nothing erased, while a turn of one runs) and deletes in
+        one transaction: a crash leaves it done or not begun. Then the bytes leave
+        the live files: SQLite overwrites what it deletes and truncates its WAL
+        (a file made before this release is vacuumed at its first erasure);
+        PostgreSQL rewrites the tables that held the rows (``VACUUM FULL``). What
+        the server's WAL, archives, replicas and backups made before still hold is
+        said in the docs' :doc:`/privacy` page.
+
+        Returns:
+            The receipt, which :meth:`erasures` lists too. It holds none of the
+            erased content, and names the subject only by its digest.
+
+        Raises:
+            ValueError: Neither or both of ``subject`` and ``agent``, or
+                ``conversation`` with ``subject``.
+            NotFoundError: ``agent=`` names no agent (or no such conversation).
+            AgentInUseError: A turn of an affected agent is running.
+
+        .. versionadded:: 0.2.0
+        """
+        return erasure.erase(
+            self.engine,
+            subject=subject,
+            agent_id=agent,
+            conversation=conversation,
+            forget_files=self._workspaces.shred,
+        )
+
+    def erasures(self) -> list[ErasureReceipt]:
+        """Every erasure's receipt, oldest first.
+
+        .. versionadded:: 0.2.0
+        """
+        return erasure.erasures(self.engine)
 
     def delete_conversation(self, agent_id: str, conversation: str) -> int:
         """Delete one conversation of the agent, as a new version.

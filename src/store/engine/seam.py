@@ -240,6 +240,16 @@ class Database(Protocol):
         """``agent_id`` is deleted in ``conn``'s transaction, under this Store's hold:
         what the database keeps of the hold goes too once it is let go."""
 
+    def scrub(self, tables: Sequence[str]) -> bool:
+        """Make the rows deleted from ``tables`` unreadable in the database's files, not
+        only gone from the tables (an erasure); whether that completed.
+
+        SQLite overwrites what it deletes (``secure_delete``); here it vacuums a
+        file written before it did, and checkpoints and truncates the WAL (False
+        while a reader holds an older snapshot). PostgreSQL rewrites the tables
+        (``VACUUM FULL``: each locked meanwhile).
+        """
+
     def prune_holds(self, conn: Conn) -> None:
         """Delete what the database keeps of holds let go of agents that are gone
         (PostgreSQL's lease rows; a file's locks leave nothing)."""

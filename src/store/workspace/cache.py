@@ -109,6 +109,24 @@ class WorkspaceCache:
         """Delete ``agent_id``'s file (with its WAL and stamps), if there is one."""
         remove_files(self.path(agent_id))
 
+    def shred(self, agent_id: str) -> bool:
+        """Overwrite ``agent_id``'s files with zeros, then delete them (an erasure);
+        whether it had any here."""
+        path = self.path(agent_id)
+        found = False
+        for suffix in ("", "-wal", "-shm", "-journal", _STAMPS):
+            try:
+                size = os.path.getsize(path + suffix)
+            except FileNotFoundError:
+                continue
+            with open(path + suffix, "r+b") as file:
+                file.write(b"\0" * size)
+                file.flush()
+                os.fsync(file.fileno())
+            os.remove(path + suffix)
+            found = True
+        return found
+
     def make_directory(self) -> None:
         """Make the directory of the files if it is missing.
 

@@ -888,6 +888,15 @@ class PostgresDatabase:
         letting the hold go deletes its row too."""
         self._deleted.add(agent_id)
 
+    def scrub(self, tables: Sequence[str]) -> bool:
+        """Rewrite ``tables`` (``VACUUM FULL``, each locked meanwhile): the space of rows
+        deleted is not overwritten otherwise, nor their words in a search index."""
+        with unhurried(), self.connect() as conn:
+            conn.prepare_threshold = None
+            for table in tables:
+                conn.execute(f"VACUUM FULL {table}")
+        return True
+
     def prune_holds(self, conn: Conn) -> None:
         """Delete the lease rows of holds let go of agents that are gone."""
         conn.execute(

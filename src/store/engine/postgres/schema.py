@@ -686,9 +686,37 @@ CREATE CONSTRAINT TRIGGER agents_fenced AFTER INSERT OR UPDATE ON agents
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION effectful_durable_fenced();
 """
 
+# Schema 13: subjects and erasures (issue 52).
+_V13 = """
+-- == Privacy: subjects and erasures (schema 13) ==
+
+-- Who an agent's content is about: the subject (a person, a tenant) the
+-- application names for the agent (conversation '') or for one of its
+-- conversations. A label, not versioned: a fork takes its source's, and it goes
+-- with its agent. Store.erase(subject=...) erases what carries it.
+CREATE TABLE subjects (
+    agent_id     text COLLATE "C" NOT NULL,
+    conversation text COLLATE "C" NOT NULL,
+    subject      text COLLATE "C" NOT NULL,
+    set_at       double precision NOT NULL,
+    PRIMARY KEY (agent_id, conversation)
+);
+CREATE INDEX subjects_subject ON subjects (subject);
+
+-- The receipt of each erasure (Store.erase): what was erased, counted by kind,
+-- and when, with its digest; none of the erased content, nor the subject's
+-- name (only its digest).
+CREATE TABLE erasures (
+    erasure_id text COLLATE "C" PRIMARY KEY,
+    erased_at  double precision NOT NULL,
+    receipt    text NOT NULL,
+    digest     text NOT NULL
+);
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
 MIGRATIONS: dict[int, str] = {
-    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11, 11: _V12
+    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11, 11: _V12, 12: _V13
 }  # fmt: skip
 
 #: The schema version this library writes on PostgreSQL.

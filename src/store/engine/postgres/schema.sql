@@ -1,4 +1,4 @@
--- effectful-durable database schema on PostgreSQL, version 12.
+-- effectful-durable database schema on PostgreSQL, version 13.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- postgres_schema.MIGRATIONS, and a test proves both produce the same schema.
@@ -529,3 +529,28 @@ $$;
 
 CREATE CONSTRAINT TRIGGER agents_fenced AFTER INSERT OR UPDATE ON agents
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION effectful_durable_fenced();
+
+-- == Privacy: subjects and erasures (schema 13) ==
+
+-- Who an agent's content is about: the subject (a person, a tenant) the
+-- application names for the agent (conversation '') or for one of its
+-- conversations. A label, not versioned: a fork takes its source's, and it goes
+-- with its agent. Store.erase(subject=...) erases what carries it.
+CREATE TABLE subjects (
+    agent_id     text COLLATE "C" NOT NULL,
+    conversation text COLLATE "C" NOT NULL,
+    subject      text COLLATE "C" NOT NULL,
+    set_at       double precision NOT NULL,
+    PRIMARY KEY (agent_id, conversation)
+);
+CREATE INDEX subjects_subject ON subjects (subject);
+
+-- The receipt of each erasure (Store.erase): what was erased, counted by kind,
+-- and when, with its digest; none of the erased content, nor the subject's
+-- name (only its digest).
+CREATE TABLE erasures (
+    erasure_id text COLLATE "C" PRIMARY KEY,
+    erased_at  double precision NOT NULL,
+    receipt    text NOT NULL,
+    digest     text NOT NULL
+);

@@ -116,6 +116,9 @@ def connect(
         conn.pragma("journal_mode", "wal")
         conn.pragma("journal_size_limit", WAL_SIZE_LIMIT)
         conn.pragma("synchronous", _SYNCHRONOUS[durability])
+        # What a write deletes or moves is overwritten, not left in free space, so that
+        # an erasure leaves none of it in the file: sqlite.org/pragma.html#pragma_secure_delete
+        conn.pragma("secure_delete", True)
         apsw.bestpractice.connection_enable_foreign_keys(conn)
         if version < SCHEMA_VERSION:
             _migrate(conn, path)

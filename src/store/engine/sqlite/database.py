@@ -30,7 +30,7 @@ from ....errors import (
 from ..seam import Conn, Rows, TurnWrite, forked, moved_by
 from ..watch import MarkerWatch
 from . import row_checks
-from .connection import Durability, connect, quarantine, read_transaction
+from .connection import Durability, connect, quarantine, read_transaction, write_transaction
 from .damage import DamageWatch
 from .locks import AgentBusy, AgentLocks
 from .translate import translate, translated
@@ -196,6 +196,22 @@ class SQLiteDatabase:
 
     def agent_deleted(self, conn: Conn, agent_id: str) -> None:
         """Nothing kept: a file's record lock leaves no row."""
+
+    def scrub(self, tables: Sequence[str]) -> bool:
+        """Vacuum a file written before every write overwrote what it deleted (schema 8),
+        once; then checkpoint and truncate the WAL, which holds the pages as they were.
+        Whether the WAL was emptied (a reader holding an older snapshot keeps it)."""
+        conn = self.connection()
+        try:
+            with self._writer, translated(self.path, conn):
+                if conn.execute("SELECT 1 FROM scrubbed").fetchone() is None:
+                    conn.execute("VACUUM")  # the free space of years of writes
+                    with write_transaction(conn):
+                        conn.execute("INSERT INTO scrubbed VALUES (?)", (time.time(),))
+                checkpoint = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except DatabaseBusyError:
+            return False
+        return checkpoint is not None and int(checkpoint[0]) == 0
 
     def prune_holds(self, conn: Conn) -> None:
         """Nothing to prune: a file's record locks leave no rows."""

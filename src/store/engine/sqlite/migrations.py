@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _V1 = """
 CREATE TABLE agents (
@@ -492,6 +492,42 @@ DROP TABLE runner_status;
 ALTER TABLE runner_status_v7 RENAME TO runner_status;
 """
 
+# Schema 8: subjects, erasures and a file that overwrites what it deletes (issue 52).
+_V8 = """
+-- == Privacy: subjects and erasures (schema 8) ==
+
+-- Who an agent's content is about: the subject (a person, a tenant) the
+-- application names for the agent (conversation '') or for one of its
+-- conversations. A label, not versioned: a fork takes its source's, and it goes
+-- with its agent. Store.erase(subject=...) erases what carries it.
+CREATE TABLE subjects (
+    agent_id     TEXT NOT NULL,
+    conversation TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    set_at       REAL NOT NULL,
+    crc          INTEGER,
+    PRIMARY KEY (agent_id, conversation)
+) STRICT;
+CREATE INDEX subjects_subject ON subjects (subject);
+
+-- The receipt of each erasure (Store.erase): what was erased, counted by kind,
+-- and when, with its digest; none of the erased content, nor the subject's
+-- name (only its digest).
+CREATE TABLE erasures (
+    erasure_id TEXT PRIMARY KEY NOT NULL,
+    erased_at  REAL NOT NULL,
+    receipt    TEXT NOT NULL,
+    digest     TEXT NOT NULL,
+    crc        INTEGER
+) STRICT;
+
+-- Deleting a compacted message's text takes its words out of the index at once,
+-- not at a later merge.
+INSERT INTO compacted_text (compacted_text, rank) VALUES ('secure-delete', 1);
+
+CREATE TABLE scrubbed (since REAL NOT NULL) STRICT;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
@@ -500,6 +536,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V5,
     _V6,
     _V7,
+    _V8,
 )
 
 

@@ -76,6 +76,8 @@ PAYLOAD: dict[str, str] = {
     "alarms": "action",
     "approvals": "arguments",
     "runner_status": "report",
+    "subjects": "subject",
+    "erasures": "receipt",
 }
 
 # The Python type SQLite returns for a value of a STRICT column of each declared

@@ -1,4 +1,4 @@
--- effectful-durable database schema, version 7.
+-- effectful-durable database schema, version 8.
 --
 -- A fresh database is created from this file; older ones are upgraded by
 -- migrations.MIGRATIONS, and a test proves both produce the same schema.
@@ -338,3 +338,39 @@ CREATE TABLE runner_status (
     crc         INTEGER
 ) STRICT;
 
+-- == Privacy: subjects and erasures (schema 8) ==
+
+-- Who an agent's content is about: the subject (a person, a tenant) the
+-- application names for the agent (conversation '') or for one of its
+-- conversations. A label, not versioned: a fork takes its source's, and it goes
+-- with its agent. Store.erase(subject=...) erases what carries it.
+CREATE TABLE subjects (
+    agent_id     TEXT NOT NULL,
+    conversation TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    set_at       REAL NOT NULL,
+    crc          INTEGER,
+    PRIMARY KEY (agent_id, conversation)
+) STRICT;
+CREATE INDEX subjects_subject ON subjects (subject);
+
+-- The receipt of each erasure (Store.erase): what was erased, counted by kind,
+-- and when, with its digest; none of the erased content, nor the subject's
+-- name (only its digest).
+CREATE TABLE erasures (
+    erasure_id TEXT PRIMARY KEY NOT NULL,
+    erased_at  REAL NOT NULL,
+    receipt    TEXT NOT NULL,
+    digest     TEXT NOT NULL,
+    crc        INTEGER
+) STRICT;
+
+-- Deleting a compacted message's text takes its words out of the index at once,
+-- not at a later merge.
+INSERT INTO compacted_text (compacted_text, rank) VALUES ('secure-delete', 1);
+
+-- Since when every write to the file has overwritten what it deleted (our
+-- connections' PRAGMA secure_delete): a fact about the file, not agent data, so
+-- no crc. A file older than schema 8 has no row until its first erasure vacuums it.
+CREATE TABLE scrubbed (since REAL NOT NULL) STRICT;
+INSERT INTO scrubbed VALUES (0);
