@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from effectful.handlers.llm import Template, Tool
 from effectful.ops.types import NotHandled
+from helpers import running
 from postgres_server import PostgresServer
 
 from effectful_durable import (
@@ -42,7 +43,6 @@ from effectful_durable import (
     requires_approval,
 )
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
-from tests.helpers import running
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
-"""An erasure that the erase crash test kills (tests/test_erase_crash.py).
+"""An erasure that the erase crash test kills (processes/test_erase_crash.py).
 
-Usage: ``python tests/erase_child.py DB SUBJECT``: says ``erasing`` once its Store is
+Usage: ``python tests/programs/erase_child.py DB SUBJECT``: says ``erasing`` once its Store is
 open, erases SUBJECT, then says ``done`` and the receipt's id.
 """
 
@@ -9,15 +9,17 @@ import sys
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
+from child import say
+
 from effectful_durable import Store
 
 
 def main() -> None:
     db, subject = sys.argv[1], sys.argv[2]
     with Store(db) as store:
-        print("erasing", flush=True)
+        say("erasing")
         receipt = store.erase(subject=subject)
-        print("done", receipt.erasure_id, flush=True)
+        say("done", receipt.erasure_id)
 
 
 if __name__ == "__main__":

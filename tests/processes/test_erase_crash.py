@@ -1,6 +1,6 @@
 """An erasure killed (SIGKILL) at a random moment is done or not begun, for every row.
 
-Each round, a child (``tests/erase_child.py``) erases one subject's 20 agents (3 turns
+Each round, a child (``tests/programs/erase_child.py``) erases one subject's 20 agents (3 turns
 each, beside other subjects' agents) and is killed a random while after it said it
 began. Afterwards the subject's agents are all there, with no receipt, or all gone,
 with one; the other subjects' agents are untouched, the file passes its integrity
@@ -16,16 +16,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers import commit_message
+from paths import PROGRAMS
 
 from effectful_durable import Store
-from tests.helpers import commit_message
 
 pytestmark = pytest.mark.slow
 
-CHILD = Path(__file__).with_name("erase_child.py")
+CHILD = PROGRAMS / "erase_child.py"
 ROUNDS = 30 if os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full" else 6
 AGENTS = 20
 
@@ -81,7 +81,6 @@ def start(url: str, subject: str) -> subprocess.Popen[str]:
         [sys.executable, str(CHILD), url, subject],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(CHILD.parent)},
     )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "erasing"
