@@ -67,6 +67,8 @@ _COMPACTED_IN = (
     " WHERE v.agent_id = ?1 AND v.conversation = ?2 AND v.kind = 'compaction')"
 )
 
+#: Where a conversation leaves a row: one in any of them is a conversation to erase.
+_CONVERSATION_TABLES = ("versions", "messages", "conversations", "handoffs", "subjects")
 #: What a conversation's erasure deletes; the agent's shared fields and memory stay.
 _ONE_CONVERSATION: tuple[tuple[str, str | None, str], ...] = (
     ("messages", "messages", "agent_id = ?1 AND conversation = ?2"),
@@ -222,7 +224,15 @@ def _targets(
         return [], []
     if conversation is None:
         return [agent_id], []
-    return [], [(agent_id, conversation)]
+    held = conn.execute(
+        " UNION ALL ".join(
+            f"SELECT 1 FROM {table} WHERE agent_id = ?1 AND conversation = ?2"
+            for table in _CONVERSATION_TABLES
+        )
+        + " LIMIT 1",
+        (agent_id, conversation),
+    ).fetchone()
+    return ([], [(agent_id, conversation)]) if held is not None else ([], [])
 
 
 def _count_versions(conn: Conn, agents: Sequence[str]) -> int:

@@ -240,6 +240,12 @@ class TestErasure:
             assert "bob-copy" not in [a.agent_id for a in store.agents()]
             with pytest.raises(NotFoundError):
                 store.erase(agent="nobody")
+            with pytest.raises(NotFoundError, match="conversation 'nope'"):
+                store.erase(agent="shared", conversation="nope")
+            assert [r.erasure_id for r in store.erasures()] == [
+                first.erasure_id,
+                second.erasure_id,
+            ]
 
     def test_refused_while_a_turn_runs(self, store_url: str) -> None:
         """An erasure that meets a running turn of an affected agent erases nothing."""
