@@ -27,9 +27,12 @@ COMMANDS = Family("Reading")
     flag("--subject", metavar="SUBJECT", help="only what holds this subject's content"),
 )
 def agents(store: Store, args: argparse.Namespace) -> int:
-    columns = ["agent_id", "version", "messages", "created_at", "updated_at", "subject"]
     if args.subject is None:
-        show(args, store.agents(), columns)
+        records = store.agents()
+        columns = ["agent_id", "version", "messages", "created_at", "updated_at"]
+        if any(record.subject is not None for record in records):
+            columns.append("subject")
+        show(args, records, columns)
         return 0
     holders = store.holders(args.subject)
     if args.json:

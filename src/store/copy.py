@@ -37,6 +37,8 @@ TABLES: tuple[str, ...] = (
     "workspace_log",
     "alarms",
     "approvals",
+    "subjects",
+    "erasures",
     "runner_status",
 )
 

@@ -759,8 +759,8 @@ class Store:
         said in the docs' :doc:`/privacy` page.
 
         Returns:
-            The receipt (also kept: :meth:`erasures`); none of the erased content,
-            the subject only by its digest.
+            The receipt, which :meth:`erasures` lists too. It holds none of the
+            erased content, and names the subject only by its digest.
 
         Raises:
             ValueError: Neither or both of ``subject`` and ``agent``, or

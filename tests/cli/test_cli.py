@@ -263,7 +263,14 @@ class TestJson:
         _, out, _ = run(capsys, "agents", db, "--json")
         agents = json.loads(out)
         assert [a["agent_id"] for a in agents] == ["bot", "planner", "talker"]
-        assert set(agents[0]) == {"agent_id", "version", "messages", "created_at", "updated_at"}
+        assert set(agents[0]) == {
+            "agent_id",
+            "version",
+            "messages",
+            "created_at",
+            "updated_at",
+            "subject",
+        }
         assert datetime.fromisoformat(agents[0]["updated_at"]).utcoffset() is not None
         _, out, _ = run(capsys, "steps", db, "wf", "--json")
         [step] = json.loads(out)
