@@ -484,7 +484,7 @@ class TestErasing:
         assert f"receipt {receipt.erasure_id} kept" in notice_in(shown)[0]
         read = tags_out(shown)
         assert f"Erasure {receipt.erasure_id}" in read and receipt.digest in read
-        assert f"{receipt.counts['messages']} messages" in read
+        assert f"messages · {receipt.counts['messages']}" in read
         assert f"versions {receipt.versions} " in read
         scrubbed = "the erased bytes left" if receipt.scrubbed_at else "pending"
         assert scrubbed in read
