@@ -120,7 +120,9 @@ def shot(driver: Any, name: str) -> None:
     """Save a screenshot of the whole page as ``name``.png."""
     driver.execute_script("window.scrollTo(0, 0)")
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(max(int(height) + 40, 600), 2400))
+    # The window's size counts the browser's own bars, which the page does not get.
+    bars = driver.execute_script("return window.outerHeight - window.innerHeight")
+    driver.set_window_size(1280, min(max(int(height) + int(bars) + 40, 600), 2400))
     driver.save_screenshot(str(screenshots() / f"{name}.png"))
     driver.set_window_size(1280, 1000)
 
