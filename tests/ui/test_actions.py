@@ -562,17 +562,64 @@ class TestErasing:
             running.join()
 
     def test_an_unknown_agent_or_receipt(self, db: str, page: Page) -> None:
-        """An agent the database does not hold: the library's error, nothing written; a
-        receipt it does not hold: a 404 page."""
+        """An agent or a conversation the database does not hold: a 404 page saying so,
+        nothing erased and no receipt kept; a receipt it does not hold: a 404 page."""
         before = dump(db)
-        answer = page.post("/erase", agent="nobody", typed="nobody")
-        assert answer.status_code == 404
-        assert "holds no agent 'nobody': nothing to erase" in problem_in(answer.text)
-        neither = page.post("/erase", typed="x")
-        assert neither.status_code == 400
+        for values, said in [
+            ({"agent": "nobody", "typed": "nobody"}, "no agent 'nobody'"),
+            (
+                {"agent": DESK, "conversation": "nope", "typed": "nope"},
+                f"agent '{DESK}' has no conversation 'nope'",
+            ),
+        ]:
+            answer = page.post("/erase", **values)
+            assert answer.status_code == 404, values
+            assert said in problem_in(answer.text) and "Nothing was changed" in answer.text
         assert dump(db) == before
         assert page.get("/erasure?id=era_nope").status_code == 404
         assert "No erasure yet" in page.get("/erasures").text
+
+    def test_bad_input_destroys_nothing(self, db: str, page: Page) -> None:
+        """A form naming neither or both of a subject and an agent, a subject with a
+        conversation, an invalid id or subject, a NUL: a page that says what was wrong,
+        nothing erased and no receipt kept."""
+        fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
+        before = dump(db)
+        for values, status, said in [
+            ({"typed": DESK}, 400, "name a subject (subject=) or an agent (id=)"),
+            ({"subject": ANN, "agent": DESK, "typed": ANN}, 400, "not both and not neither"),
+            (
+                {"subject": ANN, "conversation": "chat", "typed": ANN},
+                400,
+                "a subject&#39;s erasure takes no conversation",
+            ),
+            ({"agent": " desk", "typed": " desk"}, 400, "invalid agent id &#39; desk&#39;"),
+            (
+                {"subject": " user", "holders": fingerprint, "typed": " user"},
+                400,
+                "invalid subject &#39; user&#39;",
+            ),
+            ({"agent": DESK, "typed": DESK + "\0"}, 400, "holds a NUL character"),
+        ]:
+            answer = page.post("/erase", **values)
+            assert answer.status_code == status, values
+            assert said in answer.text, values
+            assert 'id="erase"' not in answer.text, values  # no form to send it again
+        assert dump(db) == before
+
+    def test_bad_addresses(self, db: str, page: Page) -> None:
+        """The erase and receipt pages' malformed addresses are 400 pages naming what
+        was wrong."""
+        for path, said in [
+            ("/erasure", "the parameter &#39;id&#39; is missing"),
+            ("/erasures?page=0", "must be a whole number from 1"),
+            ("/erasures?page=2", "there is no page 2"),
+            ("/erase?subject=%20ann", "invalid subject"),
+            ("/erase?id=desk%00", "holds a NUL character"),
+        ]:
+            answer = page.get(path)
+            assert answer.status_code == 400, path
+            assert said in answer.text, path
 
 
 #: Every action, with a form that would succeed.

@@ -22,7 +22,18 @@ from ...errors import DurableError, NotFoundError
 from ...store import Store
 from ...store.records import ConversationInfo, ErasureReceipt
 from ..render import Problem, link
-from . import BadRequest, done, number, posted, refused, render, store_of, text, writer_of
+from . import (
+    BadRequest,
+    done,
+    number,
+    posted,
+    refused,
+    render,
+    required,
+    store_of,
+    text,
+    writer_of,
+)
 
 #: Receipts per page of ``/erasures``.
 PER_PAGE = 50
@@ -148,8 +159,7 @@ def erase_page(
         holders = store.holders(target.subject)
         held = holdings(store, holders)
     else:
-        held = holdings(store, [(target.agent_id or "", target.conversation)])
-        _exists(store, held[0])
+        held = [_held(store, target)]
     context = {
         "target": target,
         "held": held,
@@ -159,14 +169,17 @@ def erase_page(
     return render(request, "erase.html", context, status=status, here=target.here)
 
 
-def _exists(store: Store, held: Holding) -> None:
-    """Raise NotFoundError unless the agent (or its conversation) holds anything."""
+def _held(store: Store, target: Target) -> Holding:
+    """What the agent (or its conversation) ``target`` names holds now; NotFoundError
+    unless it holds anything."""
+    held = holdings(store, [(target.agent_id or "", target.conversation)])[0]
     if held.version is None and not held.handoffs and not store.subjects(held.agent_id):
         msg = f"no agent {held.agent_id!r} (the agents list shows them)"
         raise NotFoundError(msg)
     if held.conversation is not None and not held.conversations:
         msg = f"agent {held.agent_id!r} has no conversation {held.conversation!r}"
         raise NotFoundError(msg)
+    return held
 
 
 def erase(request: Request) -> Response:
@@ -187,6 +200,9 @@ def erase(request: Request) -> Response:
                     f"{_holders_said(now)}); nothing was erased. Look at the list again."
                 )
                 raise DurableError(msg)
+        else:  # only what its page shows: Store.erase would keep a receipt of a
+            # conversation the agent does not have, having erased nothing
+            _held(store_of(request), target)
         receipt = writer.erase(
             subject=target.subject, agent=target.agent_id, conversation=target.conversation
         )
@@ -238,7 +254,7 @@ def erasures(request: Request) -> Response:
 
 def erasure(request: Request) -> Response:
     """``/erasure?id=``: one receipt, whole (none of what was erased)."""
-    wanted = text(request, "id")
+    wanted = required(request, "id")
     receipts = store_of(request).erasures()
     by_digest = {r.digest: r.erasure_id for r in receipts}
     for receipt in receipts:
