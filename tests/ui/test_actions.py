@@ -492,6 +492,9 @@ class TestErasing:
             assert content not in shown, content
         listed = tags_out(page.get("/erasures").text)
         assert "1 erasure, newest first" in listed and receipt.erasure_id in listed
+        rows = sum(receipt.counts.values())
+        went = f"1 agent · 0 conversations {receipt.versions} versions · {rows} rows"
+        assert f"agent {DESK} {went}" in listed
         assert page.get(f"/agent?id={DESK}").status_code == 404
 
     def test_erase_a_conversation(self, db: str, page: Page) -> None:
