@@ -112,8 +112,18 @@ def wait_for(driver: Any, condition: Any, seconds: float = 15) -> Any:
 
 
 def text_of(driver: Any) -> str:
-    """The text the page shows."""
-    return str(driver.find_element("tag name", "body").text)
+    """The text the page shows (a body that a navigation replaced while it was read is
+    stale, which :func:`wait_for` waits past)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    try:
+        return str(driver.find_element("tag name", "body").text)
+    except WebDriverException as error:
+        # Chromium says this, rather than "stale element", of a body replaced between
+        # finding it and reading its text.
+        if "does not belong to the document" in str(error.msg):
+            raise StaleElementReferenceException(error.msg) from error
+        raise
 
 
 def shot(driver: Any, name: str) -> None:
