@@ -17,11 +17,7 @@ _TABLES = {
 def copy_content(content: str, target: str) -> str:
     """``target`` (a new database) holding a copy of the test content ``content``."""
     with Store(content, readonly=True) as source, Store(target) as copy:
-        copy_store(source, copy)
-        # copy_store copies no subjects (store/copy.py's TABLES lacks them): name them again.
-        for agent in source.agents():
-            for conversation, subject in source.subjects(agent.agent_id).items():
-                copy.set_subject(agent.agent_id, subject, conversation=conversation)
+        copy_store(source, copy)  # subjects included
     return target
 
 
