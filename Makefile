@@ -25,7 +25,7 @@ soak:  ## 4 processes x 16 agents SIGKILLed at random, 2 min per durability sett
 	bash -c 'source scripts/env.sh && "$$PYTHON" bench/soak.py $(SOAK_ARGS)'
 
 screenshots:  ## the page's browser tests, saving their screenshots as the docs' copies
-	bash -c 'source scripts/env.sh && EFFECTFUL_DURABLE_SCREENSHOTS=docs/source/_static/ui "$$PYTHON" -m pytest -q tests/ui/test_browser.py tests/ui/test_deciding.py tests/ui/test_check_page.py'
+	bash -c 'source scripts/env.sh && EFFECTFUL_DURABLE_SCREENSHOTS=docs/source/_static/ui "$$PYTHON" -m pytest -q tests/ui/test_browser.py tests/ui/test_deciding.py tests/ui/test_check_page.py tests/ui/test_forgetting.py'
 
 faults:  ## every I/O call of every operation failed in turn, and power cut at every sync (~20 min)
 	bash scripts/faults.sh

@@ -29,7 +29,18 @@ from ..errors import DamagedRowError, DurableError, NotFoundError
 from ..store import Store
 from .guard import PUBLIC, Guard
 from .live import CommitFeed, stream
-from .pages import BadRequest, actions, agent, agents, approvals, check, state, versions, waiting
+from .pages import (
+    BadRequest,
+    actions,
+    agent,
+    agents,
+    approvals,
+    check,
+    privacy,
+    state,
+    versions,
+    waiting,
+)
 from .render import Pages
 
 STATIC = Path(__file__).parent / "static"
@@ -94,6 +105,9 @@ def make_app(
         Route("/send-event", actions.send_event_form),
         Route("/reset-workflow", actions.reset_workflow_form),
         Route("/delete-conversation", actions.delete_conversation_form),
+        Route("/erase", privacy.erase_form),
+        Route("/erasures", privacy.erasures),
+        Route("/erasure", privacy.erasure),
         # The actions: each a POST the guard checked (origin, form token, not read-only).
         Route("/approve", approvals.approve, methods=["POST"]),
         Route("/deny", approvals.deny, methods=["POST"]),
@@ -104,6 +118,7 @@ def make_app(
         Route("/send-event", actions.send_event, methods=["POST"]),
         Route("/reset-workflow", actions.reset_workflow, methods=["POST"]),
         Route("/delete-conversation", actions.delete_conversation, methods=["POST"]),
+        Route("/erase", privacy.erase, methods=["POST"]),
         Route("/-/live", stream),
         Mount(PUBLIC.rstrip("/"), StaticFiles(directory=STATIC), name="static"),
     ]

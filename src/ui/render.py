@@ -7,6 +7,7 @@ and nothing that came from the database is ever marked safe.
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import urllib.parse
 from collections import OrderedDict
@@ -64,7 +65,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(pretty=_pretty, compact=_compact, when=_when, iso=_iso)
+    env.filters.update(pretty=_pretty, compact=_compact, when=_when, iso=_iso, shell=shlex.quote)
     env.globals.update(link=link)
     return env
 

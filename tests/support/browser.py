@@ -113,15 +113,27 @@ def wait_for(driver: Any, condition: Any, seconds: float = 15) -> Any:
 
 
 def text_of(driver: Any) -> str:
-    """The text the page shows."""
-    return str(driver.find_element("tag name", "body").text)
+    """The text the page shows (a body that a navigation replaced while it was read is
+    stale, which :func:`wait_for` waits past)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    try:
+        return str(driver.find_element("tag name", "body").text)
+    except WebDriverException as error:
+        # Chromium says this, rather than "stale element", of a body replaced between
+        # finding it and reading its text.
+        if "does not belong to the document" in str(error.msg):
+            raise StaleElementReferenceException(error.msg) from error
+        raise
 
 
 def shot(driver: Any, name: str) -> None:
     """Save a screenshot of the whole page as ``name``.png."""
     driver.execute_script("window.scrollTo(0, 0)")
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(max(int(height) + 40, 600), 2400))
+    # The window's size counts the browser's own bars, which the page does not get.
+    bars = driver.execute_script("return window.outerHeight - window.innerHeight")
+    driver.set_window_size(1280, min(max(int(height) + int(bars) + 40, 600), 2400))
     driver.save_screenshot(str(screenshots() / f"{name}.png"))
     driver.set_window_size(1280, 1000)
 

@@ -4,7 +4,9 @@ person's eye would meet: messages, ids, tool arguments, memory, SQL values.
 ``build(db)`` runs a help desk agent through a few turns over the fake model (memory,
 an SQL row, an alarm, a refund that waits for approval, a compaction, a second
 conversation), an agent whose id is HTML, an agent whose turn failed, an event in an
-inbox, and a workflow journal. Works on an SQLite file and on a PostgreSQL URL.
+inbox, and a workflow journal; and names subjects: :data:`ANN` is the desk's and the
+HTML agent's, and the failed agent's default conversation's, :data:`BOB` (HTML too)
+the desk's chat's. Works on an SQLite file and on a PostgreSQL URL.
 """
 
 import contextlib
@@ -33,6 +35,8 @@ HTML = "<script>alert('x')</script>"
 DESK = "desk"
 HTML_AGENT = f"bot{HTML}"
 BROKEN = "broken"
+ANN = "user:ann"
+BOB = f"user:bob{HTML}"
 
 
 @dataclasses.dataclass
@@ -112,3 +116,7 @@ def build(db: str) -> None:
         with store.turns.start(BROKEN, template="ask", arguments={"question": HTML}):
             store.turns.fail(BROKEN, f"ValueError: bad {HTML}")
         store.send_event(DESK, "payment_received", {"note": HTML}, key="pay-1")
+        store.set_subject(DESK, ANN)
+        store.set_subject(DESK, BOB, conversation="chat")
+        store.set_subject(HTML_AGENT, ANN)
+        store.set_subject(BROKEN, ANN, conversation="default")

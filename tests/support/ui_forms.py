@@ -18,7 +18,7 @@ _TABLES = {
 def copy_content(content: str, target: str) -> str:
     """``target`` (a new database) holding a copy of the test content ``content``."""
     with Store(content, readonly=True) as source, Store(target) as copy:
-        copy_store(source, copy)
+        copy_store(source, copy)  # subjects included
     return target
 
 

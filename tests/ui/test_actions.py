@@ -6,6 +6,7 @@ Each test writes to a copy of the test content of its own (tests/support/ui_cont
 """
 
 import contextlib
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,7 +17,7 @@ import httpx
 import pytest
 from helpers import edit_rows, is_postgres
 from starlette.testclient import TestClient
-from ui_content import BROKEN, DESK, HTML
+from ui_content import ANN, BOB, BROKEN, DESK, HTML, HTML_AGENT
 from ui_forms import copy_content, dump, fields, notice_in, problem_in, token_in
 
 from effectful_durable import Store
@@ -396,6 +397,234 @@ class TestWorkflowsAndConversations:
             assert [c.conversation for c in store.conversations(DESK)] == ["default"]
 
 
+def holders_in(page: str) -> str:
+    """The fingerprint of what a subject holds that the erase form carries."""
+    found = re.search(r'name="holders" value="([^"]*)"', page)
+    assert found is not None, "the page holds no subject erasure form"
+    return found[1]
+
+
+def tags_out(page: str) -> str:
+    """The text of a page, its tags removed (what the eye reads)."""
+    return " ".join(re.sub(r"<[^>]+>", " ", page).split())
+
+
+class TestErasing:
+    """Forgetting a person: the subject filter, the erase pages, the erasure, the receipts."""
+
+    def test_the_subject_filter_lists_what_holds_it(self, db: str, page: Page) -> None:
+        """?subject= lists the agents whose subject it is, whole, and the conversations of
+        other agents that carry it, with what each holds; the list and an agent's page
+        name the subjects, escaped."""
+        shown = page.get(f"/?subject={ANN}").text
+        read = tags_out(shown)
+        assert "2 agents whose subject it is, and 1 conversation of other agents" in read
+        assert "broken conversation default alone v1 1" in read
+        assert "desk subject user:ann the whole agent v9 19 chat · 4 default · 15" in read
+        assert "1 approval 1 event 1 alarm" in read
+        assert f'href="/erase?subject={ANN.replace(":", "%3A")}"' in shown
+        assert HTML not in shown
+        nobody = page.get("/?subject=user:nobody").text
+        assert "Nothing in this database carries subject" in nobody
+        agents = page.get("/").text
+        assert "subject <a" in agents and HTML not in agents
+        assert "user:bob&lt;script&gt;" in agents
+        desk = tags_out(page.get(f"/agent?id={DESK}").text)
+        assert "Subject user:ann · conversation chat: user:bob&lt;script&gt;" in desk
+        assert page.get("/?subject=%20user").status_code == 400  # not a valid subject
+
+    def test_the_erase_page_says_what_it_erases(self, db: str, page: Page) -> None:
+        """Each erase page names what goes, counted, what stays, and the name to type."""
+        agent = tags_out(page.get(f"/erase?id={DESK}").text)
+        assert "Erase agent desk" in agent and "the whole agent v9 19" in agent
+        assert "an approval erased is never decided" in agent
+        assert "Type desk to confirm" in agent
+        talk = tags_out(page.get(f"/erase?id={DESK}&conversation=chat").text)
+        assert "Erase conversation chat of desk" in talk
+        assert "Its agent's shared fields and memory stay" in talk
+        assert "Type chat to confirm" in talk
+        subject = tags_out(page.get(f"/erase?subject={ANN}").text)
+        assert "Erase everything subject user:ann holds" in subject
+        assert "Type user:ann to confirm" in subject
+        for path, status in [
+            ("/erase", 400),
+            (f"/erase?id={DESK}&subject={ANN}", 400),
+            (f"/erase?subject={ANN}&conversation=chat", 400),
+            ("/erase?id=nobody", 404),
+            (f"/erase?id={DESK}&conversation=nope", 404),
+        ]:
+            assert page.get(path).status_code == status, path
+
+    def test_nothing_is_erased_without_the_name_typed(self, db: str, page: Page) -> None:
+        """A wrong or missing confirmation is refused on the form, for each kind."""
+        fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
+        before = dump(db)
+        for values, name in [
+            ({"agent": DESK}, DESK),
+            ({"agent": DESK, "typed": "Desk"}, DESK),
+            ({"agent": DESK, "conversation": "chat", "typed": DESK}, "chat"),
+            ({"subject": ANN, "holders": fingerprint, "typed": "user:an"}, ANN),
+        ]:
+            answer = page.post("/erase", **values)
+            assert answer.status_code == 400, values
+            assert f"type {name!r} to confirm; nothing was erased" in problem_in(answer.text)
+            assert 'id="erase"' in answer.text  # the form again
+        assert dump(db) == before
+
+    def test_erase_an_agent(self, db: str, page: Page) -> None:
+        """Erasing an agent removes it whole and shows the receipt: its id, the counts,
+        the digest, the scrub; none of the erased content."""
+        shown = page.act("/erase", agent=DESK, typed=DESK).text
+        with Store(db, readonly=True) as store:
+            (receipt,) = store.erasures()
+            assert DESK not in [a.agent_id for a in store.agents()]
+            assert store.holders(BOB) == []
+        assert receipt.agents == (DESK,) and receipt.verified
+        assert notice_in(shown)[0].startswith("Erased 1 agent and 0 conversations (")
+        assert f"receipt {receipt.erasure_id} kept" in notice_in(shown)[0]
+        read = tags_out(shown)
+        assert f"Erasure {receipt.erasure_id}" in read and receipt.digest in read
+        assert f"messages · {receipt.counts['messages']}" in read
+        assert f"versions {receipt.versions} " in read
+        scrubbed = "the erased bytes left" if receipt.scrubbed_at else "pending"
+        assert scrubbed in read
+        for content in ("Where is my order", "Ann", "refunds need a person", "payment_received"):
+            assert content not in shown, content
+        listed = tags_out(page.get("/erasures").text)
+        assert "1 erasure, newest first" in listed and receipt.erasure_id in listed
+        rows = sum(receipt.counts.values())
+        went = f"1 agent · 0 conversations {receipt.versions} versions · {rows} rows"
+        assert f"agent {DESK} {went}" in listed
+        assert page.get(f"/agent?id={DESK}").status_code == 404
+
+    def test_erase_a_conversation(self, db: str, page: Page) -> None:
+        """Erasing one conversation leaves the agent, its other conversation and its
+        versions; the receipt names the conversation."""
+        page.act("/erase", agent=DESK, conversation="chat", typed="chat")
+        with Store(db, readonly=True) as store:
+            (receipt,) = store.erasures()
+            assert [c.conversation for c in store.conversations(DESK)] == ["default"]
+            assert store.version_page(DESK, limit=1)[0].version == 9
+            assert store.subjects(DESK) == {None: ANN}
+        assert receipt.conversations == ((DESK, "chat"),) and receipt.agents == ()
+
+    def test_erase_a_subject(self, db: str, page: Page) -> None:
+        """Erasing a subject erases what holds it, and the receipt names the subject only
+        by its digest."""
+        fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
+        shown = page.act("/erase", subject=ANN, holders=fingerprint, typed=ANN).text
+        with Store(db, readonly=True) as store:
+            (receipt,) = store.erasures()
+            assert store.holders(ANN) == []
+            assert [a.agent_id for a in store.agents()] == [BROKEN]
+            assert store.conversations(BROKEN) == []
+        assert sorted(receipt.agents) == sorted([DESK, HTML_AGENT])
+        assert receipt.conversations == ((BROKEN, "default"),)
+        assert "subject" in receipt.selector and ANN not in shown
+        assert "Erased 2 agents and 1 conversation" in notice_in(shown)[0]
+
+    def test_a_subject_that_changed_since_the_page_is_refused(self, db: str, page: Page) -> None:
+        """An agent named with the subject after the page was shown: the erasure is
+        refused (it would erase what the person did not see), and the page shows it now."""
+        fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
+        with Store(db) as store:
+            store.set_subject("newcomer", ANN)
+        before = dump(db)
+        answer = page.post("/erase", subject=ANN, holders=fingerprint, typed=ANN)
+        assert answer.status_code == 400
+        said = problem_in(answer.text)
+        assert "what the subject holds changed since the page was shown" in said
+        assert "now 3 agents and 1 conversation" in said and "nothing was erased" in said
+        assert "newcomer" in answer.text and holders_in(answer.text) != fingerprint
+        assert dump(db) == before
+
+    def test_an_agent_whose_turn_is_running(self, db: str, page: Page) -> None:
+        """While a turn of an agent it reaches runs, an erasure is refused, saying so, and
+        erases nothing, of that agent nor of the others."""
+        holding, release = threading.Event(), threading.Event()
+
+        def turn() -> None:
+            with Store(db) as store, store.agent_lock(BROKEN):
+                holding.set()
+                release.wait(30)
+
+        running = threading.Thread(target=turn)
+        running.start()
+        try:
+            assert holding.wait(30)
+            fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
+            before = dump(db)
+            answer = page.post("/erase", subject=ANN, holders=fingerprint, typed=ANN)
+            assert answer.status_code == 409
+            said = problem_in(answer.text)
+            assert f"agent '{BROKEN}' is in use by" in said and "nothing was erased" in said
+            assert "try again once that turn has finished" in said
+            assert dump(db) == before
+        finally:
+            release.set()
+            running.join()
+
+    def test_an_unknown_agent_or_receipt(self, db: str, page: Page) -> None:
+        """An agent or a conversation the database does not hold: a 404 page saying so,
+        nothing erased and no receipt kept; a receipt it does not hold: a 404 page."""
+        before = dump(db)
+        for values, said in [
+            ({"agent": "nobody", "typed": "nobody"}, "no agent 'nobody'"),
+            (
+                {"agent": DESK, "conversation": "nope", "typed": "nope"},
+                f"agent '{DESK}' has no conversation 'nope'",
+            ),
+        ]:
+            answer = page.post("/erase", **values)
+            assert answer.status_code == 404, values
+            assert said in problem_in(answer.text) and "Nothing was changed" in answer.text
+        assert dump(db) == before
+        assert page.get("/erasure?id=era_nope").status_code == 404
+        assert "No erasure yet" in page.get("/erasures").text
+
+    def test_bad_input_destroys_nothing(self, db: str, page: Page) -> None:
+        """A form naming neither or both of a subject and an agent, a subject with a
+        conversation, an invalid id or subject, a NUL: a page that says what was wrong,
+        nothing erased and no receipt kept."""
+        fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
+        before = dump(db)
+        for values, status, said in [
+            ({"typed": DESK}, 400, "name a subject (subject=) or an agent (id=)"),
+            ({"subject": ANN, "agent": DESK, "typed": ANN}, 400, "not both and not neither"),
+            (
+                {"subject": ANN, "conversation": "chat", "typed": ANN},
+                400,
+                "a subject&#39;s erasure takes no conversation",
+            ),
+            ({"agent": " desk", "typed": " desk"}, 400, "invalid agent id &#39; desk&#39;"),
+            (
+                {"subject": " user", "holders": fingerprint, "typed": " user"},
+                400,
+                "invalid subject &#39; user&#39;",
+            ),
+            ({"agent": DESK, "typed": DESK + "\0"}, 400, "holds a NUL character"),
+        ]:
+            answer = page.post("/erase", **values)
+            assert answer.status_code == status, values
+            assert said in answer.text, values
+            assert 'id="erase"' not in answer.text, values  # no form to send it again
+        assert dump(db) == before
+
+    def test_bad_addresses(self, db: str, page: Page) -> None:
+        """The erase and receipt pages' malformed addresses are 400 pages naming what
+        was wrong."""
+        for path, said in [
+            ("/erasure", "the parameter &#39;id&#39; is missing"),
+            ("/erasures?page=0", "must be a whole number from 1"),
+            ("/erasures?page=2", "there is no page 2"),
+            ("/erase?subject=%20ann", "invalid subject"),
+            ("/erase?id=desk%00", "holds a NUL character"),
+        ]:
+            answer = page.get(path)
+            assert answer.status_code == 400, path
+            assert said in answer.text, path
+
+
 #: Every action, with a form that would succeed.
 ACTIONS = [
     ("/approve", {"note": "ok"}),
@@ -405,6 +634,7 @@ ACTIONS = [
     ("/send-event", {"agent": DESK, "name": "ticket"}),
     ("/reset-workflow", {"name": "intake", "from": 1}),
     ("/delete-conversation", {"agent": DESK, "conversation": "chat", "typed": "chat"}),
+    ("/erase", {"agent": DESK, "typed": DESK}),
 ]
 
 
@@ -468,6 +698,10 @@ class TestCrossSite:
             f"/approval?id={approval_id}",
             f"/version?id={DESK}&version=2",
             f"/delete-conversation?id={DESK}&conversation=chat",
+            f"/erase?id={DESK}",
+            f"/erase?id={DESK}&conversation=chat",
+            f"/erase?subject={ANN}",
+            "/erasures",
             "/reset-workflow?name=intake",
             f"/send-event?id={DESK}",
         ):
@@ -488,6 +722,9 @@ class TestCrossSite:
                 f"/version?id={DESK}&version=2",
                 "/waiting",
                 "/send-event",
+                f"/erase?id={DESK}",
+                f"/erase?subject={ANN}",
+                f"/?subject={ANN}",
             ):
                 shown = page.get(path).text
                 assert "read-only" in shown, path

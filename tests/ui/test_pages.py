@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers import commit_message, edit_rows
 from starlette.testclient import TestClient
-from ui_content import BROKEN, DESK, HTML, HTML_AGENT
+from ui_content import BOB, BROKEN, DESK, HTML, HTML_AGENT
 
 from effectful_durable import Store
 from effectful_durable.ui import make_app
@@ -69,6 +69,12 @@ ROUTES = [
     (f"/table?id={DESK}&name=refunds", ["order_id", "A-1"]),
     ("/waiting", ["refund", "payment_received", "check back on A-1", "failed", "intake"]),
     ("/workflow?name=intake", ["desk@chat#0", "done"]),
+    ("/?subject=user:ann", ["2 agents whose subject it is", "the whole agent", "alone"]),
+    (f"/?subject={q(BOB)}", ["What holds subject user:bob&lt;script&gt;", "chat"]),
+    (f"/erase?id={DESK}", ["Erase agent desk", "Type <code>desk</code> to confirm"]),
+    (f"/erase?id={DESK}&conversation=chat", ["Erase conversation chat of desk"]),
+    ("/erase?subject=user:ann", ["Erase everything subject user:ann holds"]),
+    ("/erasures", ["No erasure yet"]),
 ]
 
 
@@ -91,6 +97,8 @@ class TestRoutes:
             client.get("/").text,
             client.get(f"/agent?id={DESK}").text,
             client.get(f"/agent?id={q(HTML_AGENT)}").text,
+            client.get(f"/?subject={q(BOB)}").text,
+            client.get("/?subject=user:ann").text,
             client.get(f"/state?id={DESK}&sql=SELECT+note+FROM+refunds").text,
         ]
         assert all(escaped in page for page in pages)
@@ -210,6 +218,11 @@ class TestBadInput:
             (f"/versions?id={q(' x')}", 400, "invalid agent"),
             (f"/table?id={DESK}&name=nope", 404, "no SQL table"),
             ("/workflow?name=nope", 404, "no workflow"),
+            (f"/?subject={q(' x')}", 400, "invalid subject"),
+            ("/erase", 400, "name a subject (subject=) or an agent (id=)"),
+            ("/erase?id=nobody", 404, "no agent &#39;nobody&#39;"),
+            ("/erasure?id=era_nope", 404, "no erasure &#39;era_nope&#39;"),
+            ("/erasures?page=2", 400, "no page 2"),
             ("/nowhere", 404, "No such page"),
         ],
     )

@@ -4,7 +4,8 @@
 diff of two), ``state`` (fields, memory, SQL tables and a query), ``waiting``
 (approvals, events, alarms, workflows, handoffs, runners), ``approvals`` (the
 inbox, one approval, and deciding), ``actions`` (the Store's other actions,
-each with the page that says what it will do). This module holds what they
+each with the page that says what it will do), ``privacy`` (what holds a
+subject, erasing it, the receipts). This module holds what they
 share: reading a request's parameters, refusing a bad one with a 400 page that
 says what was wrong, and what every action does: read its checked form, call
 the read-write Store, then send the browser on with a notice, or show the

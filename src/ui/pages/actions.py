@@ -9,7 +9,8 @@ typed confirmation). Each calls the Store function of the matching command
 (``rollback``, ``fork``, ``rearm``, ``send-event``, ``reset-workflow``,
 ``delete-conversation``), so the page and the command line share one code path
 and one set of errors. Deleting an agent, ``prune`` and ``vacuum`` are not
-offered: they destroy versions for good, and stay on the command line.
+offered: they destroy versions for good, and stay on the command line. Erasing
+for good what a person's content is (``erase``) is offered, in ``privacy``.
 """
 
 from __future__ import annotations

@@ -122,6 +122,7 @@ def agent(request: Request) -> Response:
         "roles": ROLES,
         "waiting": waiting_for(request, agent_id),
         "code_version": store.code_versions([agent_id])[agent_id],
+        "subjects": store.subjects(agent_id),
         "breaks": breaks_of(last_check(request), agent_id),
     }
     return render(request, "agent.html", context)
