@@ -200,8 +200,7 @@ def erase(request: Request) -> Response:
                     f"{_holders_said(now)}); nothing was erased. Look at the list again."
                 )
                 raise DurableError(msg)
-        else:  # only what its page shows: Store.erase would keep a receipt of a
-            # conversation the agent does not have, having erased nothing
+        else:  # only what its page could show
             _held(store_of(request), target)
         receipt = writer.erase(
             subject=target.subject, agent=target.agent_id, conversation=target.conversation
