@@ -694,7 +694,7 @@ class TestInDoubtCommit:
                 commit_message(store, "bot", "one")
                 with psycopg.connect(postgres_url, autocommit=True) as conn:
                     conn.execute(SLOW_COMMIT)
-                proxy.arm("after")
+                proxy.arm("landing")  # "after" may cut it before PgBouncer forwards it
                 assert commit_message(store, "bot", "two") == 2
                 assert proxy.wait_cut(0)
         finally:

@@ -39,6 +39,9 @@ RESTARTS = ("fast", "immediate", "kill")
 #: once (the server may or may not get to commit); forwarded, then cut after a
 #: random pause of up to 20 ms; forwarded and answered, the answer dropped.
 CUTS = ("before", "after", "pause", "answered")
+#: A cut outside the sweeps: forwarded, then cut once the server surely has it (after
+#: LANDING seconds), for a commit that its server takes longer than that to answer.
+LANDING = 0.5
 
 
 class FaultyServer(PostgresServer):
@@ -157,7 +160,8 @@ class CuttingProxy:
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{login}@{host}"))
 
     def arm(self, cut: str, *, then_refuse: bool = False, holding: bytes | None = None) -> None:
-        """Cut the next batch sent through the proxy, at ``cut`` (one of :data:`CUTS`);
+        """Cut the next batch sent through the proxy, at ``cut`` (one of :data:`CUTS`, or
+        ``"landing"``);
         with ``then_refuse``, refuse every connection after the cut until :meth:`allow`;
         with ``holding``, cut the next group of messages that holds those bytes instead."""
         with self._lock:
@@ -277,6 +281,9 @@ class _Pair:
             self.cut()
         elif cut == "pause":
             time.sleep(random.uniform(0, 0.02))
+            self.cut()
+        elif cut == "landing":
+            time.sleep(LANDING)
             self.cut()
 
     def _from_server(self) -> None:
