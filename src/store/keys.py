@@ -48,7 +48,7 @@ class MasterKey(Protocol):
     unwrap. ``unwrap`` raises :class:`~effectful_durable.KeyUnavailableError`
     (or any exception, which is reported as one) for a key it did not wrap.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     #: Names this master key in the key store (not secret).
@@ -77,7 +77,7 @@ class LocalMasterKey:
     Raises:
         ValueError: The key is not 32 bytes.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, key: bytes) -> None:
@@ -88,7 +88,7 @@ class LocalMasterKey:
             )
             raise ValueError(msg)
         self._key = key
-        #: Not secret: a digest that tells two keys apart.
+        #: A digest that tells two keys apart (not secret).
         self.id = (
             "local-" + hashlib.sha256(b"effectful-durable master key id\0" + key).hexdigest()[:16]
         )
@@ -188,7 +188,7 @@ class KeyStore:
         path: The key file; created if missing.
         master: What wraps and unwraps the keys.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, path: str, master: MasterKey, *, create: bool = True) -> None:
@@ -241,14 +241,23 @@ class KeyStore:
                 self._erased = erased
             self._seen = seen
 
-    def current(self, agent_id: str, conversation: str = "") -> DataKey:
-        """The data key new rows of the scope are sealed with; made on first use."""
-        conn = self._conn()
-        self._fresh(conn)
+    def refresh(self) -> None:
+        """Notice what other processes changed in the key store since the last look."""
+        self._fresh(self._conn())
+
+    def current(self, agent_id: str, conversation: str = "", *, fresh: bool = True) -> DataKey:
+        """The data key new rows of the scope are sealed with; made on first use.
+
+        ``fresh=False`` skips the look at other processes' changes, for the
+        values after the first of one write or read.
+        """
+        if fresh:
+            self.refresh()
         scope = (agent_id, conversation)
         found = self._current.get(scope)
         if found is not None:
             return found
+        conn = self._conn()
         label = _label(agent_id, conversation)
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -285,18 +294,19 @@ class KeyStore:
             msg = f"the master key {self.master.id} did not unwrap a data key: {error}"
             raise KeyUnavailableError(msg) from error
 
-    def cipher(self, key_id: str) -> Any:
+    def cipher(self, key_id: str, *, fresh: bool = True) -> Any:
         """The AES-GCM cipher of the data key ``key_id``.
 
         Raises:
             KeyUnavailableError: It was erased (``erased`` is True), is not in this
                 key store, or the master key given did not wrap it.
         """
-        conn = self._conn()
-        self._fresh(conn)
+        if fresh:
+            self.refresh()
         found = self._keys.get(key_id)
         if found is not None:
             return found
+        conn = self._conn()
         row = conn.execute(
             "SELECT agent_id, conversation, wrapped FROM data_keys WHERE key_id = ?", (key_id,)
         ).fetchone()
@@ -414,12 +424,12 @@ class Keys:
 
     Args:
         master: The master key: a :class:`LocalMasterKey`, or your key management
-            service behind the :class:`MasterKey` protocol.
+            service behind the :class:`~effectful_durable.store.keys.MasterKey` protocol.
         store: The key store's file. By default ``<database>.keys`` beside an
             SQLite database; required for PostgreSQL (every process of the fleet
             must reach the same key store).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, master: MasterKey, *, store: str | os.PathLike[str] | None = None) -> None:

@@ -86,14 +86,29 @@ class Sealer:
         """Whether new rows are sealed."""
         return self.keys is not None
 
+    def refresh(self) -> None:
+        """Notice keys other processes made or erased; then ``fresh=False`` calls may skip it."""
+        if self.keys is not None:
+            self.keys.refresh()
+
     def seal(
-        self, text: str, kind: str, agent_id: str, conversation: str = "", where: Any = ""
+        self,
+        text: str,
+        kind: str,
+        agent_id: str,
+        conversation: str = "",
+        where: Any = "",
+        *,
+        fresh: bool = True,
     ) -> str:
-        """``text`` sealed for its row (unchanged without encryption)."""
+        """``text`` sealed for its row (unchanged without encryption).
+
+        ``fresh=False``: :meth:`refresh` was called for this write already.
+        """
         if self.keys is None:
             return text
         scope_conversation = conversation if kind in (MESSAGE, HANDOFF) else ""
-        data_key = self.keys.current(agent_id, scope_conversation)
+        data_key = self.keys.current(agent_id, scope_conversation, fresh=fresh)
         nonce = os.urandom(_NONCE)
         sealed = data_key.cipher.encrypt(
             nonce, text.encode(), place(kind, agent_id, conversation, where)
@@ -110,8 +125,11 @@ class Sealer:
         *,
         table: str,
         version: int | None = None,
+        fresh: bool = True,
     ) -> str:
         """The plain text of ``value``, read from a row of ``table``.
+
+        ``fresh=False``: :meth:`refresh` was called for this read already.
 
         Raises:
             DamagedRowError: It does not open for this row: changed, or moved from
@@ -140,7 +158,7 @@ class Sealer:
         if len(raw) < _NONCE + _TAG:
             raise self._damaged(table, agent_id, conversation, version, "is cut short")
         try:
-            cipher = self.keys.cipher(key_id)
+            cipher = self.keys.cipher(key_id, fresh=fresh)
         except KeyUnavailableError as error:
             if error.erased:
                 raise ContentErasedError(self.location, table, agent_id, conversation) from None
@@ -171,11 +189,12 @@ class Sealer:
                     self.open(body, MESSAGE, agent_id, conversation, table="messages")
                 yield position, body
             return
+        self.refresh()
         for position, body in rows:
             yield (
                 position,
                 self.open(
-                    body, MESSAGE, agent_id, conversation, float(position), table="messages"
+                    body, MESSAGE, agent_id, conversation, position, table="messages", fresh=False
                 ),
             )
 
@@ -215,7 +234,7 @@ class Sealer:
         if self.keys is None:
             msg = (
                 f"{self.location} is encrypted: open it with keys= (Keys.from_file, "
-                "Keys.from_env, or `--key-file`); nothing was read or written"
+                "Keys.from_env); nothing was read or written"
             )
             raise KeyUnavailableError(msg)
         try:
