@@ -121,7 +121,7 @@ class KeyUnavailableError(DurableError):
     ``erased`` is True when the key was destroyed by an erasure
     (:class:`ContentErasedError` is raised for such a row).
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, message: str, *, erased: bool = False) -> None:
@@ -135,7 +135,7 @@ class ContentErasedError(KeyUnavailableError, LookupError):
     What a copy made before the erasure (a backup, a file copy, ``pg_dump``) says
     for the erased subject's rows; every other row of the copy reads as before.
 
-    .. versionadded:: 0.3.0
+    .. versionadded:: 0.2.0
     """
 
     def __init__(self, location: str, table: str, agent_id: str, conversation: str | None) -> None:
