@@ -42,6 +42,7 @@ def insert_version(
     detail: Mapping[str, Any] | None,
     conversation: str | None = None,
     sealer: Sealer = PLAIN,
+    fresh: bool = True,
 ) -> None:
     """Insert the row of ``version``: what made it, and how many messages it added and removed.
 
@@ -49,7 +50,7 @@ def insert_version(
     (a rollback's, read from another of its versions), kept as it is.
     """
     if state is not None and not is_sealed(state):
-        state = sealer.seal(state, STATE, agent_id)
+        state = sealer.seal(state, STATE, agent_id, fresh=fresh)
     row = (
         agent_id,
         version,
@@ -97,7 +98,7 @@ def write_version(
         )
         for position, message in change.added
     ]
-    if sealer.enabled:
+    if sealer.enabled:  # one look at the key store for the whole version
         seal = sealer.seal
         sealer.refresh()
         added = [
@@ -129,6 +130,7 @@ def write_version(
         detail=detail,
         conversation=conversation,
         sealer=sealer,
+        fresh=False,
     )
     return added
 
