@@ -18,6 +18,7 @@ from typing import Any
 
 from ..store import Keys, Store
 from ..store.engine.seam import is_postgres_url, redacted
+from ..store.keys import KEY_FILE_VARIABLE, KEY_STORE_VARIABLE, KEY_VARIABLE
 
 PROG = "effectful-durable"
 
@@ -210,21 +211,12 @@ def on_store(run: StoreRun, *, readonly: bool) -> Run:
 
 #: Where the commands find the master key of an encrypted database: a key file, or
 #: the key itself; and the key store, when it is not ``DB.keys`` beside an SQLite file.
-KEY_FILE, KEY_TEXT, KEY_STORE = (
-    "EFFECTFUL_DURABLE_KEY_FILE",
-    "EFFECTFUL_DURABLE_KEY",
-    "EFFECTFUL_DURABLE_KEY_STORE",
-)
+KEY_FILE, KEY_TEXT, KEY_STORE = KEY_FILE_VARIABLE, KEY_VARIABLE, KEY_STORE_VARIABLE
 
 
 def keys_from_environment() -> Keys | None:
     """The keys the environment names (:data:`KEY_FILE` or :data:`KEY_TEXT`), or None."""
-    store = os.environ.get(KEY_STORE) or None
-    if os.environ.get(KEY_FILE):
-        return Keys.from_file(os.environ[KEY_FILE], store=store)
-    if os.environ.get(KEY_TEXT):
-        return Keys.from_env(KEY_TEXT, store=store)
-    return None
+    return Keys.from_environment()
 
 
 def unusable(path: str) -> str | None:

@@ -38,6 +38,9 @@ from ..errors import KeyUnavailableError
 _KEY_BYTES = 32
 #: The environment variable :meth:`Keys.from_env` reads by default.
 KEY_VARIABLE = "EFFECTFUL_DURABLE_KEY"
+#: Where the commands and the page look for a key file, and for the key store.
+KEY_FILE_VARIABLE = "EFFECTFUL_DURABLE_KEY_FILE"
+KEY_STORE_VARIABLE = "EFFECTFUL_DURABLE_KEY_STORE"
 
 
 class MasterKey(Protocol):
@@ -467,6 +470,24 @@ class Keys:
             msg = f"the environment variable {name} holds no master key"
             raise KeyUnavailableError(msg)
         return cls(LocalMasterKey.from_text(text, f"${name}"), store=store)
+
+    @classmethod
+    def from_environment(cls) -> Keys | None:
+        """The keys the environment names for the commands and the page, or None.
+
+        ``EFFECTFUL_DURABLE_KEY_FILE`` (a key file) or ``EFFECTFUL_DURABLE_KEY``
+        (the key itself), and ``EFFECTFUL_DURABLE_KEY_STORE`` where the key store
+        is not ``<db>.keys`` beside an SQLite file.
+
+        Raises:
+            KeyUnavailableError: The key named cannot be read.
+        """
+        store = os.environ.get(KEY_STORE_VARIABLE) or None
+        if os.environ.get(KEY_FILE_VARIABLE):
+            return cls.from_file(os.environ[KEY_FILE_VARIABLE], store=store)
+        if os.environ.get(KEY_VARIABLE):
+            return cls.from_env(KEY_VARIABLE, store=store)
+        return None
 
     def key_store(self, database: str, *, is_file: bool, create: bool = True) -> KeyStore:
         """The key store for ``database``."""

@@ -38,6 +38,7 @@ from effectful_durable import (
     Store,
 )
 from effectful_durable.store.browse import HistoryFilter
+from effectful_durable.store.copy import copy_store
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 from tests.helpers import edit_rows, is_postgres, persisted_rows, running
 
@@ -248,6 +249,26 @@ class TestSealed:
             assert store.state("new")["notes"] == ["NewSecret99", "NewSecret99"]
         with pytest.raises(KeyUnavailableError, match="encrypted"):
             Store(store_url)
+
+
+class TestMaintenance:
+    def test_prune_and_copy(self, store_url: str, tmp_path: Path) -> None:
+        """Pruning and copying the database (to an SQLite file) keep the sealed content
+        readable with the same keys, and sealed; the copy needs them."""
+        keys = new_keys(tmp_path)
+        fill(store_url, keys)
+        with Store(store_url, keys=keys) as store:
+            state, history = store.state("ann"), store.history("ann")
+            store.prune("ann", keep_versions=2)
+            assert store.state("ann") == state and store.history("ann") == history
+            with Store(tmp_path / "copy.db") as target:
+                copy_store(store, target)
+        with Store(tmp_path / "copy.db", keys=keys) as copy:
+            assert copy.state("ann") == state and copy.history("ann") == history
+        raw = persisted_rows(tmp_path / "copy.db", "SELECT body FROM messages")
+        assert raw and all(str(body).startswith("ed1:") for (body,) in raw)
+        with pytest.raises(KeyUnavailableError):
+            Store(tmp_path / "copy.db")
 
 
 class TestRefused:
