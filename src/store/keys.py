@@ -209,10 +209,13 @@ class KeyStore:
         self._current: dict[tuple[str, str], DataKey] = {}
         self._seen = -1
         self._erased = -1
+        made = not os.path.exists(path)
         try:
             conn = self._conn()
             with conn:
                 conn.execute(_SCHEMA)
+            if made:  # wrapped keys only, but nobody else's business
+                os.chmod(path, 0o600)
         except apsw.Error as error:
             msg = f"the key store {path} cannot be opened: {error}"
             raise KeyUnavailableError(msg) from error
