@@ -80,6 +80,8 @@ class DamagedRowError(DatabaseCorruptError):
         agent_id: str | None,
         conversation: str | None,
         version: int | None,
+        *,
+        reason: str = "fails its checksum",
     ) -> None:
         self.table = table
         self.agent_id = agent_id
@@ -94,7 +96,7 @@ class DamagedRowError(DatabaseCorruptError):
             )
             if value is not None
         )
-        super().__init__(path, f"a row of {table} ({where}) fails its checksum")
+        super().__init__(path, f"a row of {table} ({where}) {reason}")
         back = (
             f"Roll agent {agent_id!r} back to a version before {version} "
             "(Store.rollback, or `effectful-durable rollback`), or put back a copy made "
@@ -103,11 +105,52 @@ class DamagedRowError(DatabaseCorruptError):
             else "Put back a copy made with Store.backup"
         )
         self.args = (
-            f"{path}: a row of {table} ({where}) fails its checksum: the file was damaged "
+            f"{path}: a row of {table} ({where}) {reason}: the file was damaged "
             "there, or a program other than effectful-durable changed that row, and what "
             f"needed it was not done. Other agents are not affected. {back}; "
             "`effectful-durable check` lists every such row.",
         )
+
+
+class KeyUnavailableError(DurableError):
+    """Encryption at rest has no key for what was asked: missing, wrong, or erased.
+
+    Raised as a database opens (a database that is encrypted, opened without
+    ``keys=``; keys that are not the ones that sealed it), and nothing is
+    written; or as a row is read whose data key is not in the key store.
+    ``erased`` is True when the key was destroyed by an erasure
+    (:class:`ContentErasedError` is raised for such a row).
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, message: str, *, erased: bool = False) -> None:
+        super().__init__(message)
+        self.erased = erased
+
+
+class ContentErasedError(KeyUnavailableError, LookupError):
+    """A row's content was erased: its data key was destroyed (:meth:`Store.erase`).
+
+    What a copy made before the erasure (a backup, a file copy, ``pg_dump``) says
+    for the erased subject's rows; every other row of the copy reads as before.
+
+    .. versionadded:: 0.2.0
+    """
+
+    def __init__(self, location: str, table: str, agent_id: str, conversation: str | None) -> None:
+        self.location = location
+        self.table = table
+        self.agent_id = agent_id
+        self.conversation = conversation
+        where = f"agent {agent_id!r}" + (
+            f", conversation {conversation!r}" if conversation else ""
+        )
+        msg = (
+            f"{location}: a row of {table} ({where}) was erased: its key was destroyed, "
+            "so no copy of the database can reveal it."
+        )
+        super().__init__(msg, erased=True)
 
 
 class SchemaTooNewError(DurableError):

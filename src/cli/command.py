@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import Store
+from ..store import Keys, Store
 from ..store.engine.seam import is_postgres_url, redacted
+from ..store.keys import KEY_FILE_VARIABLE, KEY_STORE_VARIABLE, KEY_VARIABLE
 
 PROG = "effectful-durable"
 
@@ -198,12 +199,24 @@ def on_store(run: StoreRun, *, readonly: bool) -> Run:
         problem = unusable(args.db)
         if problem:
             return fail(problem)
+        keys = keys_from_environment()
         if is_postgres_url(args.db) and not readonly:
-            Store(args.db, readonly=True).close()  # refuses an empty database: none is made
-        with Store(args.db, readonly=readonly) as store:
+            # Refuses an empty database: none is made.
+            Store(args.db, readonly=True, keys=keys).close()
+        with Store(args.db, readonly=readonly, keys=keys) as store:
             return run(store, args)
 
     return opened
+
+
+#: Where the commands find the master key of an encrypted database: a key file, or
+#: the key itself; and the key store, when it is not ``DB.keys`` beside an SQLite file.
+KEY_FILE, KEY_TEXT, KEY_STORE = KEY_FILE_VARIABLE, KEY_VARIABLE, KEY_STORE_VARIABLE
+
+
+def keys_from_environment() -> Keys | None:
+    """The keys the environment names (:data:`KEY_FILE` or :data:`KEY_TEXT`), or None."""
+    return Keys.from_environment()
 
 
 def unusable(path: str) -> str | None:
@@ -260,6 +273,11 @@ def cli_words(message: str, db: str) -> str:
         ("Store.alarms() lists them", f"`{PROG} alarms {db}` lists them"),
         ("Store.events() lists them", f"`{PROG} events {db}` lists them"),
         ("pass create=True (--create)", "pass --create"),
+        ("resealing needs keys (keys=Keys.from_file(...))", f"it needs a key: set {KEY_FILE}"),
+        (
+            "open it with keys= (Keys.from_file, Keys.from_env)",
+            f"set {KEY_FILE} (or {KEY_TEXT}, and {KEY_STORE} where the key store is elsewhere)",
+        ),
         ("invalid agent_id", "invalid agent id"),
         ("made with Store.backup", f"made with `{PROG} backup`"),
         (

@@ -12,7 +12,17 @@ from ..errors import DurableError
 from ..store import Store
 from ..store.copy import copy_store
 from ..store.engine.seam import is_postgres_url, redacted
-from .command import PROG, YES, Family, cli_words, fail, flag, positive, unusable
+from .command import (
+    PROG,
+    YES,
+    Family,
+    cli_words,
+    fail,
+    flag,
+    keys_from_environment,
+    positive,
+    unusable,
+)
 from .output import print_rows
 
 COMMANDS = Family("Maintenance")
@@ -119,7 +129,11 @@ def copy(args: argparse.Namespace) -> int:
             return fail(f"{source} and {target} are the same file; copy to a new database")
     made = not is_postgres_url(target) and not os.path.exists(target)
     try:
-        with Store(source, readonly=True) as src, Store(target) as dst:
+        # The copy is sealed as the source is, with its keys: the target opens with them.
+        with (
+            Store(source, readonly=True, keys=keys_from_environment()) as src,
+            Store(target) as dst,
+        ):
             result = copy_store(src, dst)
     except (DurableError, KeyboardInterrupt):
         if made:

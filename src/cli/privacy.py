@@ -1,15 +1,17 @@
 """Privacy: ``erase`` what a person's (or an agent's) content is, everywhere the database
 holds it, and list the ``erasures`` made, with their receipts. ``agents --subject``
-lists what holds a subject's content."""
+lists what holds a subject's content. ``encrypt`` seals a database's plain rows in
+place, and ``rotate-key`` seals every row again with new data keys."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-from ..store import Store
+from ..store import Keys, Store
 from ..store.records import ErasureReceipt
-from .command import Family, flag
+from ..store.resealing import ResealReport
+from .command import Family, flag, positive
 from .output import cell, print_json, print_rows
 
 COMMANDS = Family("Privacy")
@@ -81,3 +83,46 @@ def erasures(store: Store, args: argparse.Namespace) -> int:
         ]
     )
     return 0
+
+
+def _report(report: ResealReport, args: argparse.Namespace, done: str) -> int:
+    if args.json:
+        print_json(dataclasses.asdict(report))
+        return 0 if not report.busy else 1
+    sealed = ", ".join(f"{n} {table}" for table, n in report.sealed.items()) or "nothing"
+    print(f"{done} {report.agents} agent(s): sealed {sealed}; {report.keys} new data key(s)")
+    if report.busy:
+        print(f"busy (a turn held them; run again): {' '.join(report.busy)}")
+        return 1
+    print("every row is sealed" if report.complete else "some rows are still plain")
+    return 0
+
+
+@COMMANDS.writes(
+    "encrypt",
+    "seal DB's plain rows in place, online, with the key the environment names",
+    flag("--batch", type=positive, default=500, metavar="N", help="rows per transaction"),
+    json=True,
+)
+def encrypt(store: Store, args: argparse.Namespace) -> int:
+    return _report(store.reseal(batch=args.batch), args, "encrypted")
+
+
+@COMMANDS.writes(
+    "rotate-key",
+    "give DB's agents new data keys and seal every row again, online",
+    flag("--batch", type=positive, default=500, metavar="N", help="rows per transaction"),
+    flag(
+        "--new-key-file",
+        metavar="PATH",
+        help="also wrap every data key with the master key in PATH (then use that one)",
+    ),
+    json=True,
+)
+def rotate_key(store: Store, args: argparse.Namespace) -> int:
+    report = store.reseal(rotate=True, batch=args.batch)
+    if args.new_key_file is not None:
+        wrapped = store.rewrap_keys(Keys.from_file(args.new_key_file).master)
+        if not args.json:
+            print(f"wrapped {wrapped} data key(s) with the master key in {args.new_key_file}")
+    return _report(report, args, "rotated")

@@ -89,6 +89,7 @@ def seconds(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     """Run the runner the arguments describe until it is stopped; its exit status."""
     from ..runner import AgentRunner
+    from ..store import Keys, Store
 
     stream = logging.StreamHandler(sys.stderr)
     stream.setFormatter(
@@ -101,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
     root.setLevel(args.log_level.upper())
     agents = load(args.agents, "--agents")
     handlers = load(args.handlers, "--handlers") if args.handlers else None
+    keys = Keys.from_environment()
     with AgentRunner(
-        args.db,
+        Store(args.db, keys=keys) if keys is not None else args.db,
         agents=agents,
         handlers=handlers,
         config=args.config,

@@ -28,7 +28,7 @@ from ..agents.persistent import PersistentAgent
 from ..agents.state import conversation_fields, dump_state, reset_conversation_state, restore_state
 from ..agents.tools import search_compacted
 from ..errors import DurableError, TurnSuspended
-from ..store import CommitStats, Compaction, Durability, Handoff, Store, TurnStart
+from ..store import CommitStats, Compaction, Durability, Handoff, Keys, Store, TurnStart
 from ..store.engine.seam import DEFAULT_STATEMENT_TIMEOUT
 from ..store.history import (
     ActiveHistory,
@@ -160,6 +160,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
             (``gen_ai.tool.call.arguments``, cut to at most 1,024 characters),
             and a failing tool's error message in its span and its turn's. They
             are written by the model, so off by default.
+        keys: Encryption at rest (see :doc:`/privacy`): the master key and the
+            key store (:class:`~effectful_durable.store.keys.Keys`). Only with a
+            path or URL; an open Store brings its own.
 
     A turn that calls a tool needing approval is suspended: its messages so far
     commit, with the approvals it waits for, and the call raises
@@ -176,6 +179,9 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
 
     .. versionchanged:: 0.2.0
        ``tracing``, ``trace_tool_arguments``, ``statement_timeout`` and ``code_version``.
+
+    .. versionchanged:: 0.2.0
+       ``keys``.
     """
 
     def __init__(
@@ -194,6 +200,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
         tracing: bool | TracerProvider = False,
         trace_tool_arguments: bool = False,
         code_version: str | None = None,
+        keys: Keys | None = None,
     ) -> None:
         super().__init__()
         if keep_versions is not None and (
@@ -215,6 +222,7 @@ class PersistenceHandler(  # type: ignore[no-untyped-call]
                 busy_timeout=busy_timeout,
                 on_unreadable=on_unreadable,
                 statement_timeout=statement_timeout,
+                keys=keys,
             )
         )
         self.wait = wait

@@ -15,6 +15,7 @@ imports the other); then the shared leaves ``records.py``, ``history.py``,
 """
 
 from .engine.sqlite.connection import Durability, connect
+from .keys import Keys, LocalMasterKey, MasterKey
 from .parts.memory import MemoryNote
 from .records import (
     AgentRecord,
@@ -43,7 +44,10 @@ __all__ = [
     "Durability",
     "ForkedAgent",
     "Handoff",
+    "Keys",
     "LoadedAgent",
+    "LocalMasterKey",
+    "MasterKey",
     "PruneResult",
     "MemoryNote",
     "StepInfo",

@@ -25,6 +25,7 @@ from .history import message_text
 from .ids import validate_conversation_id
 from .records import Paged, VersionInfo
 from .rows import decode_messages, like_pattern, utc
+from .sealing import MESSAGE, PLAIN, Sealer
 
 #: The orders ``agent_page`` sorts by: name -> (SQL order, its reverse).
 AGENT_SORTS: dict[str, str] = {
@@ -275,6 +276,8 @@ def timeline(
     before: int | None,
     limit: int,
     filter: HistoryFilter | None,
+    *,
+    sealer: Sealer = PLAIN,
 ) -> Timeline:
     """Store.timeline: a page of the agent's history, one block per version, newest first."""
     validate_conversation_id(conversation)
@@ -287,10 +290,10 @@ def timeline(
         latest = checked_version(db, conn, agent_id, None)
         start = latest + 1 if before is None else min(before, latest + 1)
         if wanted is None:
-            blocks, next_before = _plain_page(conn, agent_id, conversation, start, limit)
+            blocks, next_before = _plain_page(conn, agent_id, conversation, start, limit, sealer)
         else:
             blocks, next_before = _filtered_page(
-                conn, agent_id, conversation, start, limit, wanted
+                conn, agent_id, conversation, start, limit, wanted, sealer
             )
     return Timeline(agent_id, conversation, latest, blocks, next_before, wanted or HistoryFilter())
 
@@ -311,7 +314,7 @@ def version_page(
 
 
 def compacted(
-    db: Database, agent_id: str, version: int, *, conversation: str
+    db: Database, agent_id: str, version: int, *, conversation: str, sealer: Sealer = PLAIN
 ) -> list[dict[str, Any]]:
     """Store.compacted: the originals the compaction that made ``version`` replaced."""
     validate_conversation_id(conversation)
@@ -319,7 +322,7 @@ def compacted(
         checked_version(db, conn, agent_id, version)
         bodies = conn.execute(
             """
-            SELECT m.body FROM checked_messages AS m
+            SELECT m.body, m.position FROM checked_messages AS m
               JOIN compactions AS c ON c.agent_id = m.agent_id AND c.version = m.removed_in
              WHERE m.agent_id = ?1 AND m.conversation = ?2 AND m.removed_in = ?3
                AND m.position BETWEEN c.first_position AND c.last_position
@@ -327,7 +330,10 @@ def compacted(
             """,
             (agent_id, conversation, version),
         ).fetchall()
-    return decode_messages(body for (body,) in bodies)
+    return decode_messages(
+        sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+        for body, position in bodies
+    )
 
 
 VERSION_SELECT = """
@@ -432,7 +438,7 @@ def _versions_before(
 
 
 def _plain_page(
-    conn: Conn, agent_id: str, conversation: str, start: int, limit: int
+    conn: Conn, agent_id: str, conversation: str, start: int, limit: int, sealer: Sealer
 ) -> tuple[list[TurnBlock], int | None]:
     """The unfiltered blocks of up to ``limit`` versions before ``start``."""
     infos = _versions_before(conn, agent_id, conversation, start, limit + 1)
@@ -441,7 +447,8 @@ def _plain_page(
     shown = [i for i in infos if i.kind not in ("rollback", "fork")]
     by_version: dict[int, list[dict[str, Any]]] = {i.version: [] for i in shown}
     if shown:
-        for version, removed_in, message in _messages_added(conn, agent_id, conversation, shown):
+        added = _messages_added(conn, agent_id, conversation, shown, sealer)
+        for version, removed_in, message in added:
             by_version[version].append(_marked(message, removed_in))
     blocks = [
         TurnBlock(info, by_version.get(info.version, []), len(by_version.get(info.version, [])))
@@ -452,19 +459,31 @@ def _plain_page(
 
 
 def _filtered_page(
-    conn: Conn, agent_id: str, conversation: str, start: int, limit: int, wanted: HistoryFilter
+    conn: Conn,
+    agent_id: str,
+    conversation: str,
+    start: int,
+    limit: int,
+    wanted: HistoryFilter,
+    sealer: Sealer,
 ) -> tuple[list[TurnBlock], int | None]:
     """The blocks of the newest ``limit`` versions before ``start`` with a message
-    that passes ``wanted``, reading messages newest version first until found."""
-    prefilter, params = _prefilter(wanted)
-    rows = conn.execute(
+    that passes ``wanted``, reading messages newest version first until found.
+    Sealed bodies cannot be prefiltered in SQL: each is opened and matched here."""
+    prefilter, params = ("", []) if sealer.enabled else _prefilter(wanted)
+    found = conn.execute(
         f"""
-        SELECT added_in, removed_in, body FROM checked_messages
+        SELECT added_in, removed_in, body, position FROM checked_messages
          WHERE agent_id = ? AND conversation = ? AND added_in < ? {prefilter}
          ORDER BY added_in DESC, position
         """,
         (agent_id, conversation, start, *params),
     )
+    rows = (
+        (added, removed, sealer.open(body, MESSAGE, agent_id, conversation, position,
+                                     table="messages"))
+        for added, removed, body, position in found
+    )  # fmt: skip
     matched: dict[int, list[dict[str, Any]]] = {}
     calls: dict[str, str] = {}
     next_before = None
@@ -473,7 +492,7 @@ def _filtered_page(
         for message in messages:  # a result's call is in its turn, or in an earlier one
             _record_calls(message, calls)
         if wanted.tool:
-            calls |= _earlier_calls(conn, agent_id, conversation, version, messages, calls)
+            calls |= _earlier_calls(conn, agent_id, conversation, version, messages, calls, sealer)
         kept = [
             _marked(message, removed_in)
             for message, (removed_in, _) in zip(messages, group, strict=True)
@@ -545,6 +564,7 @@ def _earlier_calls(
     version: int,
     messages: list[dict[str, Any]],
     calls: dict[str, str],
+    sealer: Sealer,
 ) -> dict[str, str]:
     """The tool names of results in ``messages`` whose call an earlier version made
     (a turn suspended for an approval, resumed in a later one)."""
@@ -558,19 +578,23 @@ def _earlier_calls(
     found: dict[str, str] = {}
     rows = conn.execute(
         """
-        SELECT body FROM checked_messages
+        SELECT body, position FROM checked_messages
          WHERE agent_id = ? AND conversation = ? AND added_in < ? AND role = 'assistant'
          ORDER BY added_in DESC LIMIT 50
         """,
         (agent_id, conversation, version),
     )
-    for message in decode_messages(body for (body,) in rows):
+    bodies = (
+        sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+        for body, position in rows
+    )
+    for message in decode_messages(bodies):
         _record_calls(message, found)
     return {call: found[call] for call in missing if call in found}
 
 
 def _messages_added(
-    conn: Conn, agent_id: str, conversation: str, versions: list[VersionInfo]
+    conn: Conn, agent_id: str, conversation: str, versions: list[VersionInfo], sealer: Sealer
 ) -> Iterator[tuple[int, int | None, dict[str, Any]]]:
     """``(added_in, removed_in, message)`` of the messages ``versions`` (turns and
     compactions of the conversation) added to it, by version and position.
@@ -602,7 +626,10 @@ def _messages_added(
             break
         last, batch = (rows[-1][1], rows[-1][0]), batch * 2
     found.sort(key=lambda row: (row[0], row[1]))
-    messages = decode_messages(body for _, _, _, body in found)
+    messages = decode_messages(
+        sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+        for _, position, _, body in found
+    )
     for (added_in, _, removed_in, _), message in zip(found, messages, strict=True):
         yield int(added_in), removed_in, message
 

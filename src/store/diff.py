@@ -22,6 +22,7 @@ from .parts import approvals as _approvals
 from .parts import conversation_fields
 from .records import ApprovalInfo, VersionInfo
 from .rows import decode_messages, state_at, utc
+from .sealing import MESSAGE, PLAIN, STATE, Sealer
 from .workspace.diff import TableChange, table_changes
 
 # A row of a versioned table is held by version ?N when this holds (columns: added, removed).
@@ -117,7 +118,13 @@ class VersionDiff:
 
 
 def diff(
-    db: Database, agent_id: str, before: int, after: int, *, limit: int | None
+    db: Database,
+    agent_id: str,
+    before: int,
+    after: int,
+    *,
+    limit: int | None,
+    sealer: Sealer = PLAIN,
 ) -> VersionDiff:
     """Store.diff: what changed in the agent from version ``before`` to version ``after``."""
     if limit is not None and limit < 0:
@@ -133,9 +140,15 @@ def diff(
                 (agent_id, before, after),
             )
         }
-        conversations = _messages(conn, agent_id, before, after, limit)
-        fields = _values(_json(state_at(conn, agent_id, before)),
-                         _json(state_at(conn, agent_id, after)))  # fmt: skip
+        conversations = _messages(conn, agent_id, before, after, limit, sealer)
+
+        def state(version: int) -> str | None:
+            found = state_at(conn, agent_id, version)
+            return None if found is None else sealer.open(
+                found, STATE, agent_id, table="versions", version=version
+            )  # fmt: skip
+
+        fields = _values(_json(state(before)), _json(state(after)))
         conversations = _with_own_fields(conn, agent_id, before, after, conversations)
         memory, notes = _memory(conn, agent_id, before, after)
         tables = table_changes(conn, agent_id, before, after, limit=limit)
@@ -180,7 +193,7 @@ def _differing(columns: tuple[str, str]) -> str:
 
 
 def _messages(
-    conn: Conn, agent_id: str, before: int, after: int, limit: int | None
+    conn: Conn, agent_id: str, before: int, after: int, limit: int | None, sealer: Sealer
 ) -> list[MessagesChange]:
     """Per conversation, the messages ``after`` holds and ``before`` does not, and back.
 
@@ -190,16 +203,17 @@ def _messages(
     rows = conn.execute(
         f"""
         SELECT conversation, {_HELD.format(a="added_in", r="removed_in", n=2)},
-               message_id, body FROM checked_messages
+               message_id, body, position FROM checked_messages
          WHERE agent_id = ?3 AND {_differing(("added_in", "removed_in"))}
          ORDER BY conversation, position, added_in
         """,
         (before, after, agent_id),
     ).fetchall()
     sides: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
-    for conversation, held_after, message_id, body in rows:
+    for conversation, held_after, message_id, body, position in rows:
         added, removed = sides.setdefault(str(conversation), ([], []))
-        (added if held_after else removed).append((str(message_id), str(body)))
+        plain = sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+        (added if held_after else removed).append((str(message_id), plain))
     changes = []
     for conversation, (added, removed) in sorted(sides.items()):
         same = set(added) & set(removed)

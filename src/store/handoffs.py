@@ -15,6 +15,7 @@ from typing import Any
 
 from .records import Handoff
 from .rows import dumps, utc
+from .sealing import HANDOFF, PLAIN, Sealer
 
 HOST = socket.gethostname()
 
@@ -25,10 +26,17 @@ HANDOFF_SELECT = """
 """
 
 
-def handoff_of(row: tuple[Any, ...]) -> Handoff:
-    """The Handoff of a row of :data:`HANDOFF_SELECT`."""
+def handoff_of(row: tuple[Any, ...], sealer: Sealer = PLAIN) -> Handoff:
+    """The Handoff of a row of :data:`HANDOFF_SELECT`, its content opened by ``sealer``."""
     agent_id, base, template, arguments, status, error, interrupted, *rest = row
     host, pid, started, ended, conversation = rest
+
+    def opened(value: str, column: str) -> str:
+        return sealer.open(value, HANDOFF, agent_id, conversation, column, table="handoffs")
+
+    arguments = opened(arguments, "arguments")
+    error = opened(error, "error") if error is not None else None
+    interrupted = opened(interrupted, "interrupted") if interrupted else None
     told = json.loads(interrupted) if interrupted else None
     trace = told.pop("trace", None) if told is not None else None
     return Handoff(
@@ -49,22 +57,33 @@ def handoff_of(row: tuple[Any, ...]) -> Handoff:
 
 
 def new_handoff(
-    agent_id: str, conversation: str, template: str, arguments: Any, trace: str | None
+    agent_id: str,
+    conversation: str,
+    template: str,
+    arguments: Any,
+    trace: str | None,
+    sealer: Sealer = PLAIN,
 ) -> tuple[Any, ...]:
     """The parameters of ``HANDOFF_INSERT`` (``engine/seam.py``) for a turn that starts now."""
     return (
         agent_id,
         conversation,
         template,
-        dumps(arguments),
+        sealer.seal(dumps(arguments), HANDOFF, agent_id, conversation, "arguments"),
         HOST,
         os.getpid(),
         time.time(),
-        interrupted_json(None, trace),
+        interrupted_json(None, trace, sealer, conversation, agent_id),
     )
 
 
-def interrupted_json(handoff: Handoff | None, trace: str | None = None) -> str | None:
+def interrupted_json(
+    handoff: Handoff | None,
+    trace: str | None = None,
+    sealer: Sealer = PLAIN,
+    conversation: str = "",
+    agent_id: str | None = None,
+) -> str | None:
     """The handoff's ``interrupted`` column: the earlier handoff it replaces, if any.
 
     With tracing on it also keeps the turn's own ``traceparent`` under ``"trace"``
@@ -82,4 +101,7 @@ def interrupted_json(handoff: Handoff | None, trace: str | None = None) -> str |
         }
     if trace is not None:
         told["trace"] = trace
-    return dumps(told) if told else None
+    if not told:
+        return None
+    owner = agent_id if agent_id is not None else handoff.agent_id if handoff else ""
+    return sealer.seal(dumps(told), HANDOFF, owner, conversation, "interrupted")

@@ -21,7 +21,8 @@ from .parts.versioned import VersionedPart
 from .reads import agents
 from .records import ForkedAgent
 from .rows import current_version, state_at
-from .versions import insert_version
+from .sealing import MESSAGE, PLAIN, STATE, Sealer
+from .versions import MESSAGE_COLUMNS, insert_version
 
 #: The tables whose rows a rollback or fork copies by their version marks, and
 #: the column that says from which version on a row is held.
@@ -95,8 +96,14 @@ def fork(
     agent_id: str,
     version: int | None,
     new_agent_id: str,
+    *,
+    sealer: Sealer = PLAIN,
 ) -> ForkedAgent:
-    """Store.fork: create ``new_agent_id`` as a copy of ``agent_id`` at ``version``."""
+    """Store.fork: create ``new_agent_id`` as a copy of ``agent_id`` at ``version``.
+
+    Sealed content is opened and sealed again for the fork: each value is bound
+    to its agent, so a byte-for-byte copy would not open there.
+    """
     validate_agent_id(new_agent_id)
     with db.unhurried(), holding(db, new_agent_id) as conn:
         version = checked_version(db, conn, agent_id, version)
@@ -115,17 +122,24 @@ def fork(
             """,
             (new_agent_id, now, now),
         )
-        conn.execute(
-            """
-            INSERT INTO messages (agent_id, conversation, position, added_in,
-                removed_in, message_id, role, body)
-            SELECT ?3, conversation, position, 1, NULL, message_id, role, body
-              FROM checked_messages
-             WHERE agent_id = ?1 AND added_in <= ?2
-               AND (removed_in IS NULL OR removed_in > ?2)
-            """,
-            (agent_id, version, new_agent_id),
-        )
+        if sealer.enabled:
+            copied = _fork_sealed(db, conn, sealer, agent_id, version, new_agent_id)
+        else:
+            conn.execute(
+                """
+                INSERT INTO messages (agent_id, conversation, position, added_in,
+                    removed_in, message_id, role, body)
+                SELECT ?3, conversation, position, 1, NULL, message_id, role, body
+                  FROM checked_messages
+                 WHERE agent_id = ?1 AND added_in <= ?2
+                   AND (removed_in IS NULL OR removed_in > ?2)
+                """,
+                (agent_id, version, new_agent_id),
+            )
+            copied = conn.changes()
+        state = state_at(conn, agent_id, version)
+        if state is not None:
+            state = sealer.open(state, STATE, agent_id, table="versions", version=version)
         insert_version(
             db,
             conn,
@@ -133,10 +147,11 @@ def fork(
             1,
             kind="fork",
             template=None,
-            state=state_at(conn, agent_id, version),
-            added=conn.changes(),
+            state=state,
+            added=copied,
             removed=0,
             detail={"from": agent_id, "version": version},
+            sealer=sealer,
         )
         for part in parts:
             part.fork(conn, agent_id, version, new_agent_id)
@@ -152,6 +167,43 @@ def fork(
         source_version=version,
         subject=record.subject,
     )
+
+
+def _fork_sealed(
+    db: Database, conn: Conn, sealer: Sealer, agent_id: str, version: int, new_agent_id: str
+) -> int:
+    """Copy the messages of ``agent_id`` at ``version`` into the fork, each opened and
+    sealed again for it; how many."""
+    rows = conn.execute(
+        """
+        SELECT conversation, position, message_id, role, body FROM checked_messages
+         WHERE agent_id = ?1 AND added_in <= ?2
+           AND (removed_in IS NULL OR removed_in > ?2)
+        """,
+        (agent_id, version),
+    ).fetchall()
+    copied = [
+        (
+            new_agent_id,
+            talk,
+            position,
+            1,
+            None,
+            message_id,
+            role,
+            sealer.seal(
+                sealer.open(body, MESSAGE, agent_id, talk, position, table="messages"),
+                MESSAGE,
+                new_agent_id,
+                talk,
+                position,
+            ),
+        )
+        for talk, position, message_id, role, body in rows
+    ]
+    if copied:
+        db.insert(conn, "messages", MESSAGE_COLUMNS, copied)
+    return len(copied)
 
 
 def delete(db: Database, parts: Sequence[VersionedPart], agent_id: str) -> None:

@@ -15,7 +15,8 @@ from .ids import validate_agent_id, validate_conversation_id
 from .inflight import AgentInFlight, read_in_flight
 from .parts import conversation_fields
 from .records import AgentRecord
-from .rows import code_version_in, decode_messages, state_at, storable, utc
+from .rows import code_version_in, decode_messages, searchable_text, state_at, storable, utc
+from .sealing import MESSAGE, PLAIN, STATE, Sealer
 
 #: Ids bound in one ``IN (...)`` list: far below SQLite's 32,766 and PostgreSQL's 65,535.
 IN_LIST = 1000
@@ -46,6 +47,8 @@ def history(
     conversation: str,
     include_compacted: bool,
     code_versions: bool,
+    *,
+    sealer: Sealer = PLAIN,
 ) -> list[dict[str, Any]]:
     """Store.history: one conversation's active messages at ``version``."""
     with db.reading() as conn:
@@ -64,22 +67,29 @@ def history(
         if not include_compacted:
             bodies = conn.execute(
                 """
-                SELECT body, added_in FROM checked_messages
+                SELECT body, added_in, position FROM checked_messages
                  WHERE agent_id = ?1 AND conversation = ?3 AND added_in <= ?2
                    AND (removed_in IS NULL OR removed_in > ?2)
                  ORDER BY position
                 """,
                 (agent_id, version, conversation),
             ).fetchall()
-            messages = decode_messages(body for body, _ in bodies)
-            for message, (_, added_in) in zip(messages, bodies, strict=True):
+            sealer.refresh()
+            messages = decode_messages(
+                sealer.open(
+                    body, MESSAGE, agent_id, conversation, position, table="messages", fresh=False
+                )
+                for body, _, position in bodies
+            )
+            for message, (_, added_in, _) in zip(messages, bodies, strict=True):
                 _mark_code_version(message, marks.get(added_in))
             return messages
         # Which originals a compaction replaced is read from the compactions rows.
         db.check_rows(conn, "compactions", "agent_id = ?", (agent_id,))
         rows: list[tuple[Any, ...]] = conn.execute(
             """
-            SELECT m.body, c.version, s.messages, m.added_in FROM checked_messages AS m
+            SELECT m.body, c.version, s.messages, m.added_in, m.position
+              FROM checked_messages AS m
               LEFT JOIN compactions AS c
                 ON c.agent_id = m.agent_id AND c.version = m.removed_in
                AND m.position BETWEEN c.first_position AND c.last_position
@@ -92,8 +102,12 @@ def history(
             """,
             (agent_id, version, conversation),
         ).fetchall()
-    messages = decode_messages(body for body, _, _, _ in rows)
-    for message, (_, compacted_in, summary_of, added_in) in zip(messages, rows, strict=True):
+    sealer.refresh()
+    messages = decode_messages(
+        sealer.open(row[0], MESSAGE, agent_id, conversation, row[4], table="messages", fresh=False)
+        for row in rows
+    )
+    for message, (_, compacted_in, summary_of, added_in, _) in zip(messages, rows, strict=True):
         if compacted_in is not None:
             message["durable"] = {"compacted_in": compacted_in}
         elif summary_of is not None:
@@ -157,7 +171,13 @@ def code_versions(db: Database, agent_ids: list[str]) -> dict[str, str | None]:
 
 
 def search_compacted(
-    db: Database, agent_id: str, query: str, limit: int, conversation: str
+    db: Database,
+    agent_id: str,
+    query: str,
+    limit: int,
+    conversation: str,
+    *,
+    sealer: Sealer = PLAIN,
 ) -> list[dict[str, Any]]:
     """Store.search_compacted: compacted messages that match ``query``, best first."""
     validate_agent_id(agent_id)  # PostgreSQL's text cannot even hold some invalid ids
@@ -165,17 +185,57 @@ def search_compacted(
     words = query.replace("\0", " ").split()
     if not words or not storable(" ".join(words)):  # a lone surrogate is in no stored text
         return []
+    if sealer.enabled:
+        return _search_sealed(db, sealer, agent_id, words, limit, conversation)
     with db.reading() as conn:
         bodies = db.search_compacted(conn, agent_id, words, limit, conversation)
     return decode_messages(bodies)
 
 
-def state(db: Database, agent_id: str, version: int | None, conversation: str) -> dict[str, Any]:
+def _search_sealed(
+    db: Database, sealer: Sealer, agent_id: str, words: list[str], limit: int, conversation: str
+) -> list[dict[str, Any]]:
+    """search_compacted where content is sealed: no index of plain words exists, so the
+    conversation's compacted originals are opened and matched here, every word as a
+    case-insensitive substring, the most mentions first (then the newest)."""
+    with db.reading() as conn:
+        rows = conn.execute(
+            """
+            SELECT m.position, m.body FROM checked_messages AS m
+              JOIN compactions AS c
+                ON c.agent_id = m.agent_id AND c.version = m.removed_in
+               AND m.position BETWEEN c.first_position AND c.last_position
+             WHERE m.agent_id = ?1 AND m.conversation = ?2
+            """,
+            (agent_id, conversation),
+        ).fetchall()
+    wanted = [word.casefold() for word in words]
+    found: list[tuple[int, float, dict[str, Any]]] = []
+    for position, body in rows:
+        plain = sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+        message = json.loads(plain)
+        text = searchable_text(message).casefold()
+        if all(word in text for word in wanted):
+            found.append((sum(text.count(word) for word in wanted), position, message))
+    found.sort(key=lambda hit: (-hit[0], -hit[1]))
+    return [message for _, _, message in found[:limit]]
+
+
+def state(
+    db: Database,
+    agent_id: str,
+    version: int | None,
+    conversation: str,
+    *,
+    sealer: Sealer = PLAIN,
+) -> dict[str, Any]:
     """Store.state: the shared fields, and ``conversation``'s own, at ``version``."""
     validate_conversation_id(conversation)
     with db.reading() as conn:
         version = checked_version(db, conn, agent_id, version)
         shared = state_at(conn, agent_id, version)
+        if shared is not None:
+            shared = sealer.open(shared, STATE, agent_id, table="versions", version=version)
         own = conversation_fields.state_at(conn, agent_id, conversation, version)
     values: dict[str, Any] = json.loads(shared) if shared is not None else {}
     return values | json.loads(own) if own is not None else values

@@ -210,3 +210,20 @@ def decode_positioned(
             yield body
 
     return positions, decode_messages(bodies())
+
+
+def searchable_text(message: Any) -> str:
+    """The words of a message a search finds: its text, and its tool calls' arguments."""
+    if not isinstance(message, dict):
+        return ""
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts += [str(block.get("text", "")) for block in content if isinstance(block, dict)]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            parts.append(str(function.get("arguments", "")))
+    return "\n".join(parts)

@@ -24,8 +24,14 @@ from typing import Any, Literal, cast
 
 import apsw
 
-from ..errors import DatabaseBusyError, NotFoundError
-from . import browse, diff, erasure, journal, maintenance, reads, retention, waiting
+from ..errors import (
+    ContentErasedError,
+    DatabaseBusyError,
+    KeyUnavailableError,
+    NotFoundError,
+    NotSupportedError,
+)
+from . import browse, diff, erasure, journal, maintenance, reads, resealing, retention, waiting
 from .alarm_queue import AlarmQueue, statuses
 from .browse import VERSION_SELECT, AgentPage, HistoryFilter, TablePage, Timeline, version_info
 from .checked import checked_rows, checked_version
@@ -44,6 +50,7 @@ from .ids import (
     validate_subject,
 )
 from .inflight import AgentInFlight
+from .keys import Keys, MasterKey
 from .opening import open_engine
 from .parts import alarms as _alarms
 from .parts import approvals as _approvals
@@ -74,7 +81,9 @@ from .records import (
     WorkflowInfo,
     WorkflowReset,
 )
+from .resealing import ResealReport
 from .rows import current_version
+from .sealing import sealer_for
 from .turns import Turns
 from .workspace.part import WorkspacePart
 from .workspace.schema import quote
@@ -148,6 +157,11 @@ class Store:
             The copies are a cache of the log in the database: any of them may be
             deleted at any time. An SQLite database keeps its agents' tables beside
             it, in ``<db>-workspaces/``.
+        keys: Encryption at rest (:doc:`/privacy`): the content of the rows
+            written from now on is sealed with AES-GCM under data keys that
+            :class:`~effectful_durable.store.keys.Keys` wraps and keeps outside the
+            database. A database that is encrypted is refused without them, or
+            with others (KeyUnavailableError), before anything is written.
 
     Attributes:
         turns: The turn protocol (:class:`~effectful_durable.store.turns.Turns`):
@@ -165,6 +179,8 @@ class Store:
         DatabaseCorruptError: SQLite found ``path`` damaged, on opening or later
             (every method may raise it; the store then refuses to write).
         SchemaTooNewError: ``path`` was written by a newer version.
+        KeyUnavailableError: ``path`` is encrypted and ``keys`` are missing or
+            not its own.
 
     Example::
 
@@ -191,6 +207,7 @@ class Store:
         statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
         wait_for_database: float | None = None,
         renewal_url: str | None = None,
+        keys: Keys | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.durability: Durability = durability
@@ -209,12 +226,22 @@ class Store:
             renewal_url=renewal_url,
         )
         self.engine: Database = opened.engine
+        try:
+            self.sealer = sealer_for(self.engine, keys, readonly=readonly)
+        except BaseException:
+            self.engine.close()
+            raise
         self._damage = opened.damage
         self._workspaces = opened.workspaces
         # The parts rollback, fork, prune and delete carry, the SQL workspace last.
         self._parts = (*PARTS, WorkspacePart(self._workspaces))
         self.turns = Turns(
-            self.engine, self._damage, self._workspaces, self._parts, busy_timeout=busy_timeout
+            self.engine,
+            self._damage,
+            self._workspaces,
+            self._parts,
+            busy_timeout=busy_timeout,
+            sealer=self.sealer,
         )
         self.alarm_queue = AlarmQueue(self.engine, self._damage)
         if isinstance(self.engine, SQLiteDatabase):
@@ -307,7 +334,13 @@ class Store:
            ``conversation`` and ``code_versions``.
         """
         return reads.history(
-            self.engine, agent_id, version, conversation, include_compacted, code_versions
+            self.engine,
+            agent_id,
+            version,
+            conversation,
+            include_compacted,
+            code_versions,
+            sealer=self.sealer,
         )
 
     def search_compacted(
@@ -331,7 +364,9 @@ class Store:
         .. versionchanged:: 0.2.0
            ``conversation``.
         """
-        return reads.search_compacted(self.engine, agent_id, query, limit, conversation)
+        return reads.search_compacted(
+            self.engine, agent_id, query, limit, conversation, sealer=self.sealer
+        )
 
     def state(
         self,
@@ -352,7 +387,7 @@ class Store:
         .. versionchanged:: 0.2.0
            ``conversation``.
         """
-        return reads.state(self.engine, agent_id, version, conversation)
+        return reads.state(self.engine, agent_id, version, conversation, sealer=self.sealer)
 
     def versions(self, agent_id: str) -> list[VersionInfo]:
         """Every committed version of the agent, oldest first.
@@ -368,10 +403,18 @@ class Store:
         return [version_info(agent_id, row) for row in rows]
 
     def handoffs(self) -> list[Handoff]:
-        """Turns that started and did not commit: running, crashed or failed."""
+        """Turns that started and did not commit: running, crashed or failed.
+
+        In a copy made before an erasure (encryption at rest), the erased
+        subjects' handoffs are left out: their keys are gone.
+        """
         with self.engine.reading() as conn:
             rows = conn.execute(f"{HANDOFF_SELECT} ORDER BY agent_id, conversation").fetchall()
-        return [handoff_of(row) for row in rows]
+        found = []
+        for row in rows:
+            with suppress(ContentErasedError):
+                found.append(handoff_of(row, self.sealer))
+        return found
 
     def conversations(self, agent_id: str, version: int | None = None) -> list[ConversationInfo]:
         """The agent's conversations at ``version`` (default: the latest), by id.
@@ -400,6 +443,9 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
+        if self.sealer.enabled:
+            msg = "reading what agents hold in flight"
+            raise NotSupportedError(msg, "an encrypted database")
         return reads.in_flight(self.engine, agent_ids)
 
     def code_versions(self, agent_ids: list[str]) -> dict[str, str | None]:
@@ -472,7 +518,9 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return browse.timeline(self.engine, agent_id, conversation, before, limit, filter)
+        return browse.timeline(
+            self.engine, agent_id, conversation, before, limit, filter, sealer=self.sealer
+        )
 
     def version_page(
         self, agent_id: str, *, before: int | None = None, limit: int = 50
@@ -499,7 +547,9 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return browse.compacted(self.engine, agent_id, version, conversation=conversation)
+        return browse.compacted(
+            self.engine, agent_id, version, conversation=conversation, sealer=self.sealer
+        )
 
     def sql_tables(self, agent_id: str, version: int | None = None) -> list[str]:
         """The names of the agent's SQL tables at ``version`` (default: latest).
@@ -562,7 +612,7 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return diff.diff(self.engine, agent_id, before, after, limit=limit)
+        return diff.diff(self.engine, agent_id, before, after, limit=limit, sealer=self.sealer)
 
     def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
         """Call ``wake`` (from another thread) soon after each commit to the database.
@@ -673,7 +723,9 @@ class Store:
             NotFoundError: No such agent or version.
             DurableError: ``new_agent_id`` already exists.
         """
-        return maintenance.fork(self.engine, self._parts, agent_id, version, new_agent_id)
+        return maintenance.fork(
+            self.engine, self._parts, agent_id, version, new_agent_id, sealer=self.sealer
+        )
 
     def delete(self, agent_id: str) -> None:
         """Delete the agent with all its versions, messages and handoff.
@@ -776,7 +828,57 @@ class Store:
             agent_id=agent,
             conversation=conversation,
             forget_files=self._workspaces.shred,
+            destroy_keys=self.sealer.destroy if self.sealer.enabled else None,
         )
+
+    def reseal(
+        self,
+        *,
+        rotate: bool = False,
+        batch: int = 500,
+        wait: float = 5.0,
+        agents: Sequence[str] | None = None,
+    ) -> ResealReport:
+        """Seal again what the database holds: encrypt it in place, or rotate its keys.
+
+        Online, agent by agent and ``batch`` rows at a time, each batch one
+        transaction under the agent's hold: its turns wait for a batch (up to
+        their ``wait``) as for another turn. Killed at any moment, every row is
+        as it was or done, and running it again finishes. Plain rows are sealed
+        (encryption in place); with ``rotate``, every agent and conversation
+        gets a new data key first, and every row is sealed again with it. Once
+        no plain row is left, the database is marked complete: a plain value
+        found later is refused as damage. Stop programs that write to the
+        database without keys first (they would go on writing plain rows).
+
+        Args:
+            rotate: Make new data keys, and seal every row again with them.
+            batch: Rows per transaction.
+            wait: Seconds to wait for an agent's running turn; an agent still
+                held then is skipped, and named in the report's ``busy``.
+            agents: Only these agents (default: all).
+
+        Raises:
+            KeyUnavailableError: The store has no keys.
+
+        .. versionadded:: 0.2.0
+        """
+        return resealing.reseal(
+            self.engine, self.sealer, rotate=rotate, batch=batch, wait=wait, agents=agents
+        )
+
+    def rewrap_keys(self, master: MasterKey) -> int:
+        """Wrap every data key with the master key ``master`` instead; how many.
+
+        One transaction in the key store; the database is not touched. From then
+        on the store must be opened with the new master key.
+
+        .. versionadded:: 0.2.0
+        """
+        if self.sealer.keys is None:
+            msg = f"{self.engine.location} is not encrypted: no keys to wrap again"
+            raise KeyUnavailableError(msg)
+        return self.sealer.keys.rewrap(master)
 
     def erasures(self) -> list[ErasureReceipt]:
         """Every erasure's receipt, oldest first.

@@ -35,6 +35,7 @@ from .parts.versioned import VersionedPart
 from .records import CommitStats, Compaction, LoadedAgent, TurnStart
 from .retention import PruneAsYouGo
 from .rows import decode_positioned, dumps, legible, state_at, trace_in
+from .sealing import HANDOFF, PLAIN, STATE, Sealer
 from .versions import write_compaction, write_version
 from .workspace.cache import WorkspaceCache
 from .workspace.sandbox import SQLLimits
@@ -72,8 +73,10 @@ class Turns:
         parts: Sequence[VersionedPart],
         *,
         busy_timeout: float,
+        sealer: Sealer = PLAIN,
     ) -> None:
         self._db = db
+        self._sealer = sealer
         self._damage = damage
         self._workspaces = workspaces
         self._parts = parts
@@ -96,8 +99,12 @@ class Turns:
             known, state = db.latest_state(conn, agent_id)
             if not known:
                 state = state_at(conn, agent_id, version)
+            if state is not None:
+                state = self._sealer.open(state, STATE, agent_id, table="versions")
             rows = db.active_messages(conn, agent_id, conversation)
-            positions, messages = decode_positioned(rows)
+            positions, messages = decode_positioned(
+                self._sealer.open_messages(rows, agent_id, conversation)
+            )
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
@@ -153,7 +160,7 @@ class Turns:
         validate_agent_id(agent_id)
         handoff = None
         if step is None and not resume_only:
-            handoff = new_handoff(agent_id, conversation, template, arguments, trace)
+            handoff = new_handoff(agent_id, conversation, template, arguments, trace, self._sealer)
         with self._db.agent_lock(agent_id, wait=wait, handoff=handoff) as rows:
             if rows:
                 yield TurnStart(int(rows[0][0]), None, None)
@@ -197,7 +204,12 @@ class Turns:
                 f"{HANDOFF_SELECT} WHERE agent_id = ? AND conversation = ?",
                 (agent_id, conversation),
             ).fetchone()
-            earlier = handoff_of(row) if row and tuple(row[7:10]) != tuple(own or ()) else None
+            earlier = (
+                handoff_of(row, self._sealer)
+                if row and tuple(row[7:10]) != tuple(own or ())
+                else None
+            )
+            seal = self._sealer.seal
             conn.execute(
                 """
                 INSERT INTO handoffs (agent_id, conversation, base_version,
@@ -214,8 +226,8 @@ class Turns:
                     conversation,
                     version,
                     template,
-                    arguments_json,
-                    interrupted_json(earlier, trace),
+                    seal(arguments_json, HANDOFF, agent_id, conversation, "arguments"),
+                    interrupted_json(earlier, trace, self._sealer, conversation, agent_id),
                     HOST,
                     os.getpid(),
                     now,
@@ -312,6 +324,7 @@ class Turns:
                 state=state,
                 detail=detail,
                 conversation=conversation,
+                sealer=self._sealer,
             )
             db.check_writes(writes)
             for write in writes:
@@ -331,7 +344,9 @@ class Turns:
                 )
             if compaction is not None:
                 new += 1
-                write_compaction(db, conn, agent_id, new, compaction, conversation)
+                write_compaction(
+                    db, conn, agent_id, new, compaction, conversation, sealer=self._sealer
+                )
         if stats is not None:
             _count(stats, added, change, state, detail, result, writes, compaction)
         return new
@@ -351,7 +366,15 @@ class Turns:
         """
         with self._db.writing() as conn:
             self._db.advance(conn, agent_id, base_version, base_version + 1)
-            write_compaction(self._db, conn, agent_id, base_version + 1, compaction, conversation)
+            write_compaction(
+                self._db,
+                conn,
+                agent_id,
+                base_version + 1,
+                compaction,
+                conversation,
+                sealer=self._sealer,
+            )
         return base_version + 1
 
     def fail(
@@ -375,7 +398,12 @@ class Turns:
                 UPDATE handoffs SET status = 'failed', error = ?, ended_at = ?
                  WHERE agent_id = ? AND conversation = ? AND status = 'running'
                 """,
-                (legible(error), now, agent_id, conversation),
+                (
+                    self._sealer.seal(legible(error), HANDOFF, agent_id, conversation, "error"),
+                    now,
+                    agent_id,
+                    conversation,
+                ),
             )
             if step is not None:
                 conn.execute(

@@ -16,6 +16,7 @@ from .history import HistoryChange, message_json
 from .parts import conversations as _conversations
 from .records import Compaction
 from .rows import dumps
+from .sealing import MESSAGE, PLAIN, STATE, Sealer, is_sealed
 
 #: A message row's columns, as :func:`write_version` inserts them.
 MESSAGE_COLUMNS = tuple(
@@ -40,8 +41,16 @@ def insert_version(
     removed: int,
     detail: Mapping[str, Any] | None,
     conversation: str | None = None,
+    sealer: Sealer = PLAIN,
+    fresh: bool = True,
 ) -> None:
-    """Insert the row of ``version``: what made it, and how many messages it added and removed."""
+    """Insert the row of ``version``: what made it, and how many messages it added and removed.
+
+    ``state`` is plain JSON, sealed here; or a value already sealed for this agent
+    (a rollback's, read from another of its versions), kept as it is.
+    """
+    if state is not None and not is_sealed(state):
+        state = sealer.seal(state, STATE, agent_id, fresh=fresh)
     row = (
         agent_id,
         version,
@@ -69,11 +78,12 @@ def write_version(
     state: str | None,
     detail: Mapping[str, Any] | None,
     conversation: str,
+    sealer: Sealer = PLAIN,
 ) -> list[tuple[Any, ...]]:
     """Apply one conversation's history change as ``version`` and record the version.
 
     Returns:
-        The message rows it inserted.
+        The message rows it inserted (their bodies sealed, when ``sealer`` seals).
     """
     added = [
         (
@@ -88,6 +98,13 @@ def write_version(
         )
         for position, message in change.added
     ]
+    if sealer.enabled:  # one look at the key store for the whole version
+        seal = sealer.seal
+        sealer.refresh()
+        added = [
+            (*row[:7], seal(row[7], MESSAGE, agent_id, conversation, row[2], fresh=False))
+            for row in added
+        ]
     _conversations.ensure(conn, agent_id, conversation, version)
     for low, high in change.removed:
         conn.execute(
@@ -112,6 +129,8 @@ def write_version(
         removed=change.removed_count,
         detail=detail,
         conversation=conversation,
+        sealer=sealer,
+        fresh=False,
     )
     return added
 
@@ -123,8 +142,14 @@ def write_compaction(
     version: int,
     compaction: Compaction,
     conversation: str,
+    *,
+    sealer: Sealer = PLAIN,
 ) -> None:
-    """Write ``compaction`` as ``version``, and index the originals it replaced for recall."""
+    """Write ``compaction`` as ``version``, and index the originals it replaced for recall.
+
+    Where content is sealed, the originals are not indexed: an index holds their
+    words in plain text (``search_compacted`` opens and matches them instead).
+    """
     write_version(
         db,
         conn,
@@ -136,6 +161,7 @@ def write_compaction(
         state=None,
         detail={"summary_id": compaction.summary_id, "messages": compaction.messages},
         conversation=conversation,
+        sealer=sealer,
     )
     conn.execute(
         """
@@ -153,6 +179,8 @@ def write_compaction(
             compaction.summarizer,
         ),
     )
+    if sealer.enabled:
+        return
     db.index_compacted(
         conn, agent_id, version, compaction.first_position, compaction.last_position, conversation
     )

@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 
 from ..errors import DurableError
-from ..store import Store
+from ..store import Keys, Store
 from ..store.engine.seam import redacted
 from .app import make_app
 from .guard import loopback
@@ -37,12 +37,13 @@ def serve(args: argparse.Namespace) -> int:
         raise DurableError(msg)
     # On PostgreSQL, one connection each: the page's requests and its watch take turns
     # on the reader's, so that it holds 2 however many tabs are open (see production.rst).
-    store = Store(args.db, readonly=True, pool_size=1)
+    keys = Keys.from_environment()  # an encrypted database: as the commands take it
+    store = Store(args.db, readonly=True, pool_size=1, keys=keys)
     writer = None
     try:
         # Opened after the read-only Store, which refuses a database to migrate: so the
         # read-write one only opens a database as it is, and changes it only when asked.
-        writer = None if args.read_only else Store(args.db, pool_size=1)
+        writer = None if args.read_only else Store(args.db, pool_size=1, keys=keys)
         listener = _bind(args.host, args.port)
         port = int(listener.getsockname()[1])
         token = secrets.token_urlsafe(24)

@@ -51,7 +51,7 @@ class TestOpening:
     def test_an_empty_database_gets_our_tables(self, postgres_url: str) -> None:
         """Opening an empty database creates the schema and marks it ours (version 11)."""
         with Store(postgres_url) as store:
-            assert store.check()["schema"] == SCHEMA_VERSION == 13
+            assert store.check()["schema"] == SCHEMA_VERSION == 14
         assert {"agents", "messages", "versions", "effectful_durable"} <= set(tables(postgres_url))
 
     def test_another_programs_database_is_refused_untouched(self, postgres_url: str) -> None:

@@ -714,9 +714,24 @@ CREATE TABLE erasures (
 );
 """
 
+_V14 = """
+-- == Encryption at rest (schema 14) ==
+
+-- Whether the content of the rows is sealed (sealing.py), and the check value
+-- that proves a Store's keys are the ones: one row once keys were first given;
+-- none for a database without encryption. complete: every row is sealed.
+CREATE TABLE encryption (
+    id          integer PRIMARY KEY CHECK (id = 1),
+    check_value text NOT NULL,
+    complete    integer NOT NULL,
+    since       double precision NOT NULL
+);
+"""
+
 #: ``MIGRATIONS[n]`` upgrades a database at schema ``n`` to ``n + 1``.
 MIGRATIONS: dict[int, str] = {
-    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11, 11: _V12, 12: _V13
+    3: _V4, 4: _V5, 5: _V6, 6: _V7, 7: _V8, 8: _V9, 9: _V10, 10: _V11, 11: _V12, 12: _V13,
+    13: _V14,
 }  # fmt: skip
 
 #: The schema version this library writes on PostgreSQL.

@@ -554,3 +554,15 @@ CREATE TABLE erasures (
     receipt    text NOT NULL,
     digest     text NOT NULL
 );
+
+-- == Encryption at rest (schema 14) ==
+
+-- Whether the content of the rows is sealed (sealing.py), and the check value
+-- that proves a Store's keys are the ones: one row once keys were first given;
+-- none for a database without encryption. complete: every row is sealed.
+CREATE TABLE encryption (
+    id          integer PRIMARY KEY CHECK (id = 1),
+    check_value text NOT NULL,
+    complete    integer NOT NULL,
+    since       double precision NOT NULL
+);

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _V1 = """
 CREATE TABLE agents (
@@ -528,6 +528,23 @@ INSERT INTO compacted_text (compacted_text, rank) VALUES ('secure-delete', 1);
 CREATE TABLE scrubbed (since REAL NOT NULL) STRICT;
 """
 
+# Schema 9: encryption at rest (issue 52).
+_V9 = """
+-- == Encryption at rest (schema 9) ==
+
+-- Whether the content of the rows is sealed (sealing.py), and the check value
+-- that proves a Store's keys are the ones: one row once keys were first given;
+-- none for a database without encryption. complete: every row is sealed (a plain
+-- value where a sealed one belongs is damage). Not agent data, so no crc: the
+-- check value authenticates itself.
+CREATE TABLE encryption (
+    id          INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    check_value TEXT NOT NULL,
+    complete    INTEGER NOT NULL,
+    since       REAL NOT NULL
+) STRICT;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2_CONVERSATIONS + _V2_RETENTION + _V2_MEMORY + _V2_WORKSPACE + _V2_ALARMS,
@@ -537,6 +554,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V6,
     _V7,
     _V8,
+    _V9,
 )
 
 

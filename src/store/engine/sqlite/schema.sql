@@ -374,3 +374,17 @@ INSERT INTO compacted_text (compacted_text, rank) VALUES ('secure-delete', 1);
 -- no crc. A file older than schema 8 has no row until its first erasure vacuums it.
 CREATE TABLE scrubbed (since REAL NOT NULL) STRICT;
 INSERT INTO scrubbed VALUES (0);
+
+-- == Encryption at rest (schema 9) ==
+
+-- Whether the content of the rows is sealed (sealing.py), and the check value
+-- that proves a Store's keys are the ones: one row once keys were first given;
+-- none for a database without encryption. complete: every row is sealed (a plain
+-- value where a sealed one belongs is damage). Not agent data, so no crc: the
+-- check value authenticates itself.
+CREATE TABLE encryption (
+    id          INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    check_value TEXT NOT NULL,
+    complete    INTEGER NOT NULL,
+    since       REAL NOT NULL
+) STRICT;

@@ -1,0 +1,347 @@
+"""Sealing stored content: AES-GCM under a data key, bound to the row it belongs to.
+
+A sealed value is text, so that it fits the columns plain values use on both
+engines: ``ed1:<key id>:<base64(nonce | ciphertext | tag)>``. The associated
+data is the row's identity (its kind, agent, conversation and, for a message,
+its position), so that a value moved to another agent, conversation or place,
+or a byte flipped anywhere in it, fails to open: damage, never a different
+value. The cipher is the ``cryptography`` package's AES-GCM with a random 96-bit
+nonce per value (NIST SP 800-38D: well under 2**32 values per key). JSON never
+starts with ``ed1:``, which is how a value written before encryption is told apart.
+
+A :class:`Sealer` is what the Store's modules call: :data:`PLAIN` for a database
+without encryption (it refuses a sealed value it meets), or one made from
+:class:`~.keys.Keys` and the database's key store.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ..errors import ContentErasedError, DamagedRowError, DurableError, KeyUnavailableError
+from .engine.seam import Database
+from .keys import DATABASE_SCOPE, Keys, KeyStore
+
+PREFIX = "ed1:"
+_PREFIX_BYTES = PREFIX.encode()
+_NONCE = 12
+_TAG = 16
+
+#: The kinds of sealed content, as bound into each value.
+MESSAGE, STATE, HANDOFF, CHECK = "message", "state", "handoff", "check"
+
+#: What a database's check value holds, sealed: opening it proves the keys.
+_CHECK_TEXT = "effectful-durable encryption check"
+
+
+def is_sealed(value: str | bytes) -> bool:
+    """Whether ``value`` is a sealed value (and not plain text)."""
+    if isinstance(value, bytes):
+        return value.startswith(_PREFIX_BYTES)
+    return value.startswith(PREFIX)
+
+
+def key_id_of(value: str) -> str:
+    """The id of the data key a sealed ``value`` was sealed with ("" if it is plain)."""
+    if not is_sealed(value):
+        return ""
+    return value[len(PREFIX) : value.find(":", len(PREFIX))]
+
+
+def place(kind: str, agent_id: str, conversation: str = "", where: Any = "") -> bytes:
+    """The associated data of a value: its kind, agent, conversation and place in them."""
+    # A unit separator cannot occur in an id (ids.py refuses control characters).
+    if isinstance(where, int | float):  # a position: the same text whichever it came as
+        where = repr(float(where))
+    return f"{kind}\x1f{agent_id}\x1f{conversation}\x1f{where}".encode()
+
+
+class _Unsealable(Exception):
+    """A value did not open: changed, moved, or not a sealed value."""
+
+
+class Sealer:
+    """Seals the content a database's rows hold, and opens it again.
+
+    Args:
+        keys: The database's key store, or None for a database without encryption.
+        location: The database, as messages name it.
+        complete: Every row of the database is sealed: a plain value where a sealed
+            one belongs was put there by hand, and is refused as damage.
+    """
+
+    def __init__(self, keys: KeyStore | None, location: str, *, complete: bool = False) -> None:
+        self.keys = keys
+        self.location = location
+        self.complete = complete
+
+    @property
+    def enabled(self) -> bool:
+        """Whether new rows are sealed."""
+        return self.keys is not None
+
+    def refresh(self) -> None:
+        """Notice keys other processes made or erased; then ``fresh=False`` calls may skip it."""
+        if self.keys is not None:
+            self.keys.refresh()
+
+    def seal(
+        self,
+        text: str,
+        kind: str,
+        agent_id: str,
+        conversation: str = "",
+        where: Any = "",
+        *,
+        fresh: bool = True,
+    ) -> str:
+        """``text`` sealed for its row (unchanged without encryption).
+
+        ``fresh=False``: :meth:`refresh` was called for this write already.
+        """
+        if self.keys is None:
+            return text
+        scope_conversation = conversation if kind in (MESSAGE, HANDOFF) else ""
+        data_key = self.keys.current(agent_id, scope_conversation, fresh=fresh)
+        nonce = os.urandom(_NONCE)
+        sealed = data_key.cipher.encrypt(
+            nonce, text.encode(), place(kind, agent_id, conversation, where)
+        )
+        return f"{PREFIX}{data_key.id}:{base64.b64encode(nonce + sealed).decode('ascii')}"
+
+    def open(
+        self,
+        value: str | bytes,
+        kind: str,
+        agent_id: str,
+        conversation: str = "",
+        where: Any = "",
+        *,
+        table: str,
+        version: int | None = None,
+        fresh: bool = True,
+    ) -> str:
+        """The plain text of ``value``, read from a row of ``table``.
+
+        ``fresh=False``: :meth:`refresh` was called for this read already.
+
+        Raises:
+            DamagedRowError: It does not open for this row: changed, or moved from
+                another; or it is plain where every row is sealed.
+            ContentErasedError: Its data key was destroyed by an erasure.
+            KeyUnavailableError: It is sealed and this Store has no key for it.
+        """
+        if not is_sealed(value):
+            if self.complete:
+                raise self._damaged(table, agent_id, conversation, version, "is not sealed")
+            return value.decode() if isinstance(value, bytes) else value
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if self.keys is None:
+            msg = (
+                f"{self.location} holds encrypted content: open it with keys= "
+                "(Keys.from_file, Keys.from_env) to read it"
+            )
+            raise KeyUnavailableError(msg)
+        try:
+            _, key_id, body = text.split(":", 2)
+            raw = base64.b64decode(body, validate=True)
+        except (ValueError, binascii.Error):
+            raise self._damaged(
+                table, agent_id, conversation, version, "is not a sealed value"
+            ) from None
+        if len(raw) < _NONCE + _TAG:
+            raise self._damaged(table, agent_id, conversation, version, "is cut short")
+        try:
+            cipher = self.keys.cipher(key_id, fresh=fresh)
+        except KeyUnavailableError as error:
+            if error.erased:
+                raise ContentErasedError(self.location, table, agent_id, conversation) from None
+            raise
+        from cryptography.exceptions import InvalidTag
+
+        try:
+            plain: bytes = cipher.decrypt(
+                raw[:_NONCE], raw[_NONCE:], place(kind, agent_id, conversation, where)
+            )
+        except InvalidTag:
+            raise self._damaged(
+                table,
+                agent_id,
+                conversation,
+                version,
+                "does not authenticate (changed, or moved from another row)",
+            ) from None
+        return plain.decode()
+
+    def open_messages(
+        self, rows: Iterable[tuple[float, str | bytes]], agent_id: str, conversation: str
+    ) -> Iterator[tuple[float, str | bytes]]:
+        """``(position, body)`` rows of one conversation, their bodies opened."""
+        if self.keys is None and not self.complete:  # a plain database: as it was
+            yield from rows
+            return
+        if self.keys is None:  # complete, and no keys: refuse as open() does
+            for position, body in rows:
+                yield position, self.open(body, MESSAGE, agent_id, conversation, table="messages")
+            return
+        # A long history's load: open() inlined, the associated data's head made once,
+        # the ciphers looked up once a key, the plain bytes handed to the JSON decoder.
+        from cryptography.exceptions import InvalidTag
+
+        self.refresh()
+        keys, ciphers = self.keys, dict[bytes, Any]()
+        head = f"{MESSAGE}\x1f{agent_id}\x1f{conversation}\x1f"
+        a2b = binascii.a2b_base64
+        for position, body in rows:
+            text = body if isinstance(body, bytes) else body.encode("ascii", "replace")
+            cut = text.find(b":", 4) if text.startswith(_PREFIX_BYTES) else -1
+            cipher = None
+            if cut > 0:
+                key_id = text[4:cut]
+                cipher = ciphers.get(key_id)
+                if cipher is None:
+                    with contextlib.suppress(KeyUnavailableError):
+                        cipher = keys.cipher(key_id.decode("ascii", "replace"), fresh=False)
+                        ciphers[key_id] = cipher
+            plain = None
+            if cipher is not None:
+                try:
+                    raw = a2b(text[cut + 1 :], strict_mode=True)
+                    aad = (head + repr(float(position))).encode()
+                    plain = cipher.decrypt(raw[:_NONCE], raw[_NONCE:], aad)
+                except (ValueError, binascii.Error, InvalidTag):
+                    plain = None
+            if plain is None:  # not sealed, damaged or erased: open() says which
+                yield (
+                    position,
+                    self.open(
+                        body,
+                        MESSAGE,
+                        agent_id,
+                        conversation,
+                        position,
+                        table="messages",
+                        fresh=False,
+                    ),
+                )
+            else:
+                yield position, plain
+
+    def destroy(self, agents: Sequence[str], conversations: Sequence[tuple[str, str]]) -> int:
+        """Destroy the data keys of ``agents`` and ``conversations``; how many there were."""
+        if self.keys is None:
+            return 0
+        return len(self.keys.destroy(agents, conversations))
+
+    def _damaged(
+        self, table: str, agent_id: str, conversation: str, version: int | None, why: str
+    ) -> DamagedRowError:
+        return DamagedRowError(
+            self.location, table, agent_id, conversation or None, version, reason=why
+        )
+
+    # -- the database's check value ------------------------------------------------
+
+    def check_value(self) -> str:
+        """A new check value for the database: proves later that keys are the ones."""
+        if self.keys is None:
+            msg = "no keys: nothing to seal with"
+            raise KeyUnavailableError(msg)
+        data_key = self.keys.current(*DATABASE_SCOPE)
+        nonce = os.urandom(_NONCE)
+        sealed = data_key.cipher.encrypt(
+            nonce, (_CHECK_TEXT + secrets.token_hex(8)).encode(), place(CHECK, "")
+        )
+        return f"{PREFIX}{data_key.id}:{base64.b64encode(nonce + sealed).decode('ascii')}"
+
+    def verify(self, check: str) -> None:
+        """Refuse keys that cannot open the database's check value ``check``.
+
+        Raises:
+            KeyUnavailableError: No keys given, or not the ones that sealed the database.
+        """
+        if self.keys is None:
+            msg = (
+                f"{self.location} is encrypted: open it with keys= (Keys.from_file, "
+                "Keys.from_env); nothing was read or written"
+            )
+            raise KeyUnavailableError(msg)
+        try:
+            plain = self.open(check, CHECK, "", table="encryption")
+        except (KeyUnavailableError, DamagedRowError) as error:
+            why = error.args[0] if isinstance(error, KeyUnavailableError) else "it does not open"
+            msg = (
+                f"the keys given are not the ones {self.location} was encrypted with "
+                f"({why}); key store {self.keys.path}; nothing was read or written"
+            )
+            raise KeyUnavailableError(msg) from None
+        if not plain.startswith(_CHECK_TEXT):
+            msg = f"the check value of {self.location} is not ours; nothing was written"
+            raise KeyUnavailableError(msg)
+
+
+#: The sealer of a database without encryption.
+PLAIN = Sealer(None, "")
+
+
+def sealer_for(db: Database, keys: Keys | None, *, readonly: bool) -> Sealer:
+    """The sealer of ``db`` opened with ``keys``: plain, or sealing with proven keys.
+
+    A database without encryption opened with keys starts it: its check value is
+    written, and new rows are sealed from then on (the rows already there stay
+    plain until ``effectful-durable encrypt``). A database with encryption is
+    refused without keys, or with keys that do not open its check value, before
+    anything is written.
+
+    Raises:
+        KeyUnavailableError: As said; the message names the database and the key store.
+    """
+    found = _encryption_row(db, required=keys is not None and not readonly)
+    if found is None and keys is None:
+        return PLAIN
+    if keys is None:
+        Sealer(None, db.location).verify("")  # raises: encrypted, and no keys
+        raise AssertionError
+    store = keys.key_store(db.location, is_file=db.kind == "sqlite", create=found is None)
+    if found is not None:
+        sealer = Sealer(store, db.location, complete=bool(found[1]))
+        sealer.verify(str(found[0]))
+        return sealer
+    sealer = Sealer(store, db.location)
+    if readonly:
+        return sealer
+    check = sealer.check_value()
+    with db.writing() as conn:
+        empty = conn.execute("SELECT 1 FROM agents LIMIT 1").fetchone() is None
+        conn.execute(
+            "INSERT INTO encryption (id, check_value, complete, since) VALUES (1, ?, ?, ?)"
+            " ON CONFLICT (id) DO NOTHING",
+            (check, int(empty), time.time()),
+        )
+    found = _encryption_row(db, required=True)
+    if found is None:
+        msg = f"{db.location}: encryption did not start"
+        raise KeyUnavailableError(msg)
+    sealer.complete = bool(found[1])
+    sealer.verify(str(found[0]))  # another process may have started it first
+    return sealer
+
+
+def _encryption_row(db: Database, *, required: bool) -> tuple[Any, ...] | None:
+    try:
+        with db.reading() as conn:
+            row = conn.execute("SELECT check_value, complete FROM encryption").fetchone()
+    except DurableError:
+        raise
+    except Exception:  # a read-only Store on a schema older than encryption's
+        if required:
+            raise
+        return None
+    return None if row is None else tuple(row)
