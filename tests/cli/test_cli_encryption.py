@@ -7,10 +7,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from helpers import commit_message, persisted_rows
 
 from effectful_durable import Keys, LocalMasterKey, Store
 from effectful_durable.cli import main
-from tests.helpers import commit_message, persisted_rows
 
 
 def sealed(db: Path) -> list[bool]:

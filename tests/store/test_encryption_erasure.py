@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from postgres_server import PostgresServer
+from sealed import fill, new_keys, reads
 
 from effectful_durable import ContentErasedError, Keys, Store
-from tests.store.test_encryption import fill, new_keys, reads
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +32,11 @@ def people(url: str, keys: Keys) -> None:
         store.set_subject("shared", "user:bob", conversation="with-bob")
     fill(url, keys, "ann", "AnnSecret4711")
     fill(url, keys, "bob", "BobKept0815")
+    from helpers import running
+    from sealed import Diary, reply
+
     from effectful_durable import PersistenceHandler
     from effectful_durable.testing import FakeLLM
-    from tests.helpers import running
-    from tests.store.test_encryption import Diary, reply
 
     persistence = PersistenceHandler(url, keys=keys)
     try:

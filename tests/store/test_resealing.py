@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import edit_rows, persisted_rows, running
 from postgres_server import PostgresServer
+from sealed import Diary, file_bytes, fill, marks, new_keys, reads, reply
 
 from effectful_durable import (
     AgentInUseError,
@@ -27,8 +29,6 @@ from effectful_durable import (
 )
 from effectful_durable.store.sealing import key_id_of
 from effectful_durable.testing import FakeLLM
-from tests.helpers import edit_rows, persisted_rows, running
-from tests.store.test_encryption import Diary, file_bytes, fill, marks, new_keys, reads, reply
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
-"""A rotation of keys that the reseal crash test kills (tests/test_reseal_crash.py).
+"""A rotation of keys that the reseal crash test kills (processes/test_reseal_crash.py).
 
-Usage: ``python tests/reseal_child.py DB KEY_FILE KEY_STORE``: says ``resealing`` once
+Usage: ``python tests/programs/reseal_child.py DB KEY_FILE KEY_STORE``: says ``resealing`` once
 its Store is open, seals every row again with new keys, a few rows a transaction,
 then says ``done``.
 """

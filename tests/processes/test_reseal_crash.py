@@ -1,6 +1,6 @@
 """A key rotation killed (SIGKILL) at a random moment is done or not begun, for every row.
 
-Each round, a child (``tests/reseal_child.py``) seals every row of 12 agents again
+Each round, a child (``tests/programs/reseal_child.py``) seals every row of 12 agents again
 with new keys, four rows a transaction, and is killed a random while after it said it
 began. Afterwards every agent reads back exactly as before (no row is half sealed:
 each opens, with its old key or its new one), the file passes its integrity check
@@ -19,14 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import commit_message, persisted_rows
+from paths import PROGRAMS
 
 from effectful_durable import Keys, LocalMasterKey, Store
 from effectful_durable.store.sealing import key_id_of
-from tests.helpers import commit_message, persisted_rows
 
 pytestmark = pytest.mark.slow
 
-CHILD = Path(__file__).with_name("reseal_child.py")
+CHILD = PROGRAMS / "reseal_child.py"
 ROUNDS = 20 if os.environ.get("EFFECTFUL_DURABLE_CRASH") == "full" else 5
 AGENTS = 12
 
@@ -102,7 +103,6 @@ def start(url: str, key_file: Path, key_store: str) -> subprocess.Popen[str]:
         [sys.executable, str(CHILD), url, str(key_file), key_store],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(CHILD.parent)},
     )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "resealing"
