@@ -74,9 +74,11 @@ def needs_outside(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--fast"):
         return
-    outside = [item for item in items if needs_outside(item)]
+    inside, outside = [], []
+    for item in items:
+        (outside if needs_outside(item) else inside).append(item)
     config.hook.pytest_deselected(items=outside)
-    items[:] = [item for item in items if not needs_outside(item)]
+    items[:] = inside
 
 
 @pytest.fixture(autouse=True)

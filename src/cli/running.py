@@ -98,20 +98,25 @@ def run(args: argparse.Namespace) -> int:
         else KeyValueFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger()
+    level = root.level
     root.addHandler(stream)
     root.setLevel(args.log_level.upper())
-    agents = load(args.agents, "--agents")
-    handlers = load(args.handlers, "--handlers") if args.handlers else None
-    keys = Keys.from_environment()
-    with AgentRunner(
-        Store(args.db, keys=keys) if keys is not None else args.db,
-        agents=agents,
-        handlers=handlers,
-        config=args.config,
-        max_concurrency=args.concurrency,
-        wait_for_database=args.wait_for_database,
-    ) as runner:
-        status = runner.run()
+    try:  # called as a function (cli.main), the caller's logging is given back
+        agents = load(args.agents, "--agents")
+        handlers = load(args.handlers, "--handlers") if args.handlers else None
+        keys = Keys.from_environment()
+        with AgentRunner(
+            Store(args.db, keys=keys) if keys is not None else args.db,
+            agents=agents,
+            handlers=handlers,
+            config=args.config,
+            max_concurrency=args.concurrency,
+            wait_for_database=args.wait_for_database,
+        ) as runner:
+            status = runner.run()
+    finally:
+        root.removeHandler(stream)
+        root.setLevel(level)
     # The process ends now: spare its last garbage collection the whole heap
     # (litellm's modules), seconds on a busy machine, between a stop and the
     # exit (``grace_seconds`` + 5 s at most). atexit handlers still run.

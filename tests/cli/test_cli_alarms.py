@@ -1,6 +1,7 @@
 """The alarm commands of effectful-durable: alarms, status, rearm, and run's errors."""
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -120,6 +121,19 @@ class TestRun:
         assert code == 1 and "cannot load --agents 'no_such_module:make'" in err
         code, _, err = run(capsys, "run", db, "--agents", "nocolon")
         assert code == 1 and "MODULE:FUNCTION" in err
+
+    def test_the_callers_logging_is_given_back(
+        self, db: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``run`` called as a function leaves the root logger as it found it, also when
+        it fails: a handler left on this test's stderr broke every later test's logging."""
+        root = logging.getLogger()
+        before = (list(root.handlers), root.level)
+        code, _, _ = run(
+            capsys, "run", db, "--agents", "no_such_module:make", "--log-level", "debug"
+        )
+        assert code == 1
+        assert (list(root.handlers), root.level) == before
 
     def test_bad_config_is_an_error(
         self, db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -83,12 +83,16 @@ class FakeModel:
             raise AssertionError(msg)
         turn = int(found[1])
         if call.messages[-1]["role"] != "tool":
-            return ToolCall("bump", {"turn": turn}, id=f"call_{turn}")
+            return self.first(turn)
         if self.blocking:
             say("in-turn", turn)
             time.sleep(BLOCK_SECONDS)
             os._exit(3)
         return f"answer {turn}"
+
+    def first(self, turn: int) -> Reply:
+        """Turn ``turn``'s first answer: its tool call."""
+        return ToolCall("bump", {"turn": turn}, id=f"call_{turn}")
 
 
 def on_disk_version(store: Store) -> int:

@@ -16,19 +16,17 @@ os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 import argparse
 import dataclasses
-import re
 import sys
-import time
 from typing import Any
 
+import crash_child
 from child import running, say
-from crash_child import BLOCK_SECONDS
 from effectful.handlers.llm import Template
 from effectful.ops.semantics import handler
 from effectful.ops.types import NotHandled
 
 from effectful_durable import PersistenceHandler, PersistentAgent, StateTools, Store
-from effectful_durable.testing import FakeCall, FakeLLM, Reply, ToolCall
+from effectful_durable.testing import FakeLLM, Reply, ToolCall
 
 AGENT_ID = "rememberer"
 PAD = "x" * 300  # makes each turn's writes span more than one page
@@ -75,25 +73,11 @@ def expected_notes(version: int) -> list[str]:
     return [f"turn {k}" for k in range(max(1, version - version % 5), version + 1)]
 
 
-class FakeModel:
+class FakeModel(crash_child.FakeModel):
     """Turn k: first the memory tool calls, then ``answer k`` (or block, when blocking)."""
 
-    def __init__(self) -> None:
-        self.blocking = False
-
-    def __call__(self, call: FakeCall) -> Reply:
-        found = re.fullmatch(r"Answer: turn (\d+)", call.last_user_text)
-        if found is None:
-            msg = f"unexpected question {call.last_user_text!r}"
-            raise AssertionError(msg)
-        turn = int(found[1])
-        if call.messages[-1]["role"] != "tool":
-            return writes(turn)
-        if self.blocking:
-            say("in-turn", turn)
-            time.sleep(BLOCK_SECONDS)
-            os._exit(3)
-        return f"answer {turn}"
+    def first(self, turn: int) -> Reply:
+        return writes(turn)
 
 
 def on_disk_version(store: Store) -> int:

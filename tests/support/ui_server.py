@@ -1,6 +1,7 @@
 """``effectful-durable ui`` run for real, in a child process, for the tests to use."""
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from paths import PROGRAMS, ROOT
@@ -21,6 +23,19 @@ from effectful_durable.cli import main
 logging.basicConfig(level=logging.INFO)
 sys.exit(main())
 """
+
+
+def cli_json(*argv: str) -> Any:
+    """The JSON a command of ``effectful-durable`` prints (``--json``), run in a process."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "effectful_durable", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout)
 
 
 @dataclass

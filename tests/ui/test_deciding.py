@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from browser import click, enter, shot, shot_of, text_of, texts, wait_for
 from ui_forms import dump
-from ui_server import ROOT, Server, serving
+from ui_server import ROOT, Server, cli_json, serving
 
 from effectful_durable import Store
 
@@ -57,18 +57,6 @@ class Refunds:
         )
         assert ran.returncode == 0, ran.stderr
         return ran.stdout
-
-    def cli(self, *argv: str) -> Any:
-        """The JSON a command of ``effectful-durable`` prints."""
-        ran = subprocess.run(
-            [sys.executable, "-m", "effectful_durable", *argv, "--json"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
-        assert ran.returncode == 0, ran.stderr
-        return json.loads(ran.stdout)
 
     @property
     def ledger(self) -> Path:
@@ -291,13 +279,13 @@ class TestRefundsFromThePage:
         shown = [row.split("\t")[:2] for row in texts(driver, "table tbody tr")]
         assert shown == [["v3", "rollback"], ["v2", "turn"], ["v1", "turn"]]
 
-        versions = refunds.cli("versions", refunds.db, "support-ann")
+        versions = cli_json("versions", refunds.db, "support-ann")
         assert [(v["version"], v["kind"], v["detail"]) for v in versions][-1] == (
             3,
             "rollback",
             {"to": 1},
         )
-        agents = {a["agent_id"]: a["version"] for a in refunds.cli("agents", refunds.db)}
+        agents = {a["agent_id"]: a["version"] for a in cli_json("agents", refunds.db)}
         assert agents["support-ann-copy"] == 1 and agents["support-ann"] == 3
         driver.get(base + "/")
         assert texts(driver, "table.agents td:first-child > a") == sorted(agents)

@@ -14,7 +14,6 @@ screenshots of the subject's holders, the erase page, a refusal on it, a receipt
 the list of receipts are saved (tests/support/browser.py says where).
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 from browser import enter, shot, text_of, wait_for
 from ui_forms import dump
-from ui_server import ROOT, Server, serving
+from ui_server import ROOT, Server, cli_json, serving
 
 from effectful_durable import Store
 from effectful_durable.store.history import HistoryChange
@@ -45,18 +44,6 @@ class Office:
     backend: str
     db: str
     server: Server
-
-    def cli(self, *argv: str) -> Any:
-        """The JSON a command of ``effectful-durable`` prints."""
-        ran = subprocess.run(
-            [sys.executable, "-m", "effectful_durable", *argv, "--json"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
-        assert ran.returncode == 0, ran.stderr
-        return json.loads(ran.stdout)
 
     def screenshot(self, driver: Any, name: str) -> None:
         """Save a screenshot of the page for the docs (SQLite's run only: one copy)."""
@@ -170,7 +157,7 @@ class TestForgettingAPerson:
         confirm(driver, ANN)
         wait_for(driver, lambda d: "/erasure?id=" in d.current_url)
         shown = text_of(driver)
-        (receipt,) = office.cli("erasures", office.db)
+        (receipt,) = cli_json("erasures", office.db)
         assert f"Erased 1 agent and 1 conversation ({sum(receipt['counts'].values())} rows)" in (
             shown
         )
@@ -186,8 +173,8 @@ class TestForgettingAPerson:
         for erased in (ANN, "coat", "A-1002", "Hi, it's Ann"):
             assert erased not in shown, erased
         office.screenshot(driver, "erasure")
-        assert office.cli("agents", office.db, "--subject", ANN) == []
-        assert [a["agent_id"] for a in office.cli("agents", office.db)] == [PHONE, "support-ben"]
+        assert cli_json("agents", office.db, "--subject", ANN) == []
+        assert [a["agent_id"] for a in cli_json("agents", office.db)] == [PHONE, "support-ben"]
 
         driver.find_element("link text", "Erasures").click()
         wait_for(driver, lambda d: d.current_url.endswith("/erasures"))
@@ -226,13 +213,13 @@ class TestForgettingAPerson:
         shown = text_of(driver)
         assert "Erased 1 agent and 0 conversations" in shown
         assert "asked\nagent support-ben" in shown
-        first, latest = office.cli("erasures", office.db)
+        first, latest = cli_json("erasures", office.db)
         assert latest["agents"] == ["support-ben"] and latest["conversations"] == []
         assert latest["erasure_id"] in shown and latest["digest"] in shown
         assert latest["previous"] == first["digest"]  # chained, and linked to
         assert f"previous receipt\n{first['digest']} · {first['erasure_id']}" in shown
         assert "Order B-2001" not in shown
-        assert [a["agent_id"] for a in office.cli("agents", office.db)] == [PHONE]
+        assert [a["agent_id"] for a in cli_json("agents", office.db)] == [PHONE]
         with Store(office.db, readonly=True) as store:
             assert store.approvals() == []  # Ann's refund and Ben's: erased, never decided
             assert store.holders(BEN) == [(PHONE, "call-ben")]

@@ -330,7 +330,7 @@ class TestAddedArgument:
         err = deploy.capsys.readouterr().err
         assert "checked against the schema stored with the approval" in err
         assert "pass --agents MODULE:FUNC" in err
-        assert len(err.strip().splitlines()) == 1
+        assert len(err.strip().splitlines()) == 1, err
         with Store(deploy.db, readonly=True) as store:
             assert store.approval(approval).status == "pending"
 
