@@ -40,6 +40,7 @@ LAYERS: list[list[tuple[str, ...]]] = [
     [("store.records", "store.history", "store.rows", "store.ids")],  # shared leaves
     [("store.engine.sqlite",), ("store.engine.postgres",)],  # the two engines
     [("store.engine",)],  # the seam both engines implement
+    [("store.sealing", "store.keys")],  # the cipher of stored content, and its keys
     # the hierarchy of errors; what a check found, as the check writes it and the page
     # reads it; where the user's code raised: each imports nothing of ours
     [("errors",), ("upgrades.report",), ("upgrades.user_code",)],

@@ -32,8 +32,9 @@ from typing import Any, Literal
 from .engine.process import gone, place
 from .engine.seam import Conn, Database
 from .engine.sqlite.damage import DamageWatch, watched
-from .parts.alarms import AlarmStatus, Claim, Schedule, current_version
+from .parts.alarms import AlarmStatus, Claim, Schedule, current_version, opened_action
 from .rows import legible, trace_in, utc
+from .sealing import PLAIN, Sealer
 
 #: Seconds between two heartbeats of a runner: one write, whatever it holds.
 HEARTBEAT_EVERY = 5.0
@@ -195,9 +196,10 @@ class AlarmQueue:
     .. versionadded:: 0.2.0
     """
 
-    def __init__(self, db: Database, damage: DamageWatch) -> None:
+    def __init__(self, db: Database, damage: DamageWatch, sealer: Sealer = PLAIN) -> None:
         self._db = db
         self._damage = damage
+        self._sealer = sealer
 
     def next_due(self, busy: Collection[str] = ()) -> float | None:
         """When the earliest pending alarm of an agent not in ``busy`` becomes claimable.
@@ -282,6 +284,7 @@ class AlarmQueue:
                 (alarm_id, owner, token, until, time.time()),
             )
             schedule = Schedule(*when)  # fire_at, every, cron, timezone
+            action = opened_action(self._sealer, agent_id, alarm_id, kind, action)
             return Claim(
                 alarm_id, agent_id, action, schedule, attempts, token, until, kind, topic, due_at
             )

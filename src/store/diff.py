@@ -20,6 +20,8 @@ from .checked import checked_rows, checked_version
 from .engine.seam import Conn, Database
 from .parts import approvals as _approvals
 from .parts import conversation_fields
+from .parts.alarms import opened_action
+from .parts.memory import opened
 from .records import ApprovalInfo, VersionInfo
 from .rows import decode_messages, state_at, utc
 from .sealing import MESSAGE, PLAIN, STATE, Sealer
@@ -149,11 +151,13 @@ def diff(
             )  # fmt: skip
 
         fields = _values(_json(state(before)), _json(state(after)))
-        conversations = _with_own_fields(conn, agent_id, before, after, conversations)
-        memory, notes = _memory(conn, agent_id, before, after)
-        tables = table_changes(conn, agent_id, before, after, limit=limit)
-        alarms = _alarms(conn, agent_id, before, after)
-        approvals = _approvals.between(conn, agent_id, min(before, after), max(before, after))
+        conversations = _with_own_fields(conn, agent_id, before, after, conversations, sealer)
+        memory, notes = _memory(conn, agent_id, before, after, sealer)
+        tables = table_changes(conn, agent_id, before, after, limit=limit, sealer=sealer)
+        alarms = _alarms(conn, agent_id, before, after, sealer)
+        approvals = _approvals.between(
+            conn, agent_id, min(before, after), max(before, after), sealer
+        )
     return VersionDiff(
         agent_id,
         infos[before],
@@ -236,7 +240,12 @@ def _messages(
 
 
 def _with_own_fields(
-    conn: Conn, agent_id: str, before: int, after: int, changes: list[MessagesChange]
+    conn: Conn,
+    agent_id: str,
+    before: int,
+    after: int,
+    changes: list[MessagesChange],
+    sealer: Sealer,
 ) -> list[MessagesChange]:
     """``changes`` with each conversation's own fields compared, and the conversations
     whose fields alone changed added."""
@@ -250,8 +259,8 @@ def _with_own_fields(
     by_name = {change.conversation: change for change in changes}
     for (conversation,) in rows:
         fields = _values(
-            _json(conversation_fields.state_at(conn, agent_id, conversation, before)),
-            _json(conversation_fields.state_at(conn, agent_id, conversation, after)),
+            _json(conversation_fields.state_at(conn, agent_id, conversation, before, sealer)),
+            _json(conversation_fields.state_at(conn, agent_id, conversation, after, sealer)),
         )
         if not fields:
             continue
@@ -263,7 +272,7 @@ def _with_own_fields(
 
 
 def _memory(
-    conn: Conn, agent_id: str, before: int, after: int
+    conn: Conn, agent_id: str, before: int, after: int, sealer: Sealer
 ) -> tuple[list[ValueChange], list[ValueChange]]:
     """The memory keys and the notes whose values differ between the versions."""
     rows = conn.execute(
@@ -278,14 +287,16 @@ def _memory(
     sides: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"key": ({}, {}), "note": ({}, {})}
     for kind, key, held_after, value in rows:
         old, new = sides[str(kind)]
-        decoded = json.loads(value)
+        decoded = json.loads(opened(sealer, agent_id, kind, key, value))
         if kind == "note":  # named by when it was added: {"at": <seconds>, "text": ...}
             key, decoded = utc(decoded["at"]).isoformat(timespec="seconds"), decoded["text"]
         (new if held_after else old)[str(key)] = decoded
     return _values(*sides["key"]), _values(*sides["note"])
 
 
-def _alarms(conn: Conn, agent_id: str, before: int, after: int) -> list[AlarmChange]:
+def _alarms(
+    conn: Conn, agent_id: str, before: int, after: int, sealer: Sealer
+) -> list[AlarmChange]:
     """The alarms pending at one of the versions only: scheduled, or ended, in between."""
     rows = conn.execute(
         f"""
@@ -304,7 +315,7 @@ def _alarms(conn: Conn, agent_id: str, before: int, after: int) -> list[AlarmCha
         AlarmChange(
             str(alarm_id),
             "added" if after_holds else "removed",
-            str(action),
+            opened_action(sealer, agent_id, alarm_id, "alarm", action),
             utc(fire_at),
             every,
             cron,

@@ -14,9 +14,11 @@ from ..errors import NotFoundError
 from .checked import checked_version
 from .engine.seam import Conn, Database
 from .maintenance import delete, rollback
+from .parts.steps import opened_step
 from .parts.versioned import VersionedPart
 from .records import StepInfo, WorkflowInfo, WorkflowReset
 from .rows import current_version, utc
+from .sealing import PLAIN, Sealer
 
 
 def workflows(conn: Conn) -> list[WorkflowInfo]:
@@ -36,7 +38,7 @@ def workflows(conn: Conn) -> list[WorkflowInfo]:
     ]
 
 
-def steps(db: Database, workflow: str) -> list[StepInfo]:
+def steps(db: Database, workflow: str, sealer: Sealer = PLAIN) -> list[StepInfo]:
     """Store.steps: the workflow's journal, in step order.
 
     Raises:
@@ -48,15 +50,21 @@ def steps(db: Database, workflow: str) -> list[StepInfo]:
         ).fetchall()
     if not rows:
         raise NotFoundError(no_workflow(workflow, db.location))
-    return [step_info(row) for row in rows]
+    return [step_info(row, sealer) for row in rows]
 
 
 def reset_workflow(
-    db: Database, parts: Sequence[VersionedPart], workflow: str, from_step: int, *, dry_run: bool
+    db: Database,
+    parts: Sequence[VersionedPart],
+    workflow: str,
+    from_step: int,
+    *,
+    dry_run: bool,
+    sealer: Sealer = PLAIN,
 ) -> WorkflowReset:
     """Store.reset_workflow: forget steps ``from_step`` and later, rolling back (or
     deleting) the agents they ran on."""
-    forgotten = [s for s in steps(db, workflow) if s.number >= from_step]
+    forgotten = [s for s in steps(db, workflow, sealer) if s.number >= from_step]
     first_base: dict[str, int] = {}
     for step in forgotten:
         if step.agent_id is not None and step.base_version is not None:
@@ -112,9 +120,16 @@ STEP_SELECT = """
 """
 
 
-def step_info(row: tuple[Any, ...]) -> StepInfo:
+def step_info(row: tuple[Any, ...], sealer: Sealer = PLAIN) -> StepInfo:
+    """The StepInfo of a row of :data:`STEP_SELECT`, its values opened by ``sealer``."""
     workflow, number, key, agent_id, template, arguments, status, result, *rest = row
     base, version, started, finished, conversation = rest
+
+    def opened(column: str, value: str) -> str:
+        return opened_step(sealer, agent_id, conversation, workflow, key, column, value)
+
+    arguments = opened("arguments", arguments)
+    result = opened("result", result) if result is not None else None
     return StepInfo(
         workflow,
         number,

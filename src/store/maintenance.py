@@ -154,7 +154,7 @@ def fork(
             sealer=sealer,
         )
         for part in parts:
-            part.fork(conn, agent_id, version, new_agent_id)
+            part.fork(conn, agent_id, version, new_agent_id, sealer)
     with db.reading() as conn:
         record = next(a for a in agents(conn) if a.agent_id == new_agent_id)
     return ForkedAgent(

@@ -10,13 +10,17 @@ with the commit each file holds, as many machines share the log.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from ..errors import DurableError, KeyUnavailableError
 from .engine.seam import Database, is_postgres_url
 from .engine.sqlite.connection import Durability
 from .engine.sqlite.damage import DamageWatch
 from .engine.sqlite.database import SQLiteDatabase
+from .keys import Keys
+from .sealing import PLAIN, Sealer
 from .workspace.cache import WorkspaceCache
 
 
@@ -90,3 +94,59 @@ def open_engine(
         on_unreadable=on_unreadable,
     )
     return Opened(sqlite, sqlite.damage, WorkspaceCache.beside(path))
+
+
+def sealer_for(db: Database, keys: Keys | None, *, readonly: bool) -> Sealer:
+    """The sealer of ``db`` opened with ``keys``: plain, or sealing with proven keys.
+
+    A database without encryption opened with keys starts it: its check value is
+    written, and new rows are sealed from then on (the rows already there stay
+    plain until ``effectful-durable encrypt``). A database with encryption is
+    refused without keys, or with keys that do not open its check value, before
+    anything is written.
+
+    Raises:
+        KeyUnavailableError: As said; the message names the database and the key store.
+    """
+    found = _encryption_row(db, required=keys is not None and not readonly)
+    if found is None and keys is None:
+        return PLAIN
+    if keys is None:
+        Sealer(None, db.location).verify("")  # raises: encrypted, and no keys
+        raise AssertionError
+    store = keys.key_store(db.location, is_file=db.kind == "sqlite", create=found is None)
+    if found is not None:
+        sealer = Sealer(store, db.location, complete=bool(found[1]))
+        sealer.verify(str(found[0]))
+        return sealer
+    sealer = Sealer(store, db.location)
+    if readonly:
+        return sealer
+    check = sealer.check_value()
+    with db.writing() as conn:
+        empty = conn.execute("SELECT 1 FROM agents LIMIT 1").fetchone() is None
+        conn.execute(
+            "INSERT INTO encryption (id, check_value, complete, since) VALUES (1, ?, ?, ?)"
+            " ON CONFLICT (id) DO NOTHING",
+            (check, int(empty), time.time()),
+        )
+    found = _encryption_row(db, required=True)
+    if found is None:
+        msg = f"{db.location}: encryption did not start"
+        raise KeyUnavailableError(msg)
+    sealer.complete = bool(found[1])
+    sealer.verify(str(found[0]))  # another process may have started it first
+    return sealer
+
+
+def _encryption_row(db: Database, *, required: bool) -> tuple[Any, ...] | None:
+    try:
+        with db.reading() as conn:
+            row = conn.execute("SELECT check_value, complete FROM encryption").fetchone()
+    except DurableError:
+        raise
+    except Exception:  # a read-only Store on a schema older than encryption's
+        if required:
+            raise
+        return None
+    return None if row is None else tuple(row)

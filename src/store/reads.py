@@ -236,7 +236,7 @@ def state(
         shared = state_at(conn, agent_id, version)
         if shared is not None:
             shared = sealer.open(shared, STATE, agent_id, table="versions", version=version)
-        own = conversation_fields.state_at(conn, agent_id, conversation, version)
+        own = conversation_fields.state_at(conn, agent_id, conversation, version, sealer)
     values: dict[str, Any] = json.loads(shared) if shared is not None else {}
     return values | json.loads(own) if own is not None else values
 

@@ -33,6 +33,7 @@ from .holds import holding
 from .parts.versioned import VersionedPart
 from .records import PruneResult
 from .rows import kept_from
+from .sealing import Sealer
 
 
 def prune_store(
@@ -376,7 +377,7 @@ class PruneAsYouGo:
         self.every = max(1, keep_versions // 2)
         self.parts = parts
 
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
         """Prune ``agent_id`` if it holds ``every`` versions more than it keeps."""
         if version - kept_from(conn, agent_id) + 1 >= self.keep_versions + self.every:
             prune_agent(conn, agent_id, version - self.keep_versions + 1, parts=self.parts)

@@ -21,13 +21,11 @@ import binascii
 import contextlib
 import os
 import secrets
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..errors import ContentErasedError, DamagedRowError, DurableError, KeyUnavailableError
-from .engine.seam import Database
-from .keys import DATABASE_SCOPE, Keys, KeyStore
+from ..errors import ContentErasedError, DamagedRowError, KeyUnavailableError
+from .keys import DATABASE_SCOPE, KeyStore
 
 PREFIX = "ed1:"
 _PREFIX_BYTES = PREFIX.encode()
@@ -36,6 +34,12 @@ _TAG = 16
 
 #: The kinds of sealed content, as bound into each value.
 MESSAGE, STATE, HANDOFF, CHECK = "message", "state", "handoff", "check"
+MEMORY, FIELDS, APPROVAL, ALARM = "memory", "fields", "approval", "alarm"
+JOURNAL, WORKSPACE = "journal", "workspace"
+
+#: The kinds sealed under their conversation's data key (the others: the agent's),
+#: so that erasing a conversation alone destroys the key of what it holds.
+PER_CONVERSATION = frozenset({MESSAGE, HANDOFF, FIELDS, APPROVAL, JOURNAL})
 
 #: What a database's check value holds, sealed: opening it proves the keys.
 _CHECK_TEXT = "effectful-durable encryption check"
@@ -108,13 +112,28 @@ class Sealer:
         """
         if self.keys is None:
             return text
-        scope_conversation = conversation if kind in (MESSAGE, HANDOFF) else ""
+        key_id, sealed = self._seal(text.encode(), kind, agent_id, conversation, where, fresh)
+        return f"{PREFIX}{key_id}:{base64.b64encode(sealed).decode('ascii')}"
+
+    def seal_bytes(
+        self, data: bytes, kind: str, agent_id: str, conversation: str = "", where: Any = ""
+    ) -> bytes:
+        """``data`` sealed for its row, as bytes (``ed1:<key id>:`` and the raw sealed
+        bytes); unchanged without encryption."""
+        if self.keys is None:
+            return data
+        key_id, sealed = self._seal(data, kind, agent_id, conversation, where, True)
+        return b"%b%b:%b" % (_PREFIX_BYTES, key_id.encode("ascii"), sealed)
+
+    def _seal(
+        self, data: bytes, kind: str, agent_id: str, conversation: str, where: Any, fresh: bool
+    ) -> tuple[str, bytes]:
+        assert self.keys is not None
+        scope_conversation = conversation if kind in PER_CONVERSATION else ""
         data_key = self.keys.current(agent_id, scope_conversation, fresh=fresh)
         nonce = os.urandom(_NONCE)
-        sealed = data_key.cipher.encrypt(
-            nonce, text.encode(), place(kind, agent_id, conversation, where)
-        )
-        return f"{PREFIX}{data_key.id}:{base64.b64encode(nonce + sealed).decode('ascii')}"
+        sealed = data_key.cipher.encrypt(nonce, data, place(kind, agent_id, conversation, where))
+        return data_key.id, nonce + sealed
 
     def open(
         self,
@@ -156,6 +175,58 @@ class Sealer:
             raise self._damaged(
                 table, agent_id, conversation, version, "is not a sealed value"
             ) from None
+        return self._decrypt(
+            key_id, raw, kind, agent_id, conversation, where, table, version, fresh
+        ).decode()
+
+    def open_bytes(
+        self,
+        value: bytes,
+        kind: str,
+        agent_id: str,
+        conversation: str = "",
+        where: Any = "",
+        *,
+        table: str,
+        version: int | None = None,
+    ) -> bytes:
+        """The plain bytes of ``value`` (sealed by :meth:`seal_bytes`), read from ``table``.
+
+        Raises:
+            As :meth:`open`.
+        """
+        if not is_sealed(value):
+            if self.complete:
+                raise self._damaged(table, agent_id, conversation, version, "is not sealed")
+            return value
+        if self.keys is None:
+            self.open(value[:4], kind, agent_id, table=table)  # raises: no keys
+        key_id, _, raw = value[len(PREFIX) :].partition(b":")
+        return self._decrypt(
+            key_id.decode("ascii", "replace"),
+            raw,
+            kind,
+            agent_id,
+            conversation,
+            where,
+            table,
+            version,
+            True,
+        )
+
+    def _decrypt(
+        self,
+        key_id: str,
+        raw: bytes,
+        kind: str,
+        agent_id: str,
+        conversation: str,
+        where: Any,
+        table: str,
+        version: int | None,
+        fresh: bool,
+    ) -> bytes:
+        assert self.keys is not None
         if len(raw) < _NONCE + _TAG:
             raise self._damaged(table, agent_id, conversation, version, "is cut short")
         try:
@@ -178,7 +249,7 @@ class Sealer:
                 version,
                 "does not authenticate (changed, or moved from another row)",
             ) from None
-        return plain.decode()
+        return plain
 
     def open_messages(
         self, rows: Iterable[tuple[float, str | bytes]], agent_id: str, conversation: str
@@ -289,59 +360,3 @@ class Sealer:
 
 #: The sealer of a database without encryption.
 PLAIN = Sealer(None, "")
-
-
-def sealer_for(db: Database, keys: Keys | None, *, readonly: bool) -> Sealer:
-    """The sealer of ``db`` opened with ``keys``: plain, or sealing with proven keys.
-
-    A database without encryption opened with keys starts it: its check value is
-    written, and new rows are sealed from then on (the rows already there stay
-    plain until ``effectful-durable encrypt``). A database with encryption is
-    refused without keys, or with keys that do not open its check value, before
-    anything is written.
-
-    Raises:
-        KeyUnavailableError: As said; the message names the database and the key store.
-    """
-    found = _encryption_row(db, required=keys is not None and not readonly)
-    if found is None and keys is None:
-        return PLAIN
-    if keys is None:
-        Sealer(None, db.location).verify("")  # raises: encrypted, and no keys
-        raise AssertionError
-    store = keys.key_store(db.location, is_file=db.kind == "sqlite", create=found is None)
-    if found is not None:
-        sealer = Sealer(store, db.location, complete=bool(found[1]))
-        sealer.verify(str(found[0]))
-        return sealer
-    sealer = Sealer(store, db.location)
-    if readonly:
-        return sealer
-    check = sealer.check_value()
-    with db.writing() as conn:
-        empty = conn.execute("SELECT 1 FROM agents LIMIT 1").fetchone() is None
-        conn.execute(
-            "INSERT INTO encryption (id, check_value, complete, since) VALUES (1, ?, ?, ?)"
-            " ON CONFLICT (id) DO NOTHING",
-            (check, int(empty), time.time()),
-        )
-    found = _encryption_row(db, required=True)
-    if found is None:
-        msg = f"{db.location}: encryption did not start"
-        raise KeyUnavailableError(msg)
-    sealer.complete = bool(found[1])
-    sealer.verify(str(found[0]))  # another process may have started it first
-    return sealer
-
-
-def _encryption_row(db: Database, *, required: bool) -> tuple[Any, ...] | None:
-    try:
-        with db.reading() as conn:
-            row = conn.execute("SELECT check_value, complete FROM encryption").fetchone()
-    except DurableError:
-        raise
-    except Exception:  # a read-only Store on a schema older than encryption's
-        if required:
-            raise
-        return None
-    return None if row is None else tuple(row)

@@ -51,7 +51,7 @@ from .ids import (
 )
 from .inflight import AgentInFlight
 from .keys import Keys, MasterKey
-from .opening import open_engine
+from .opening import open_engine, sealer_for
 from .parts import alarms as _alarms
 from .parts import approvals as _approvals
 from .parts import conversations as _conversations
@@ -83,8 +83,8 @@ from .records import (
 )
 from .resealing import ResealReport
 from .rows import current_version
-from .sealing import sealer_for
 from .turns import Turns
+from .workspace.cache import WorkspaceCache
 from .workspace.part import WorkspacePart
 from .workspace.schema import quote
 from .workspace.workspace import SQLResult, read_sql
@@ -233,6 +233,8 @@ class Store:
             raise
         self._damage = opened.damage
         self._workspaces = opened.workspaces
+        if self.sealer.enabled:  # no file may hold the tables' rows in plain text
+            self._workspaces = WorkspaceCache.in_memory(self.sealer)
         # The parts rollback, fork, prune and delete carry, the SQL workspace last.
         self._parts = (*PARTS, WorkspacePart(self._workspaces))
         self.turns = Turns(
@@ -243,7 +245,7 @@ class Store:
             busy_timeout=busy_timeout,
             sealer=self.sealer,
         )
-        self.alarm_queue = AlarmQueue(self.engine, self._damage)
+        self.alarm_queue = AlarmQueue(self.engine, self._damage, self.sealer)
         if isinstance(self.engine, SQLiteDatabase):
             self._pid = os.getpid()
             _open.add(self)
@@ -641,7 +643,7 @@ class Store:
         """
         with self.engine.reading() as conn:
             version = self._checked_memory(conn, agent_id, version, KEY)
-            rows = memory_at(conn, agent_id, version, KEY)
+            rows = memory_at(conn, agent_id, version, KEY, self.sealer)
         return {key: json.loads(value) for key, value in rows}
 
     def memory_notes(self, agent_id: str, version: int | None = None) -> list[MemoryNote]:
@@ -654,7 +656,7 @@ class Store:
         """
         with self.engine.reading() as conn:
             version = self._checked_memory(conn, agent_id, version, NOTE)
-            rows = memory_at(conn, agent_id, version, NOTE)
+            rows = memory_at(conn, agent_id, version, NOTE, self.sealer)
         return [note_of(value) for _, value in rows]
 
     def sql(
@@ -1025,7 +1027,7 @@ class Store:
         Raises:
             NotFoundError: No journal for ``workflow``.
         """
-        return journal.steps(self.engine, workflow)
+        return journal.steps(self.engine, workflow, self.sealer)
 
     def step(self, workflow: str, key: str) -> StepInfo | None:
         """One step of the journal by key, or None: one indexed read."""
@@ -1033,7 +1035,7 @@ class Store:
             row = conn.execute(
                 f"{journal.STEP_SELECT} WHERE workflow = ? AND step_key = ?", (workflow, key)
             ).fetchone()
-        return None if row is None else journal.step_info(row)
+        return None if row is None else journal.step_info(row, self.sealer)
 
     def reset_workflow(
         self, workflow: str, from_step: int = 1, *, dry_run: bool = False
@@ -1063,7 +1065,7 @@ class Store:
            takes ``dry_run``.
         """
         return journal.reset_workflow(
-            self.engine, self._parts, workflow, from_step, dry_run=dry_run
+            self.engine, self._parts, workflow, from_step, dry_run=dry_run, sealer=self.sealer
         )
 
     # -- alarms (SQL in parts/alarms.py) ------------------------------------
@@ -1086,7 +1088,7 @@ class Store:
             if include_ended:  # which span is an alarm's latest is read from every span
                 where, params = ("agent_id = ?", (agent_id,)) if agent_id else ("1", ())
                 self.engine.check_rows(conn, "alarms", where, params)
-            return _alarms.latest(conn, agent_id, include_ended=include_ended)
+            return _alarms.latest(conn, agent_id, include_ended=include_ended, sealer=self.sealer)
 
     def schedule_alarm(
         self, agent_id: str, action: str, schedule: Schedule, *, now: float | None = None
@@ -1110,7 +1112,7 @@ class Store:
         with self.engine.writing() as conn:
             version = _alarms.current_version(conn, agent_id)
             when = time.time() if now is None else now
-            _alarms.insert(conn, agent_id, alarm_id, action, schedule, version, when)
+            _alarms.insert(conn, agent_id, alarm_id, action, schedule, version, when, self.sealer)
         return alarm_id
 
     def cancel_alarm(self, alarm_id: str, *, agent_id: str | None = None) -> bool:
@@ -1119,7 +1121,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.writing() as conn:
-            return _alarms.cancel(conn, alarm_id, agent_id)
+            return _alarms.cancel(conn, alarm_id, agent_id, self.sealer)
 
     def rearm_alarm(self, alarm_id: str, *, at: float | None = None) -> AlarmInfo:
         """Make a dead alarm pending again, due at ``at`` (default: now), attempts reset.
@@ -1130,7 +1132,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.writing() as conn:
-            return _alarms.rearm(conn, alarm_id, time.time() if at is None else at)
+            return _alarms.rearm(conn, alarm_id, time.time() if at is None else at, self.sealer)
 
     def runner_statuses(self) -> list[dict[str, Any]]:
         """Each runner's last status report, most recent first.
@@ -1150,7 +1152,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.reading() as conn:
-            return _approvals.listed(conn, agent_id=agent_id, status=status)
+            return _approvals.listed(conn, agent_id=agent_id, status=status, sealer=self.sealer)
 
     def unresumed_approvals(self) -> list[ApprovalInfo]:
         """Every approval whose suspended turn has not resumed yet, decided or not, oldest
@@ -1159,7 +1161,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.reading() as conn:
-            return _approvals.unresumed(conn)
+            return _approvals.unresumed(conn, self.sealer)
 
     def approval(self, approval_id: str) -> ApprovalInfo:
         """One approval, by its id.
@@ -1170,7 +1172,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.reading() as conn:
-            found = _approvals.one(conn, approval_id)
+            found = _approvals.one(conn, approval_id, self.sealer)
         if found is None:
             raise waiting.unknown(approval_id)
         return found
@@ -1218,7 +1220,9 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return waiting.decisions(self.engine, status, by, agent_text, since, until, page, per_page)
+        return waiting.decisions(
+            self.engine, status, by, agent_text, since, until, page, per_page, self.sealer
+        )
 
     def approve(
         self,
@@ -1255,7 +1259,14 @@ class Store:
         .. versionadded:: 0.2.0
         """
         return waiting.decide(
-            self.engine, approval_id, by, note, arguments, parameters, approve=True
+            self.engine,
+            approval_id,
+            by,
+            note,
+            arguments,
+            parameters,
+            approve=True,
+            sealer=self.sealer,
         )
 
     def deny(self, approval_id: str, *, reason: str, by: str | None = None) -> ApprovalInfo:
@@ -1268,7 +1279,9 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return waiting.decide(self.engine, approval_id, by, reason, None, None, approve=False)
+        return waiting.decide(
+            self.engine, approval_id, by, reason, None, None, approve=False, sealer=self.sealer
+        )
 
     def retarget_approval(
         self,
@@ -1301,7 +1314,13 @@ class Store:
         .. versionadded:: 0.2.0
         """
         return waiting.retarget(
-            self.engine, approval_id, tool=tool, arguments=arguments, parameters=parameters, by=by
+            self.engine,
+            approval_id,
+            tool=tool,
+            arguments=arguments,
+            parameters=parameters,
+            by=by,
+            sealer=self.sealer,
         )
 
     def suspension(
@@ -1312,7 +1331,7 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.reading() as conn:
-            return _approvals.open_suspension(conn, agent_id, conversation)
+            return _approvals.open_suspension(conn, agent_id, conversation, self.sealer)
 
     # -- events (SQL in parts/events.py) ------------------------------------
 
@@ -1346,7 +1365,9 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return waiting.send_event(self.engine, agent_id, name, payload, key=key, create=create)
+        return waiting.send_event(
+            self.engine, agent_id, name, payload, key=key, create=create, sealer=self.sealer
+        )
 
     def events(
         self, agent_id: str | None = None, *, include_delivered: bool = False
@@ -1356,7 +1377,9 @@ class Store:
         .. versionadded:: 0.2.0
         """
         with self.engine.reading() as conn:
-            return _events.listed(conn, agent_id, include_delivered=include_delivered)
+            return _events.listed(
+                conn, agent_id, include_delivered=include_delivered, sealer=self.sealer
+            )
 
     # -- internals -----------------------------------------------------------------
 

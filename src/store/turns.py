@@ -31,6 +31,7 @@ from .parts import conversations as _conversations
 from .parts import events as _events
 from .parts.alarms import AlarmInfo
 from .parts.memory import MemoryRows
+from .parts.steps import sealed_step
 from .parts.versioned import VersionedPart
 from .records import CommitStats, Compaction, LoadedAgent, TurnStart
 from .retention import PruneAsYouGo
@@ -81,7 +82,7 @@ class Turns:
         self._workspaces = workspaces
         self._parts = parts
         self._busy_timeout = busy_timeout
-        self.memory = MemoryRows(db.reading)
+        self.memory = MemoryRows(db.reading, sealer)
 
     # -- a turn ----------------------------------------------------------------
 
@@ -106,7 +107,7 @@ class Turns:
                 self._sealer.open_messages(rows, agent_id, conversation)
             )
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
-            own = conversation_fields.state_at(conn, agent_id, conversation, version)
+            own = conversation_fields.state_at(conn, agent_id, conversation, version, self._sealer)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
     @contextmanager
@@ -190,7 +191,7 @@ class Turns:
         now = time.time()
         with fenced(self._db, agent_id) as conn:
             version = self._db.agent_version(conn, agent_id) or 0
-            suspension = _approvals.open_suspension(conn, agent_id, conversation)
+            suspension = _approvals.open_suspension(conn, agent_id, conversation, self._sealer)
             if suspension is None and resume_only:
                 return TurnStart(version, None, None, None, started=False)
             if suspension is not None and not (
@@ -253,7 +254,15 @@ class Turns:
                         agent_id,
                         conversation,
                         template,
-                        arguments_json,
+                        sealed_step(
+                            self._sealer,
+                            agent_id,
+                            conversation,
+                            workflow,
+                            key,
+                            "arguments",
+                            arguments_json,
+                        ),
                         version,
                         now,
                     ),
@@ -328,7 +337,7 @@ class Turns:
             )
             db.check_writes(writes)
             for write in writes:
-                write.write(conn, agent_id, new)
+                write.write(conn, agent_id, new, self._sealer)
             conn.execute(
                 "DELETE FROM handoffs WHERE agent_id = ? AND conversation = ?",
                 (agent_id, conversation),
@@ -340,7 +349,16 @@ class Turns:
                            finished_at = ?
                      WHERE workflow = ? AND step_key = ?
                     """,
-                    (result, new, time.time(), *step),
+                    (
+                        None
+                        if result is None
+                        else sealed_step(
+                            self._sealer, agent_id, conversation, *step, "result", result
+                        ),
+                        new,
+                        time.time(),
+                        *step,
+                    ),
                 )
             if compaction is not None:
                 new += 1
@@ -459,7 +477,7 @@ class Turns:
     def open_alarm(self, alarm_id: str) -> AlarmInfo | None:
         """The pending or dead alarm ``alarm_id``, if there is one."""
         with self._db.reading() as conn:
-            return _alarms.open_alarm(conn, alarm_id)
+            return _alarms.open_alarm(conn, alarm_id, sealer=self._sealer)
 
     # -- workflow steps ------------------------------------------------------------
 
@@ -482,7 +500,18 @@ class Turns:
                 VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)
                 {STEP_UPSERT}
                 """,
-                (workflow, key, number, template, dumps(arguments), result, now, now),
+                (
+                    workflow,
+                    key,
+                    number,
+                    template,
+                    sealed_step(
+                        self._sealer, None, None, workflow, key, "arguments", dumps(arguments)
+                    ),
+                    sealed_step(self._sealer, None, None, workflow, key, "result", result),
+                    now,
+                    now,
+                ),
             )
         return number
 
@@ -514,7 +543,9 @@ class Turns:
             self._db.serialize(conn, "workflow", workflow)
             self._db.serialize(conn, "events", agent_id)
             number = step_number(conn, workflow, step_key)
-            return _events.wait(conn, workflow, step_key, number, agent_id, name, timeout, now)
+            return _events.wait(
+                conn, workflow, step_key, number, agent_id, name, timeout, now, self._sealer
+            )
 
 
 def _count(

@@ -21,6 +21,7 @@ from .parts import approvals as _approvals
 from .parts import events as _events
 from .parts.events import EventInfo
 from .records import ApprovalInfo, ApprovalStatus, DecisionPage
+from .sealing import PLAIN, Sealer
 
 
 def decide(
@@ -32,10 +33,11 @@ def decide(
     parameters: Mapping[str, Any] | None,
     *,
     approve: bool,
+    sealer: Sealer = PLAIN,
 ) -> ApprovalInfo:
     """Store.approve and Store.deny: decide the approval; it, decided."""
     with db.writing() as conn:
-        found = _approvals.one(conn, approval_id)
+        found = _approvals.one(conn, approval_id, sealer)
         if found is not None:  # deciders of one turn's approvals go one at a time
             db.serialize(conn, "approvals", found.agent_id)
         return _approvals.decide(
@@ -47,6 +49,7 @@ def decide(
             arguments=arguments,
             parameters=parameters,
             now=time.time(),
+            sealer=sealer,
         )
 
 
@@ -58,15 +61,16 @@ def retarget(
     arguments: Mapping[str, Any],
     parameters: Mapping[str, Any],
     by: str | None,
+    sealer: Sealer = PLAIN,
 ) -> ApprovalInfo:
     """Store.retarget_approval: make the approval name ``tool`` and ``arguments``."""
     with db.reading() as conn:
-        found = _approvals.one(conn, approval_id)
+        found = _approvals.one(conn, approval_id, sealer)
     # An approved call's turn may be resuming: hold the agent, as that turn does.
     approved = found is not None and found.status == "approved"
     writing = holding(db, found.agent_id) if found and approved else db.writing()
     with writing as conn:
-        found = _approvals.one(conn, approval_id)
+        found = _approvals.one(conn, approval_id, sealer)
         if found is not None:
             db.serialize(conn, "approvals", found.agent_id)
         return _approvals.retarget(
@@ -76,6 +80,7 @@ def retarget(
             arguments=arguments,
             parameters=parameters,
             by=getpass.getuser() if by is None else by,
+            sealer=sealer,
         )
 
 
@@ -88,6 +93,7 @@ def decisions(
     until: datetime | None,
     page: int,
     per_page: int,
+    sealer: Sealer = PLAIN,
 ) -> DecisionPage:
     """Store.decisions: a page of the approvals no longer pending, newest decision first."""
     if status is not None and status not in ("approved", "denied", "cancelled"):
@@ -106,19 +112,27 @@ def decisions(
             until=None if until is None else until.timestamp(),
             limit=per_page,
             offset=(page - 1) * per_page,
+            sealer=sealer,
         )
     return DecisionPage(found, total, page, per_page)
 
 
 def send_event(
-    db: Database, agent_id: str, name: str, payload: Any, *, key: str | None, create: bool
+    db: Database,
+    agent_id: str,
+    name: str,
+    payload: Any,
+    *,
+    key: str | None,
+    create: bool,
+    sealer: Sealer = PLAIN,
 ) -> EventInfo:
     """Store.send_event: the event sent (or the first one sent with ``key``)."""
     payload_json = _events.check_event(agent_id, name, payload, key)
     with db.writing() as conn:
         db.serialize(conn, "events", agent_id)
         event, _ = _events.send(
-            conn, agent_id, name, payload_json, key, create=create, now=time.time()
+            conn, agent_id, name, payload_json, key, create=create, now=time.time(), sealer=sealer
         )
     return event
 

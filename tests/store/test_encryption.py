@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import keeper
 import pytest
 from helpers import edit_rows, is_postgres, persisted_rows, running
 from postgres_server import PostgresServer
@@ -87,6 +88,27 @@ class TestSealed:
         assert marks(file_bytes(store_url, tmp_path, server)) == 0
         raw = persisted_rows(store_url, "SELECT body FROM messages")
         assert raw and all(str(body).startswith("ed1:") for (body,) in raw)
+
+    def test_every_kind_of_content_is_sealed(
+        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+    ) -> None:
+        """Memory, the SQL workspace (its log and its file), per-conversation fields,
+        an approval's arguments, an event's payload, an alarm's action and the workflow
+        journal are sealed like messages, in the agent and in its fork, and read back
+        as a plain database's do."""
+        keys = new_keys(tmp_path)
+        keeper.fill(store_url, "ann", keys)
+        mark = keeper.MARKERS["ann"]
+        with Store(store_url, keys=keys) as store:
+            for agent in ("ann", "ann-copy"):
+                got = keeper.what_reads_back(store, agent)
+                for kind in ("history", "state", "memory", "sql", "alarms"):
+                    assert mark in str(got[kind]), (agent, kind, got[kind])
+            got = keeper.what_reads_back(store, "ann")
+            for kind in ("events", "approvals", "steps"):
+                assert mark in str(got[kind]), (kind, got[kind])
+            assert mark in str(store.history("shared", conversation="with-ann"))
+        assert marks(file_bytes(store_url, tmp_path, server), mark) == 0
 
     def test_every_read_opens_what_it_shows(self, store_url: str, tmp_path: Path) -> None:
         """The page's and the commands' reads (timeline, filtered timeline, compacted

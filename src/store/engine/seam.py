@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from ..sealing import Sealer
+
 #: What marks a database as ours: SQLite's ``PRAGMA application_id`` ("EFDU"),
 #: and on PostgreSQL the ``application_id`` of the ``effectful_durable`` table.
 APPLICATION_ID = 0x45464455
@@ -89,8 +91,9 @@ HANDOFF_INSERT = """
 class TurnWrite(Protocol):
     """Something a turn writes besides messages and fields, in the turn's transaction."""
 
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
-        """Apply the write as part of ``version`` of ``agent_id``; raise to abort the turn."""
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
+        """Apply the write as part of ``version`` of ``agent_id``, its content sealed by
+        ``sealer``; raise to abort the turn."""
 
 
 class CommitWatch(Protocol):

@@ -32,6 +32,7 @@ from cronsim import CronSim, CronSimError
 from ...errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
 from ..engine.seam import Conn
 from ..rows import storable, utc
+from ..sealing import ALARM, PLAIN, Sealer
 
 #: Longest action text an alarm may carry.
 MAX_ACTION = 4000
@@ -295,7 +296,7 @@ class AlarmWrite:
         """The ids this turn cancelled."""
         return {op.alarm_id for op in self.ops if isinstance(op, _Cancel)}
 
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
         """Apply the staged operations as part of ``version``.
 
         Raises:
@@ -304,7 +305,9 @@ class AlarmWrite:
         """
         for op in self.ops:
             if isinstance(op, _Add):
-                insert(conn, agent_id, op.alarm_id, op.action, op.schedule, version, op.now)
+                insert(
+                    conn, agent_id, op.alarm_id, op.action, op.schedule, version, op.now, sealer
+                )
             elif isinstance(op, _Cancel):
                 conn.execute(
                     """
@@ -356,8 +359,10 @@ def insert(
     schedule: Schedule,
     version: int,
     now: float,
+    sealer: Sealer = PLAIN,
 ) -> None:
-    """Insert a new pending alarm whose first span starts at ``version``."""
+    """Insert a new pending alarm whose first span starts at ``version``, its action
+    sealed by ``sealer``."""
     conn.execute(
         """
         INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at, every,
@@ -368,7 +373,7 @@ def insert(
             alarm_id,
             version,
             agent_id,
-            action,
+            sealed_action(sealer, agent_id, alarm_id, action),
             schedule.fire_at,
             schedule.every,
             schedule.cron,
@@ -382,12 +387,25 @@ def insert(
 
 _SELECT = """
     SELECT alarm_id, agent_id, action, status, fire_at, every, cron, timezone, attempts,
-           deliveries, last_error, lease_owner, created_in, ended_in, created_at, due_at
+           deliveries, last_error, lease_owner, created_in, ended_in, created_at, due_at, kind
       FROM checked_alarms
 """
 
 
-def _info(row: tuple[Any, ...]) -> AlarmInfo:
+def sealed_action(sealer: Sealer, agent_id: str, alarm_id: str, action: str) -> str:
+    """An alarm's action (an event's payload), sealed for its row."""
+    return sealer.seal(action, ALARM, agent_id, "", alarm_id)
+
+
+def opened_action(sealer: Sealer, agent_id: str, alarm_id: str, kind: str, action: str) -> str:
+    """An alarm's ``action`` as stored, opened; a resumption's is the store's own
+    bookkeeping (the version a turn was suspended in), never sealed."""
+    if kind == "resume":
+        return action
+    return sealer.open(action, ALARM, agent_id, "", alarm_id, table="alarms")
+
+
+def _info(row: tuple[Any, ...], sealer: Sealer) -> AlarmInfo:
     (
         alarm_id,
         agent_id,
@@ -405,11 +423,12 @@ def _info(row: tuple[Any, ...]) -> AlarmInfo:
         ended_in,
         created_at,
         due_at,
+        kind,
     ) = row
     return AlarmInfo(
         alarm_id,
         agent_id,
-        action,
+        opened_action(sealer, agent_id, alarm_id, kind, action),
         status,
         utc(fire_at),
         every,
@@ -426,7 +445,9 @@ def _info(row: tuple[Any, ...]) -> AlarmInfo:
     )
 
 
-def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[AlarmInfo]:
+def latest(
+    conn: Conn, agent_id: str | None, *, include_ended: bool, sealer: Sealer = PLAIN
+) -> list[AlarmInfo]:
     """Each alarm's latest span, by next occurrence; only pending and dead ones unless asked."""
     where = ["kind = 'alarm'"]
     params: list[Any] = []
@@ -447,7 +468,7 @@ def latest(conn: Conn, agent_id: str | None, *, include_ended: bool) -> list[Ala
     rows: list[tuple[Any, ...]] = conn.execute(
         sql + " ORDER BY fire_at, alarm_id", params
     ).fetchall()
-    return [_info(row) for row in rows]
+    return [_info(row, sealer) for row in rows]
 
 
 def _could_name_one(alarm_id: str) -> bool:
@@ -455,7 +476,9 @@ def _could_name_one(alarm_id: str) -> bool:
     return "\0" not in alarm_id and storable(alarm_id)
 
 
-def open_alarm(conn: Conn, alarm_id: str, *, any_kind: bool = False) -> AlarmInfo | None:
+def open_alarm(
+    conn: Conn, alarm_id: str, *, any_kind: bool = False, sealer: Sealer = PLAIN
+) -> AlarmInfo | None:
     """The pending or dead alarm ``alarm_id`` (or event or resumption, if ``any_kind``)."""
     if not _could_name_one(alarm_id):
         return None
@@ -463,7 +486,7 @@ def open_alarm(conn: Conn, alarm_id: str, *, any_kind: bool = False) -> AlarmInf
     row: tuple[Any, ...] | None = conn.execute(
         f"{_SELECT} WHERE alarm_id = ? AND ended_in IS NULL{kind}", (alarm_id,)
     ).fetchone()
-    return None if row is None else _info(row)
+    return None if row is None else _info(row, sealer)
 
 
 def pending_count(conn: Conn, agent_id: str) -> int:
@@ -489,9 +512,9 @@ def current_version(conn: Conn, agent_id: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def cancel(conn: Conn, alarm_id: str, agent_id: str | None) -> bool:
+def cancel(conn: Conn, alarm_id: str, agent_id: str | None, sealer: Sealer = PLAIN) -> bool:
     """Cancel an open alarm outside a turn, as part of its agent's current version."""
-    found = open_alarm(conn, alarm_id, any_kind=agent_id is None)
+    found = open_alarm(conn, alarm_id, any_kind=agent_id is None, sealer=sealer)
     if found is None or (agent_id is not None and found.agent_id != agent_id):
         return False
     # An alarm scheduled before the agent's first commit opened at version 0.
@@ -507,7 +530,7 @@ def cancel(conn: Conn, alarm_id: str, agent_id: str | None) -> bool:
     return True
 
 
-def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
+def rearm(conn: Conn, alarm_id: str, at: float, sealer: Sealer = PLAIN) -> AlarmInfo:
     """Make a dead (or pending) alarm pending again, due at ``at``, with no attempts.
 
     Raises:
@@ -526,7 +549,7 @@ def rearm(conn: Conn, alarm_id: str, at: float) -> AlarmInfo:
         changed = conn.changes()
     if not changed:
         raise NotFoundError(_not_rearmed(conn, alarm_id))
-    found = open_alarm(conn, alarm_id, any_kind=True)
+    found = open_alarm(conn, alarm_id, any_kind=True, sealer=sealer)
     assert found is not None
     return found
 
@@ -585,20 +608,23 @@ class AlarmPart:
             (agent_id, to_version, new_version, now),
         )
 
-    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(
+        self, conn: Conn, agent_id: str, version: int, new_agent_id: str, sealer: Sealer
+    ) -> None:
         """Copy the alarms pending at ``version`` to the new agent, under new ids."""
         rows: list[tuple[Any, ...]] = conn.execute(
             """
-            SELECT action, fire_at, every, cron, timezone, created_at FROM checked_alarms
+            SELECT alarm_id, action, fire_at, every, cron, timezone, created_at FROM checked_alarms
              WHERE agent_id = ?1 AND created_in <= ?2 AND (ended_in IS NULL OR ended_in > ?2)
                AND kind = 'alarm'
              ORDER BY fire_at
             """,
             (agent_id, version),
         ).fetchall()
-        for action, fire_at, every, cron, timezone, created_at in rows:
+        for alarm_id, action, fire_at, every, cron, timezone, created_at in rows:
             schedule = Schedule(fire_at, every, cron, timezone)
-            insert(conn, new_agent_id, new_alarm_id(), action, schedule, 1, created_at)
+            plain = opened_action(sealer, agent_id, alarm_id, "alarm", action)
+            insert(conn, new_agent_id, new_alarm_id(), plain, schedule, 1, created_at, sealer)
 
     def prune(self, conn: Conn, agent_id: str, keep_from: int) -> None:
         """Delete spans that ended at or before ``keep_from``: no later version holds them."""

@@ -36,6 +36,7 @@ from ...errors import AgentInUseError, DurableError, InvalidDecisionError, NotFo
 from ..engine.seam import Conn
 from ..records import ApprovalInfo, ApprovalStatus, Suspension
 from ..rows import dumps, legible, like_pattern, storable, utc
+from ..sealing import APPROVAL, PLAIN, Sealer
 from .alarms import current_version
 
 #: Longest reason or note a decision may carry.
@@ -90,7 +91,7 @@ class ApprovalWrite:
     asked: list[Asked] = field(default_factory=list)
     resumed: Suspension | None = None
 
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
         """End the resumed suspension and record the approvals asked, as ``version``.
 
         Raises:
@@ -100,8 +101,12 @@ class ApprovalWrite:
         if self.resumed is not None:
             _end(conn, agent_id, self.resumed, version, now)
         workflow, step_key = self.step if self.step is not None else (None, None)
-        turn_arguments = dumps(self.arguments)
         for order, asked in enumerate(self.asked):
+
+            def sealed(column: str, text: str, approval_id: str = asked.approval_id) -> str:
+                where = _place(agent_id, self.conversation, approval_id, column)
+                return sealer.seal(text, *where)
+
             conn.execute(
                 """
                 INSERT INTO approvals (approval_id, agent_id, conversation, suspended_in,
@@ -115,12 +120,12 @@ class ApprovalWrite:
                     self.conversation,
                     version,
                     self.template,
-                    turn_arguments,
+                    sealed("turn_arguments", dumps(self.arguments)),
                     workflow,
                     step_key,
                     asked.tool,
                     asked.tool_call_id,
-                    dumps(asked.arguments),
+                    sealed("arguments", dumps(asked.arguments)),
                     dumps(asked.parameters),
                     asked.reason,
                     now + order * 1e-6,  # listed in the order the model made the calls
@@ -165,7 +170,7 @@ _SELECT = """
 """
 
 
-def _info(row: Sequence[Any]) -> ApprovalInfo:
+def _info(row: Sequence[Any], sealer: Sealer) -> ApprovalInfo:
     (
         approval_id,
         agent_id,
@@ -188,6 +193,15 @@ def _info(row: Sequence[Any]) -> ApprovalInfo:
         tool_call_id,
         _,
     ) = row
+
+    def opened(column: str, value: str) -> str:
+        return sealer.open(
+            value, *_place(agent_id, conversation, approval_id, column), table="approvals"
+        )
+
+    arguments = opened("arguments", arguments)
+    if decided_arguments is not None:
+        decided_arguments = opened("decided_arguments", decided_arguments)
     return ApprovalInfo(
         approval_id,
         agent_id,
@@ -211,7 +225,9 @@ def _info(row: Sequence[Any]) -> ApprovalInfo:
     )
 
 
-def open_suspension(conn: Conn, agent_id: str, conversation: str) -> Suspension | None:
+def open_suspension(
+    conn: Conn, agent_id: str, conversation: str, sealer: Sealer = PLAIN
+) -> Suspension | None:
     """The conversation's suspended turn, if one waits (decided or not)."""
     rows: list[tuple[Any, ...]] = conn.execute(
         f"""{_SELECT}
@@ -228,15 +244,25 @@ def open_suspension(conn: Conn, agent_id: str, conversation: str) -> Suspension 
         conversation,
         first[13],
         first[15],
-        json.loads(first[19]),
+        json.loads(
+            sealer.open(
+                first[19],
+                *_place(agent_id, conversation, first[0], "turn_arguments"),
+                table="approvals",
+            )
+        ),
         first[16],
         first[17],
-        tuple(_info(row) for row in rows),
+        tuple(_info(row, sealer) for row in rows),
     )
 
 
 def listed(
-    conn: Conn, *, agent_id: str | None, status: ApprovalStatus | None
+    conn: Conn,
+    *,
+    agent_id: str | None,
+    status: ApprovalStatus | None,
+    sealer: Sealer = PLAIN,
 ) -> list[ApprovalInfo]:
     """The approvals (of one agent, with one status), oldest first."""
     where, params = [], []
@@ -248,17 +274,19 @@ def listed(
         params.append(status)
     sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
     rows = conn.execute(sql + " ORDER BY asked_at, approval_id", params).fetchall()
-    return [_info(row) for row in rows]
+    return [_info(row, sealer) for row in rows]
 
 
-def unresumed(conn: Conn) -> list[ApprovalInfo]:
+def unresumed(conn: Conn, sealer: Sealer = PLAIN) -> list[ApprovalInfo]:
     """Every approval whose suspended turn has not resumed: pending, or decided and
     waiting for the resumption (``ended_in`` NULL), oldest first."""
     rows = conn.execute(f"{_SELECT} WHERE ended_in IS NULL ORDER BY asked_at, approval_id")
-    return [_info(row) for row in rows.fetchall()]
+    return [_info(row, sealer) for row in rows.fetchall()]
 
 
-def between(conn: Conn, agent_id: str, low: int, high: int) -> list[ApprovalInfo]:
+def between(
+    conn: Conn, agent_id: str, low: int, high: int, sealer: Sealer = PLAIN
+) -> list[ApprovalInfo]:
     """The approvals of ``agent_id`` asked or resumed by a version after ``low`` up to
     ``high``, oldest first."""
     rows = conn.execute(
@@ -269,15 +297,15 @@ def between(conn: Conn, agent_id: str, low: int, high: int) -> list[ApprovalInfo
         """,
         (agent_id, low, high),
     ).fetchall()
-    return [_info(row) for row in rows]
+    return [_info(row, sealer) for row in rows]
 
 
-def one(conn: Conn, approval_id: str) -> ApprovalInfo | None:
+def one(conn: Conn, approval_id: str, sealer: Sealer = PLAIN) -> ApprovalInfo | None:
     """The approval ``approval_id``, or None."""
     if not isinstance(approval_id, str) or "\0" in approval_id or not storable(approval_id):
         return None
     row = conn.execute(f"{_SELECT} WHERE approval_id = ?", (approval_id,)).fetchone()
-    return None if row is None else _info(row)
+    return None if row is None else _info(row, sealer)
 
 
 def parameters(conn: Conn, approval_id: str) -> dict[str, Any] | None:
@@ -306,6 +334,7 @@ def decided(
     until: float | None,
     limit: int,
     offset: int,
+    sealer: Sealer = PLAIN,
 ) -> tuple[list[ApprovalInfo], int]:
     """One page of the approvals no longer pending, newest decision first, and their count.
 
@@ -340,7 +369,7 @@ def decided(
         f"{_SELECT} WHERE {condition} ORDER BY {_DECIDED_AT} DESC, approval_id LIMIT ? OFFSET ?",
         [*params, limit, offset],
     ).fetchall()
-    return [_info(row) for row in rows], total
+    return [_info(row, sealer) for row in rows], total
 
 
 def pending_count(conn: Conn) -> int:
@@ -361,6 +390,7 @@ def decide(
     arguments: Mapping[str, Any] | None,
     now: float,
     parameters: Mapping[str, Any] | None = None,
+    sealer: Sealer = PLAIN,
 ) -> ApprovalInfo:
     """Record one decision; queue the turn's resumption once its last approval is decided.
 
@@ -376,7 +406,7 @@ def decide(
     """
     decider = _text(by, "by", 200, required=True)
     note = _text(note, "reason" if not approve else "note", MAX_NOTE, required=not approve)
-    found = one(conn, approval_id)
+    found = one(conn, approval_id, sealer)
     if found is None:
         raise _no_approval(approval_id)
     if found.status != "pending":
@@ -397,7 +427,10 @@ def decide(
             )
         else:
             schema, schema_text = dict(parameters), dumps(dict(parameters))
-        decided = _checked_arguments(found, chosen, schema)
+        decided = sealer.seal(
+            _checked_arguments(found, chosen, schema),
+            *_place(found.agent_id, found.conversation, approval_id, "decided_arguments"),
+        )
     conn.execute(
         """
         UPDATE approvals SET status = ?2, decided_at = ?3, decided_by = ?4, note = ?5,
@@ -417,10 +450,10 @@ def decide(
     if conn.changes() != 1:  # another decider got there first (PostgreSQL's read committed)
         msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
         raise InvalidDecisionError(msg)
-    suspension = open_suspension(conn, found.agent_id, found.conversation)
+    suspension = open_suspension(conn, found.agent_id, found.conversation, sealer)
     if suspension is not None and suspension.decided and suspension.workflow is None:
         _queue_resume(conn, suspension, now)
-    decided_now = one(conn, approval_id)
+    decided_now = one(conn, approval_id, sealer)
     assert decided_now is not None
     return decided_now
 
@@ -433,6 +466,7 @@ def retarget(
     arguments: Mapping[str, Any],
     parameters: Mapping[str, Any],
     by: str,
+    sealer: Sealer = PLAIN,
 ) -> ApprovalInfo:
     """Make an approval name another tool (one renamed in new code), with ``arguments``.
 
@@ -452,7 +486,7 @@ def retarget(
     """
     decider = _text(by, "by", 200, required=True)
     name = _text(tool, "tool", 200, required=True)
-    found = one(conn, approval_id)
+    found = one(conn, approval_id, sealer)
     if found is None:
         raise _no_approval(approval_id)
     if found.status not in ("pending", "approved") or found.ended_in is not None:
@@ -462,7 +496,10 @@ def retarget(
             "approved one whose turn has not resumed, can be re-targeted; nothing was changed"
         )
         raise InvalidDecisionError(msg)
-    checked = _checked_arguments(found, arguments, parameters)
+    checked = sealer.seal(
+        _checked_arguments(found, arguments, parameters),
+        *_place(found.agent_id, found.conversation, approval_id, "arguments"),
+    )
     if name == found.tool:
         what = f"re-targeted to {name} with other arguments by {decider}"
     else:
@@ -485,7 +522,7 @@ def retarget(
     if conn.changes() != 1:
         msg = f"approval {approval_id} was decided by someone else just now; nothing was changed"
         raise InvalidDecisionError(msg)
-    changed = one(conn, approval_id)
+    changed = one(conn, approval_id, sealer)
     assert changed is not None
     return changed
 
@@ -509,6 +546,13 @@ def _unqueue_resume(conn: Conn, approval: ApprovalInfo) -> None:
     ).fetchone()
     if leased is not None:
         raise AgentInUseError(approval.agent_id, "a runner resuming its suspended turn")
+
+
+def _place(
+    agent_id: str, conversation: str, approval_id: str, column: str
+) -> tuple[str, str, str, str]:
+    """What an approval's ``column`` is sealed for: its agent, conversation and row."""
+    return APPROVAL, agent_id, conversation, f"{approval_id}:{column}"
 
 
 def _no_approval(approval_id: str) -> NotFoundError:
@@ -619,7 +663,9 @@ class ApprovalPart:
             (agent_id, new_version, note, time.time()),
         )
 
-    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(
+        self, conn: Conn, agent_id: str, version: int, new_agent_id: str, sealer: Sealer
+    ) -> None:
         """Refuse a version that holds a suspended turn; there is nothing else to copy."""
         held = conn.execute(
             """

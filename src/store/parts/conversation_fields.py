@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.seam import Conn
+from ..sealing import FIELDS, PLAIN, Sealer
 from .versioned import VersionedRows
 
 
@@ -22,7 +23,7 @@ class ConversationFieldsWrite:
     conversation: str
     state: str
 
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
         """Make ``state`` the conversation's values from ``version`` on."""
         remove(conn, agent_id, self.conversation, version)
         conn.execute(
@@ -30,7 +31,12 @@ class ConversationFieldsWrite:
             INSERT INTO conversation_fields (agent_id, conversation, added_in, state)
             VALUES (?, ?, ?, ?)
             """,
-            (agent_id, self.conversation, version, self.state),
+            (
+                agent_id,
+                self.conversation,
+                version,
+                sealer.seal(self.state, FIELDS, agent_id, self.conversation),
+            ),
         )
 
 
@@ -38,7 +44,12 @@ class ConversationFields(VersionedRows):
     """The ``conversation_fields`` table as a versioned part of an agent's record."""
 
     def __init__(self) -> None:
-        super().__init__("conversation_fields", ("conversation", "state"))
+        super().__init__(
+            "conversation_fields",
+            ("conversation", "state"),
+            sealed="state",
+            place=lambda agent_id, row: (FIELDS, agent_id, row["conversation"], ""),
+        )
 
 
 def remove(conn: Conn, agent_id: str, conversation: str, version: int) -> None:
@@ -52,7 +63,9 @@ def remove(conn: Conn, agent_id: str, conversation: str, version: int) -> None:
     )
 
 
-def state_at(conn: Conn, agent_id: str, conversation: str, version: int) -> str | None:
+def state_at(
+    conn: Conn, agent_id: str, conversation: str, version: int, sealer: Sealer = PLAIN
+) -> str | None:
     """The JSON values of the conversation's fields at ``version``, or None if it has none."""
     row = conn.execute(
         """
@@ -62,4 +75,8 @@ def state_at(conn: Conn, agent_id: str, conversation: str, version: int) -> str 
         """,
         (agent_id, conversation, version),
     ).fetchone()
-    return None if row is None else str(row[0])
+    if row is None:
+        return None
+    return sealer.open(
+        row[0], FIELDS, agent_id, conversation, table="conversation_fields", version=version
+    )

@@ -27,7 +27,9 @@ from ...errors import InvalidEventError, NotFoundError
 from ..engine.seam import Conn
 from ..ids import validate_agent_id
 from ..rows import dumps, storable, utc
-from .alarms import current_version
+from ..sealing import PLAIN, Sealer
+from .alarms import current_version, opened_action, sealed_action
+from .steps import opened_step, sealed_step
 
 #: Longest event name.
 MAX_NAME = 200
@@ -107,6 +109,7 @@ def send(
     *,
     create: bool,
     now: float,
+    sealer: Sealer = PLAIN,
 ) -> tuple[EventInfo, bool]:
     """Put the event in the agent's inbox, or give it to the workflow step waiting for it.
 
@@ -126,7 +129,7 @@ def send(
         raise NotFoundError(msg)
     found_id = event_id(agent_id, key)
     if key is not None:
-        earlier = _one(conn, found_id)
+        earlier = _one(conn, found_id, sealer)
         if earlier is not None:
             same = (earlier.name, dumps(earlier.payload)) == (
                 name,
@@ -135,7 +138,7 @@ def send(
             if not same:
                 _invalid(f"key {key!r} was used for another event of {agent_id!r}: {earlier.name}")
             return earlier, False
-    waiting = _waiting_step(conn, agent_id, name, now)
+    waiting = _waiting_step(conn, agent_id, name, now, sealer)
     conn.execute(
         """
         INSERT INTO alarms (alarm_id, created_in, agent_id, action, fire_at, due_at,
@@ -147,7 +150,7 @@ def send(
             found_id,
             version,
             agent_id,
-            payload_json,
+            sealed_action(sealer, agent_id, found_id, payload_json),
             now,
             "pending" if waiting is None else "done",
             None if waiting is None else version,
@@ -156,10 +159,10 @@ def send(
             name,
         ),
     )
-    sent = _one(conn, found_id)
+    sent = _one(conn, found_id, sealer)
     assert sent is not None
     if waiting is not None:
-        _finish_wait(conn, waiting[0], waiting[1], sent, version, now)
+        _finish_wait(conn, waiting[0], waiting[1], sent, version, now, sealer)
     return sent, True
 
 
@@ -172,6 +175,7 @@ def wait(
     name: str,
     timeout: float,
     now: float,
+    sealer: Sealer = PLAIN,
 ) -> tuple[bool, str | None, float]:
     """Begin, or look again at, a workflow step that waits for the agent's event ``name``.
 
@@ -190,7 +194,9 @@ def wait(
         (workflow, step_key),
     ).fetchone()
     if row is None or row[0] != "running":
-        arguments = wait_arguments(timeout)
+        arguments = sealed_step(
+            sealer, agent_id, None, workflow, step_key, "arguments", wait_arguments(timeout)
+        )
         conn.execute(
             """
             INSERT INTO workflow_steps (workflow, step_key, number, agent_id, template,
@@ -219,7 +225,7 @@ def wait(
     ).fetchone()
     version = current_version(conn, agent_id)
     if found is not None:
-        event = _one(conn, found[0])
+        event = _one(conn, found[0], sealer)
         assert event is not None
         conn.execute(  # the event may be newer than the agent's version: then it ends there
             """
@@ -229,14 +235,17 @@ def wait(
             """,
             (event.event_id, version, _taken_note(workflow, step_key), now),
         )
-        return True, _finish_wait(conn, workflow, step_key, event, version, now), deadline
+        result = _finish_wait(conn, workflow, step_key, event, version, now, sealer)
+        return True, result, deadline
     if now >= deadline:
-        _end_step(conn, workflow, step_key, "null", now)
+        _end_step(conn, workflow, step_key, agent_id, "null", now, sealer)
         return True, "null", deadline
     return False, None, deadline
 
 
-def _waiting_step(conn: Conn, agent_id: str, name: str, now: float) -> tuple[str, str] | None:
+def _waiting_step(
+    conn: Conn, agent_id: str, name: str, now: float, sealer: Sealer
+) -> tuple[str, str] | None:
     """The first workflow step that waits for the agent's event ``name``, if not timed out."""
     rows = conn.execute(
         """
@@ -247,7 +256,8 @@ def _waiting_step(conn: Conn, agent_id: str, name: str, now: float) -> tuple[str
         (agent_id, WAIT_PREFIX + name),
     ).fetchall()
     for workflow, step_key, arguments, started_at in rows:
-        if now < started_at + float(json.loads(arguments)["timeout"]):
+        told = opened_step(sealer, agent_id, None, workflow, step_key, "arguments", arguments)
+        if now < started_at + float(json.loads(told)["timeout"]):
             return workflow, step_key
     return None
 
@@ -262,7 +272,13 @@ def _taken_note(workflow: str, step_key: str) -> str:
 
 
 def _finish_wait(
-    conn: Conn, workflow: str, step_key: str, event: EventInfo, version: int, now: float
+    conn: Conn,
+    workflow: str,
+    step_key: str,
+    event: EventInfo,
+    version: int,
+    now: float,
+    sealer: Sealer,
 ) -> str:
     result = dumps(
         {
@@ -272,19 +288,27 @@ def _finish_wait(
             "sent_at": event.sent_at.isoformat(),
         }
     )
-    _end_step(conn, workflow, step_key, result, now, version)
+    _end_step(conn, workflow, step_key, event.agent_id, result, now, sealer, version)
     return result
 
 
 def _end_step(
-    conn: Conn, workflow: str, step_key: str, result: str, now: float, version: int | None = None
+    conn: Conn,
+    workflow: str,
+    step_key: str,
+    agent_id: str,
+    result: str,
+    now: float,
+    sealer: Sealer,
+    version: int | None = None,
 ) -> None:
+    sealed = sealed_step(sealer, agent_id, None, workflow, step_key, "result", result)
     conn.execute(
         """
         UPDATE workflow_steps SET status = 'done', result = ?3, version = ?4, finished_at = ?5
          WHERE workflow = ?1 AND step_key = ?2
         """,
-        (workflow, step_key, result, version, now),
+        (workflow, step_key, sealed, version, now),
     )
 
 
@@ -297,8 +321,9 @@ _SELECT = """
 """
 
 
-def _info(row: tuple[Any, ...]) -> EventInfo:
+def _info(row: tuple[Any, ...], sealer: Sealer) -> EventInfo:
     alarm_id, agent_id, name, payload, status, created_at, ended_in, attempts, note = row
+    payload = opened_action(sealer, agent_id, alarm_id, "event", payload)
     taken = note if status == "done" and note and note.startswith("taken by workflow") else None
     return EventInfo(
         alarm_id,
@@ -314,15 +339,17 @@ def _info(row: tuple[Any, ...]) -> EventInfo:
     )
 
 
-def _one(conn: Conn, found_id: str) -> EventInfo | None:
+def _one(conn: Conn, found_id: str, sealer: Sealer) -> EventInfo | None:
     row = conn.execute(
         f"{_SELECT} WHERE alarm_id = ? AND kind = 'event' ORDER BY created_in DESC LIMIT 1",
         (found_id,),
     ).fetchone()
-    return None if row is None else _info(row)
+    return None if row is None else _info(row, sealer)
 
 
-def listed(conn: Conn, agent_id: str | None, *, include_delivered: bool) -> list[EventInfo]:
+def listed(
+    conn: Conn, agent_id: str | None, *, include_delivered: bool, sealer: Sealer = PLAIN
+) -> list[EventInfo]:
     """The events (of one agent), oldest first; pending and dead ones unless asked."""
     where = ["kind = 'event'"]
     params: list[Any] = []
@@ -334,7 +361,7 @@ def listed(conn: Conn, agent_id: str | None, *, include_delivered: bool) -> list
     rows = conn.execute(
         f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY created_at, alarm_id", params
     ).fetchall()
-    return [_info(row) for row in rows]
+    return [_info(row, sealer) for row in rows]
 
 
 def _check_text(value: object, name: str, limit: int) -> None:

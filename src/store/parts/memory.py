@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ..engine.seam import Conn
+from ..sealing import MEMORY, PLAIN, Sealer
 from .versioned import VersionedRows
 
 type Kind = Literal["key", "note"]
@@ -45,10 +46,10 @@ class MemoryChanges:
     def __init__(self) -> None:
         self.changes: dict[tuple[Kind, str], str | None] = {}
 
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
         """Apply the changes as part of ``version`` of ``agent_id``."""
         for (kind, key), value in self.changes.items():
-            if value is not None and _active_value(conn, agent_id, kind, key) == value:
+            if value is not None and _active_value(conn, agent_id, kind, key, sealer) == value:
                 continue  # unchanged: no new row, the old one stays active
             conn.execute(
                 """
@@ -60,7 +61,13 @@ class MemoryChanges:
             if value is not None:
                 conn.execute(
                     "INSERT INTO memory (agent_id, kind, key, added_in, value) VALUES (?,?,?,?,?)",
-                    (agent_id, kind, key, version, value),
+                    (
+                        agent_id,
+                        kind,
+                        key,
+                        version,
+                        sealer.seal(value, *_place(agent_id, kind, key)),
+                    ),
                 )
 
 
@@ -68,7 +75,12 @@ class MemoryPart(VersionedRows):
     """Memory as a versioned part: rollback, fork, prune and delete."""
 
     def __init__(self) -> None:
-        super().__init__("memory", ("kind", "key", "value"))
+        super().__init__(
+            "memory",
+            ("kind", "key", "value"),
+            sealed="value",
+            place=lambda agent_id, row: _place(agent_id, row["kind"], row["key"]),
+        )
 
 
 class MemoryRows:
@@ -79,13 +91,16 @@ class MemoryRows:
             I/O errors into StorageError.
     """
 
-    def __init__(self, reading: Callable[[], AbstractContextManager[Conn]]) -> None:
+    def __init__(
+        self, reading: Callable[[], AbstractContextManager[Conn]], sealer: Sealer = PLAIN
+    ) -> None:
         self._reading = reading
+        self._sealer = sealer
 
     def value(self, agent_id: str, kind: Kind, key: str) -> str | None:
         """The JSON text ``key`` holds now, or None."""
         with self._reading() as conn:
-            return _active_value(conn, agent_id, kind, key)
+            return _active_value(conn, agent_id, kind, key, self._sealer)
 
     def count(self, agent_id: str, kind: Kind) -> int:
         """How many keys (or notes) the agent holds now."""
@@ -115,6 +130,15 @@ class MemoryRows:
         when ``small`` is negative), else None. At most ``limit`` rows (negative:
         all); keys that do not start with ``prefix`` are left out.
         """
+        if self._sealer.enabled:  # sizes are the plain values', known once opened
+            return [
+                (
+                    key,
+                    len(value.encode()),
+                    value if small < 0 or len(value.encode()) <= small else None,
+                )
+                for key, value in self._opened_entries(agent_id, kind, prefix, limit)
+            ]
         with self._reading() as conn:
             rows: list[tuple[Any, ...]] = conn.execute(
                 """
@@ -130,8 +154,26 @@ class MemoryRows:
             ).fetchall()
         return rows
 
+    def _opened_entries(
+        self, agent_id: str, kind: Kind, prefix: str, limit: int
+    ) -> list[tuple[str, str]]:
+        with self._reading() as conn:
+            rows = conn.execute(
+                """
+                SELECT key, value FROM checked_memory
+                 WHERE agent_id = ?1 AND kind = ?2 AND removed_in IS NULL
+                   AND key >= ?3 AND (CAST(?5 AS TEXT) IS NULL OR key < CAST(?5 AS TEXT))
+                   AND substr(key, 1, length(?3)) = ?3
+                 ORDER BY key LIMIT CASE WHEN ?4 < 0 THEN 9223372036854775807 ELSE ?4 END
+                """,
+                (agent_id, kind, prefix, limit, _prefix_end(prefix)),
+            ).fetchall()
+        return [(key, opened(self._sealer, agent_id, kind, key, value)) for key, value in rows]
 
-def memory_at(conn: Conn, agent_id: str, version: int, kind: Kind) -> list[tuple[str, str]]:
+
+def memory_at(
+    conn: Conn, agent_id: str, version: int, kind: Kind, sealer: Sealer = PLAIN
+) -> list[tuple[str, str]]:
     """``(key, JSON text)`` of every key (or note) ``version`` held, in key order."""
     rows: list[tuple[Any, ...]] = conn.execute(
         """
@@ -142,7 +184,9 @@ def memory_at(conn: Conn, agent_id: str, version: int, kind: Kind) -> list[tuple
         """,
         (agent_id, kind, version),
     ).fetchall()
-    return rows
+    if not sealer.enabled:
+        return rows
+    return [(key, opened(sealer, agent_id, kind, key, value)) for key, value in rows]
 
 
 def note_of(value: str) -> MemoryNote:
@@ -151,7 +195,19 @@ def note_of(value: str) -> MemoryNote:
     return MemoryNote(datetime.fromtimestamp(decoded["at"], UTC), str(decoded["text"]))
 
 
-def _active_value(conn: Conn, agent_id: str, kind: Kind, key: str) -> str | None:
+def opened(sealer: Sealer, agent_id: str, kind: Kind, key: str, value: str) -> str:
+    """A memory row's ``value`` of ``key``, opened by ``sealer``."""
+    return sealer.open(value, *_place(agent_id, kind, key), table="memory")
+
+
+def _place(agent_id: str, kind: Kind, key: str) -> tuple[str, str, str, str]:
+    """What a memory value is sealed for: its agent, and its kind and key there."""
+    return MEMORY, agent_id, "", f"{kind}:{key}"
+
+
+def _active_value(
+    conn: Conn, agent_id: str, kind: Kind, key: str, sealer: Sealer = PLAIN
+) -> str | None:
     row = conn.execute(
         """
         SELECT value FROM checked_memory
@@ -159,7 +215,9 @@ def _active_value(conn: Conn, agent_id: str, kind: Kind, key: str) -> str | None
         """,
         (agent_id, kind, key),
     ).fetchone()
-    return None if row is None else str(row[0])
+    if row is None:
+        return None
+    return opened(sealer, agent_id, kind, key, row[0])
 
 
 def _prefix_end(prefix: str) -> str | None:

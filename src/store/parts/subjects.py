@@ -10,6 +10,7 @@ conversation that carries it.
 from __future__ import annotations
 
 from ..engine.seam import Conn
+from ..sealing import Sealer
 
 #: The ``conversation`` of an agent's own subject.
 AGENT = ""
@@ -62,7 +63,9 @@ class SubjectPart:
     def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
         """A label of the agent, not of a version: it stays."""
 
-    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(
+        self, conn: Conn, agent_id: str, version: int, new_agent_id: str, sealer: Sealer
+    ) -> None:
         """The fork carries its source's subjects: the same person's content."""
         conn.execute(
             """

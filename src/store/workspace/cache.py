@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import struct
 import threading
 import zlib
@@ -44,6 +45,7 @@ import apsw
 
 from ...errors import SQLWorkspaceError
 from ..engine.sqlite.damage import CORRUPTION, header_problem
+from ..sealing import PLAIN, Sealer
 from .log import RESET, Step, Truth, apply, log, replayed, truth
 from .sandbox import SQLLimits, harden
 
@@ -59,6 +61,8 @@ WORKSPACE_APPLICATION_ID = 0x45465753  # "EFWS": PRAGMA application_id of worksp
 _STAMPS = "-stamps"
 _RECORD = struct.Struct("<qdI")
 _STAMPS_SIZE = 2 * _RECORD.size
+#: The first part of the names of the tables kept in memory (``WorkspaceCache.in_memory``).
+_MEMORY = "effectful-durable-workspace-"
 
 
 class WorkspaceCache:
@@ -72,21 +76,36 @@ class WorkspaceCache:
             made private to the user (mode 0700).
     """
 
-    def __init__(self, directory: str, *, stamped: bool) -> None:
+    def __init__(self, directory: str, *, stamped: bool, sealer: Sealer = PLAIN) -> None:
         self.directory = directory
         self.stamped = stamped
+        self.sealer = sealer
         self._local = threading.local()
         self._kept: list[WorkspaceFiles] = []
         self._lock = threading.Lock()
+        self._memory_stamps: dict[str, dict[int, float]] = {}
 
     @classmethod
     def beside(cls, db_path: str) -> WorkspaceCache:
         """The files of the SQLite database ``db_path``: ``<db>-workspaces/``, unstamped."""
         return cls(os.path.realpath(db_path) + "-workspaces", stamped=False)
 
+    @classmethod
+    def in_memory(cls, sealer: Sealer) -> WorkspaceCache:
+        """The tables of a database whose content ``sealer`` seals: in this process's
+        memory only, stamped (see the module's docstring)."""
+        return cls(f"{_MEMORY}{secrets.token_hex(8)}", stamped=True, sealer=sealer)
+
+    @property
+    def kept_in_memory(self) -> bool:
+        """Whether the tables are kept in memory, not in files."""
+        return self.directory.startswith(_MEMORY)
+
     def path(self, agent_id: str) -> str:
-        """The file that holds ``agent_id``'s tables."""
+        """The file that holds ``agent_id``'s tables (a ``memdb`` URI, in memory)."""
         digest = hashlib.blake2b(agent_id.encode(), digest_size=16).hexdigest()
+        if self.kept_in_memory:
+            return f"file:/{self.directory}-{digest}?vfs=memdb"
         return os.path.join(self.directory, f"{digest}.sqlite")
 
     def files(self) -> WorkspaceFiles:
@@ -107,11 +126,18 @@ class WorkspaceCache:
 
     def remove(self, agent_id: str) -> None:
         """Delete ``agent_id``'s file (with its WAL and stamps), if there is one."""
+        if self.kept_in_memory:  # unstamped, it is rebuilt when next used
+            with self._lock:
+                self._memory_stamps.pop(self.path(agent_id), None)
+            return
         remove_files(self.path(agent_id))
 
     def shred(self, agent_id: str) -> bool:
         """Overwrite ``agent_id``'s files with zeros, then delete them (an erasure);
         whether it had any here."""
+        if self.kept_in_memory:
+            self.remove(agent_id)
+            return False
         path = self.path(agent_id)
         found = False
         for suffix in ("", "-wal", "-shm", "-journal", _STAMPS):
@@ -133,6 +159,8 @@ class WorkspaceCache:
         Raises:
             SQLWorkspaceError: It cannot be made (the message says what to do).
         """
+        if self.kept_in_memory:
+            return
         try:
             os.makedirs(self.directory, mode=0o700 if self.stamped else 0o777, exist_ok=True)
         except OSError as e:
@@ -154,6 +182,9 @@ class WorkspaceCache:
         """
         if not self.stamped:
             return {}
+        if self.kept_in_memory:
+            with self._lock:
+                return dict(self._memory_stamps.get(path, {}))
         try:
             with open(path + _STAMPS, "rb") as file:
                 data = file.read(_STAMPS_SIZE)
@@ -185,6 +216,11 @@ class WorkspaceCache:
         """
         if not self.stamped:
             return
+        if self.kept_in_memory:
+            with self._lock:
+                kept = {v: t for v, t in stamps.items() if t is not None}
+                self._memory_stamps[path] = kept
+            return
         records = b"".join(
             _record(version, stamp)
             for version, stamp in sorted(stamps.items())
@@ -195,6 +231,10 @@ class WorkspaceCache:
             os.pwrite(fd, records[-_STAMPS_SIZE:].ljust(_STAMPS_SIZE, b"\0"), 0)
         finally:
             os.close(fd)
+
+
+def _in_memory(path: str) -> bool:
+    return path.startswith(f"file:/{_MEMORY}")
 
 
 def _record(version: int, stamp: float) -> bytes:
@@ -240,10 +280,14 @@ def open_workspace(
 
 
 def _open_workspace(path: str, limits: SQLLimits, *, busy_timeout: float) -> apsw.Connection:
-    problem = header_problem(path, WORKSPACE_APPLICATION_ID)
-    if problem is not None:
-        raise _NotWorkspace(problem)
-    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE)
+    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    if _in_memory(path):
+        flags |= apsw.SQLITE_OPEN_URI
+    else:
+        problem = header_problem(path, WORKSPACE_APPLICATION_ID)
+        if problem is not None:
+            raise _NotWorkspace(problem)
+    conn = apsw.Connection(path, flags=flags)
     try:
         conn.set_busy_timeout(int(busy_timeout * 1000))
         if conn.readonly("main"):
@@ -280,6 +324,9 @@ def set_aside(path: str, reason: str) -> str:
         The new name.
     """
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    if _in_memory(path):  # nothing to keep: emptied and rebuilt where it is
+        logger.warning("the SQL workspace %s in memory is damaged (%s); rebuilt it", path, reason)
+        return path
     aside = f"{path}.damaged-{stamp}"
     for suffix in ("", "-wal", "-shm", _STAMPS):
         with contextlib.suppress(FileNotFoundError):
@@ -346,6 +393,8 @@ class WorkspaceFiles:
 
 
 def _identity(path: str) -> tuple[int, int] | None:
+    if _in_memory(path):
+        return (0, 0)
     try:
         found = os.stat(path)
     except FileNotFoundError:
@@ -428,7 +477,7 @@ def _catch_up(
     with db.reading() as conn:
         found = truth(conn, agent_id, held)
         trusted = cache.trusts(stamps, held, found)
-        steps = log(conn, agent_id, held, found.current) if trusted else []
+        steps = log(conn, agent_id, held, found.current, cache.sealer) if trusted else []
     if trusted and steps:
         try:
             ws.execute("SAVEPOINT catch_up")
@@ -445,7 +494,7 @@ def _catch_up(
         held, stamps = 0, {}
         with db.reading() as conn:
             found = truth(conn, agent_id, held)
-            steps = log(conn, agent_id, held, found.current)
+            steps = log(conn, agent_id, held, found.current, cache.sealer)
         apply(ws, steps)
     if held != found.current:
         cache.stamp(path, {held: stamps.get(held), found.current: found.stamp})
@@ -502,10 +551,10 @@ def _materialize(
             held = None  # ahead of the log, or another commit's: start from nothing
         undo: list[Step] = []
         if held is not None and held > version:
-            undo = log(conn, agent_id, version, held)
+            undo = log(conn, agent_id, version, held, cache.sealer)
             if any(ddl is not None for ddl, _ in undo):
                 held, undo = None, []  # a schema change since: replay up to version instead
-        steps = [] if undo else log(conn, agent_id, held or 0, version)
+        steps = [] if undo else log(conn, agent_id, held or 0, version, cache.sealer)
     if held is None:
         mem.close()
         return replayed(steps)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import apsw
 
 from ..engine.seam import Conn
+from ..sealing import PLAIN, Sealer
 from .log import Step, apply, combine, log, replayed, schema_steps
 from .schema import quote, tables
 from .workspace import jsonable
@@ -55,7 +56,7 @@ class TableChange:
 
 
 def table_changes(
-    conn: Conn, agent_id: str, low: int, high: int, *, limit: int | None
+    conn: Conn, agent_id: str, low: int, high: int, *, limit: int | None, sealer: Sealer = PLAIN
 ) -> list[TableChange]:
     """What the agent's tables gained and lost from version ``low`` to ``high`` (either order).
 
@@ -64,17 +65,17 @@ def table_changes(
         limit: The most rows listed per table (None: all).
     """
     first, last = sorted((low, high))
-    steps = log(conn, agent_id, first, last)
+    steps = log(conn, agent_id, first, last, sealer)
     if not steps:
         return []
     if all(ddl is None for ddl, _ in steps):
         changeset = combine(cs for _, cs in steps if cs)
         if low > high:
             changeset = apsw.Changeset.invert(changeset) if changeset else changeset
-        columns = _columns(schema_steps(conn, agent_id, last))
+        columns = _columns(schema_steps(conn, agent_id, last, sealer))
         return _from_changeset(changeset, columns, limit)
-    before = replayed(log(conn, agent_id, 0, low))
-    after = replayed(log(conn, agent_id, 0, high))
+    before = replayed(log(conn, agent_id, 0, low, sealer))
+    after = replayed(log(conn, agent_id, 0, high, sealer))
     try:
         return _compared(before, after, limit)
     finally:

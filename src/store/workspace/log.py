@@ -25,6 +25,7 @@ from typing import Any
 import apsw
 
 from ..engine.seam import Conn
+from ..sealing import PLAIN, WORKSPACE, Sealer
 from .schema import quote, tables
 
 RESET = "-- reset"  # a DDL step that drops every table: snapshots start with it
@@ -74,37 +75,62 @@ def stamp_of(conn: Conn, agent_id: str, version: int) -> float | None:
     return None if row is None else _float(row[0])
 
 
-def log(conn: Conn, agent_id: str, after: int, upto: int) -> list[Step]:
-    """The steps of the versions after ``after`` up to ``upto``, in order."""
+def log(conn: Conn, agent_id: str, after: int, upto: int, sealer: Sealer = PLAIN) -> list[Step]:
+    """The steps of the versions after ``after`` up to ``upto``, in order, opened by
+    ``sealer``."""
     rows = conn.execute(
         """
-        SELECT ddl, changeset FROM checked_workspace_log
+        SELECT ddl, changeset, version, seq FROM checked_workspace_log
          WHERE agent_id = ? AND version > ? AND version <= ? ORDER BY version, seq
         """,
         (agent_id, after, upto),
     ).fetchall()
-    return [(_text(ddl), _blob(changeset)) for ddl, changeset in rows]
+    return [_opened(sealer, agent_id, *row) for row in rows]
 
 
-def schema_steps(conn: Conn, agent_id: str, upto: int) -> list[Step]:
+def schema_steps(conn: Conn, agent_id: str, upto: int, sealer: Sealer = PLAIN) -> list[Step]:
     """The DDL steps (resets included) of the versions up to ``upto``, in order: what
     makes the tables' schema at ``upto``, without their rows."""
     rows = conn.execute(
         """
-        SELECT ddl, changeset FROM checked_workspace_log
+        SELECT ddl, NULL, version, seq FROM checked_workspace_log
          WHERE agent_id = ? AND version <= ? AND ddl IS NOT NULL ORDER BY version, seq
         """,
         (agent_id, upto),
     ).fetchall()
-    return [(_text(ddl), None) for ddl, _ in rows]
+    return [_opened(sealer, agent_id, *row) for row in rows]
 
 
-def write_log(conn: Conn, agent_id: str, version: int, steps: Sequence[Step]) -> None:
-    """Record ``steps`` as ``version`` of the agent's tables."""
+def write_log(
+    conn: Conn, agent_id: str, version: int, steps: Sequence[Step], sealer: Sealer = PLAIN
+) -> None:
+    """Record ``steps`` as ``version`` of the agent's tables, sealed by ``sealer``."""
+    rows = []
+    for seq, (ddl, changeset) in enumerate(steps):
+        where = f"{version}:{seq}"
+        if ddl is not None and ddl != RESET:
+            ddl = sealer.seal(ddl, WORKSPACE, agent_id, "", where)
+        if changeset is not None:
+            changeset = sealer.seal_bytes(changeset, WORKSPACE, agent_id, "", where)
+        rows.append((agent_id, version, seq, ddl, changeset))
     conn.executemany(
         "INSERT INTO workspace_log (agent_id, version, seq, ddl, changeset) VALUES (?,?,?,?,?)",
-        [(agent_id, version, seq, ddl, cs) for seq, (ddl, cs) in enumerate(steps)],
+        rows,
     )
+
+
+def _opened(
+    sealer: Sealer, agent_id: str, ddl: Any, changeset: Any, version: int, seq: int
+) -> Step:
+    """A log row's step, opened (a reset is never sealed: it holds nothing)."""
+    where = f"{version}:{seq}"
+    text = _text(ddl)
+    if text is not None and text != RESET:
+        text = sealer.open(text, WORKSPACE, agent_id, "", where, table="workspace_log")
+    blob = _blob(changeset)
+    if blob is not None:
+        blob = sealer.open_bytes(blob, WORKSPACE, agent_id, "", where, table="workspace_log")
+    return text, blob
 
 
 def apply(ws: apsw.Connection, steps: Iterable[Step]) -> None:

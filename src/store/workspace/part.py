@@ -12,6 +12,7 @@ from __future__ import annotations
 import apsw
 
 from ..engine.seam import Conn
+from ..sealing import Sealer
 from .cache import WorkspaceCache
 from .log import combine, log, replayed, snapshot, write_log
 
@@ -29,25 +30,29 @@ class WorkspacePart:
 
     def rollback(self, conn: Conn, agent_id: str, to_version: int, new_version: int) -> None:
         """Write, as ``new_version``, what undoes every change after ``to_version``."""
-        later = log(conn, agent_id, to_version, new_version - 1)
+        later = log(conn, agent_id, to_version, new_version - 1, self.cache.sealer)
         if not later:
             return
         if all(ddl is None for ddl, _ in later):
             inverse = apsw.Changeset.invert(combine(cs for _, cs in later if cs))
             if inverse:
-                write_log(conn, agent_id, new_version, [(None, inverse)])
+                write_log(conn, agent_id, new_version, [(None, inverse)], self.cache.sealer)
             return
-        mem = replayed(log(conn, agent_id, 0, to_version))  # DDL after v: rebuild v's tables
-        write_log(conn, agent_id, new_version, snapshot(mem))
+        mem = replayed(
+            log(conn, agent_id, 0, to_version, self.cache.sealer)
+        )  # DDL after v: rebuild v's tables
+        write_log(conn, agent_id, new_version, snapshot(mem), self.cache.sealer)
         mem.close()
 
-    def fork(self, conn: Conn, agent_id: str, version: int, new_agent_id: str) -> None:
+    def fork(
+        self, conn: Conn, agent_id: str, version: int, new_agent_id: str, sealer: Sealer
+    ) -> None:
         """Give ``new_agent_id`` (version 1) the tables ``agent_id`` had at ``version``."""
-        steps = log(conn, agent_id, 0, version)
+        steps = log(conn, agent_id, 0, version, self.cache.sealer)
         if not steps:
             return
         mem = replayed(steps)
-        write_log(conn, new_agent_id, 1, snapshot(mem))
+        write_log(conn, new_agent_id, 1, snapshot(mem), self.cache.sealer)
         mem.close()
         self.cache.remove(new_agent_id)
 
@@ -70,11 +75,11 @@ class WorkspacePart:
         weights = [int(size or 0) for _, size in sizes]
         if len(weights) <= 1 or sum(weights[1:]) < weights[0]:
             return
-        mem = replayed(log(conn, agent_id, 0, base))
+        mem = replayed(log(conn, agent_id, 0, base, self.cache.sealer))
         conn.execute(
             "DELETE FROM workspace_log WHERE agent_id = ? AND version <= ?", (agent_id, base)
         )
-        write_log(conn, agent_id, base, snapshot(mem))
+        write_log(conn, agent_id, base, snapshot(mem), self.cache.sealer)
         mem.close()
 
     def delete(self, conn: Conn, agent_id: str) -> None:

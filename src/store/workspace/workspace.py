@@ -30,6 +30,7 @@ from ...errors import SQLWorkspaceError
 from ..engine.seam import Conn
 from ..engine.sqlite.damage import CORRUPTION
 from ..engine.sqlite.translate import translated
+from ..sealing import Sealer
 from .cache import WorkspaceCache, WorkspaceFiles, caught_up, materialize, set_aside
 from .log import Step, apply, merged, stamp_of, write_log
 from .sandbox import Refused, SQLLimits, Statement, guarded, harden, vet
@@ -352,10 +353,10 @@ class WorkspaceTurn:
                 raise Refused(msg)
 
     # TurnWrite
-    def write(self, conn: Conn, agent_id: str, version: int) -> None:
+    def write(self, conn: Conn, agent_id: str, version: int, sealer: Sealer) -> None:
         """Log the turn's steps as ``version`` of ``agent_id``, in the main transaction."""
         self._cut()
-        write_log(conn, agent_id, version, merged(self._steps))
+        write_log(conn, agent_id, version, merged(self._steps), sealer)
         self.version = version
         if self._cache.stamped:
             self._stamp = stamp_of(conn, agent_id, version)
