@@ -205,6 +205,7 @@ class KeyStore:
         self.master = master
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._opened: list[apsw.Connection] = []  # every thread's, for close()
         self._keys: dict[str, Any] = {}  # key id -> its cipher
         self._current: dict[tuple[str, str], DataKey] = {}
         self._seen = -1
@@ -230,6 +231,8 @@ class KeyStore:
             conn.execute("PRAGMA secure_delete = ON")
             conn.execute("PRAGMA synchronous = FULL")
             self._local.conn = conn
+            with self._lock:
+                self._opened.append(conn)
         return conn
 
     def _fresh(self, conn: apsw.Connection) -> None:
@@ -412,11 +415,12 @@ class KeyStore:
         return [(str(a), str(c)) for a, c in rows]
 
     def close(self) -> None:
-        """Close this thread's connection to the key file."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        """Close the connections to the key file, of every thread (its store closes)."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
             conn.close()
-            self._local.conn = None
+        self._local = threading.local()
 
 
 class Keys:

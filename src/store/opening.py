@@ -19,7 +19,7 @@ from .engine.seam import Database, is_postgres_url
 from .engine.sqlite.connection import Durability
 from .engine.sqlite.damage import DamageWatch
 from .engine.sqlite.database import SQLiteDatabase
-from .keys import Keys
+from .keys import Keys, KeyStore
 from .sealing import PLAIN, Sealer
 from .workspace.cache import WorkspaceCache
 
@@ -115,6 +115,18 @@ def sealer_for(db: Database, keys: Keys | None, *, readonly: bool) -> Sealer:
         Sealer(None, db.location).verify("")  # raises: encrypted, and no keys
         raise AssertionError
     store = keys.key_store(db.location, is_file=db.kind == "sqlite", create=found is None)
+    try:
+        return _proven(db, store, found, readonly=readonly)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _proven(
+    db: Database, store: KeyStore, found: tuple[Any, ...] | None, *, readonly: bool
+) -> Sealer:
+    """The sealer of ``db`` with the data keys of ``store``, once they open its check
+    value (written first, if encryption starts now)."""
     if found is not None:
         sealer = Sealer(store, db.location, complete=bool(found[1]))
         sealer.verify(str(found[0]))

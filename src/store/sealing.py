@@ -52,10 +52,12 @@ def is_sealed(value: str | bytes) -> bool:
     return value.startswith(PREFIX)
 
 
-def key_id_of(value: str) -> str:
+def key_id_of(value: str | bytes) -> str:
     """The id of the data key a sealed ``value`` was sealed with ("" if it is plain)."""
     if not is_sealed(value):
         return ""
+    if isinstance(value, bytes):
+        return value[len(PREFIX) : value.find(b":", len(PREFIX))].decode("ascii", "replace")
     return value[len(PREFIX) : value.find(":", len(PREFIX))]
 
 

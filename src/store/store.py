@@ -232,7 +232,7 @@ class Store:
             self.engine.close()
             raise
         self._damage = opened.damage
-        self._workspaces = opened.workspaces
+        self._workspaces = self._workspace_files = opened.workspaces
         if self.sealer.enabled:  # no file may hold the tables' rows in plain text
             self._workspaces = WorkspaceCache.in_memory(self.sealer)
         # The parts rollback, fork, prune and delete carry, the SQL workspace last.
@@ -850,8 +850,10 @@ class Store:
         (encryption in place); with ``rotate``, every agent and conversation
         gets a new data key first, and every row is sealed again with it. Once
         no plain row is left, the database is marked complete: a plain value
-        found later is refused as damage. Stop programs that write to the
-        database without keys first (they would go on writing plain rows).
+        found later is refused as damage, and this machine's SQL workspace files
+        are shredded (with keys, the tables are kept in memory). Stop programs
+        that write to the database without keys first (they would go on writing
+        plain rows).
 
         Args:
             rotate: Make new data keys, and seal every row again with them.
@@ -865,9 +867,12 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return resealing.reseal(
+        report = resealing.reseal(
             self.engine, self.sealer, rotate=rotate, batch=batch, wait=wait, agents=agents
         )
+        if report.complete:  # the files of the plain days held the tables in plain text
+            report.shredded = self._workspace_files.shred_all()
+        return report
 
     def rewrap_keys(self, master: MasterKey) -> int:
         """Wrap every data key with the master key ``master`` instead; how many.
@@ -1390,6 +1395,8 @@ class Store:
             self.engine.close()
         finally:
             self._workspaces.close()
+            if self.sealer.keys is not None:
+                self.sealer.keys.close()
 
     def _connection(self) -> apsw.Connection:
         """This thread's SQLite connection (vacuum and backup, once ``require`` passed)."""

@@ -84,7 +84,7 @@ class TestWrites:
         commit(store, "a", x=1)
 
         class Boom:
-            def write(self, conn: Any, agent_id: str, version: int) -> None:
+            def write(self, conn: Any, agent_id: str, version: int, sealer: Any) -> None:
                 raise RuntimeError("boom")
 
         changes = MemoryChanges()

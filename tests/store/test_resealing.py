@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import keeper
 import pytest
 from helpers import edit_rows, persisted_rows, running
 from postgres_server import PostgresServer
@@ -81,6 +82,31 @@ class TestEncryptInPlace:
         )
         with Store(store_url, keys=keys) as store, pytest.raises(DamagedRowError):
             store.history("old")
+
+
+    def test_every_kind_of_content_is_sealed_in_place(
+        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+    ) -> None:
+        """Memory, the SQL workspace (its log; its files of the plain days shredded),
+        fields, approvals, events, alarms and the journal are sealed in place too, and
+        read back as before; a rotation after it seals them all again."""
+        keeper.fill(store_url, "ann")
+        mark = keeper.MARKERS["ann"]
+        with Store(store_url) as store:
+            before = {a: keeper.what_reads_back(store, a) for a in ("ann", "ann-copy")}
+        keys = new_keys(tmp_path)
+        with Store(store_url, keys=keys) as store:
+            report = store.reseal(batch=4)
+            assert report.complete and not report.busy, report
+            for table in ("memory", "workspace_log", "approvals", "alarms", "workflow_steps"):
+                assert report.sealed.get(table, 0) > 0, (table, report.sealed)
+            assert report.shredded > 0
+            assert {a: keeper.what_reads_back(store, a) for a in before} == before
+        assert marks(file_bytes(store_url, tmp_path, server), mark) == 0
+        with Store(store_url, keys=keys) as store:
+            rotated = store.reseal(rotate=True)
+            assert rotated.complete and rotated.sealed["workspace_log"] > 0
+            assert {a: keeper.what_reads_back(store, a) for a in before} == before
 
 
 class TestRotation:

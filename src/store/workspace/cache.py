@@ -138,20 +138,18 @@ class WorkspaceCache:
         if self.kept_in_memory:
             self.remove(agent_id)
             return False
-        path = self.path(agent_id)
-        found = False
-        for suffix in ("", "-wal", "-shm", "-journal", _STAMPS):
-            try:
-                size = os.path.getsize(path + suffix)
-            except FileNotFoundError:
-                continue
-            with open(path + suffix, "r+b") as file:
-                file.write(b"\0" * size)
-                file.flush()
-                os.fsync(file.fileno())
-            os.remove(path + suffix)
-            found = True
-        return found
+        return _shred(self.path(agent_id))
+
+    def shred_all(self) -> int:
+        """Overwrite every workspace file here with zeros, then delete it; how many.
+
+        For a database encrypted in place: its tables are kept in memory from
+        then on, and the files held them in plain text.
+        """
+        if self.kept_in_memory or not os.path.isdir(self.directory):
+            return 0
+        names = [n for n in os.listdir(self.directory) if n.endswith(".sqlite")]
+        return sum(_shred(os.path.join(self.directory, name)) for name in names)
 
     def make_directory(self) -> None:
         """Make the directory of the files if it is missing.
@@ -231,6 +229,24 @@ class WorkspaceCache:
             os.pwrite(fd, records[-_STAMPS_SIZE:].ljust(_STAMPS_SIZE, b"\0"), 0)
         finally:
             os.close(fd)
+
+
+def _shred(path: str) -> bool:
+    """Overwrite the workspace file ``path`` (with its WAL and stamps) with zeros, then
+    delete it; whether there was one."""
+    found = False
+    for suffix in ("", "-wal", "-shm", "-journal", _STAMPS):
+        try:
+            size = os.path.getsize(path + suffix)
+        except FileNotFoundError:
+            continue
+        with open(path + suffix, "r+b") as file:
+            file.write(b"\0" * size)
+            file.flush()
+            os.fsync(file.fileno())
+        os.remove(path + suffix)
+        found = True
+    return found
 
 
 def _in_memory(path: str) -> bool:
