@@ -21,7 +21,7 @@ import binascii
 import contextlib
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import ContentErasedError, DamagedRowError, KeyUnavailableError
@@ -67,6 +67,16 @@ def place(kind: str, agent_id: str, conversation: str = "", where: Any = "") -> 
     if isinstance(where, int | float):  # a position: the same text whichever it came as
         where = repr(float(where))
     return f"{kind}\x1f{agent_id}\x1f{conversation}\x1f{where}".encode()
+
+
+def unerased[T](rows: Iterable[Any], make: Callable[[Any], T]) -> list[T]:
+    """``make`` of each row, leaving out the rows whose content was erased: what a list
+    across agents shows in a copy made before an erasure."""
+    made: list[T] = []
+    for row in rows:
+        with contextlib.suppress(ContentErasedError):
+            made.append(make(row))
+    return made
 
 
 class _Unsealable(Exception):

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import keeper
 import pytest
 from postgres_server import PostgresServer
 from sealed import fill, new_keys, reads
@@ -107,6 +108,33 @@ class TestErasureReachesCopies:
                 # ann's failed turn left a handoff: a list leaves out what was erased
                 assert [h.agent_id for h in old.handoffs()] == ["bob"]
                 assert old.state("shared") is not None  # the shared fields stay
+
+    def test_every_kind_of_content_in_a_copy_from_before(
+        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+    ) -> None:
+        """Memory, the SQL workspace, alarms, events, approvals and the journal of the
+        erased person are gone from an earlier copy too (refused as erased, or left out
+        of lists), while the other person's read back exactly."""
+        keys = new_keys(tmp_path)
+        for who in ("ann", "bob"):
+            keeper.fill(store_url, who, keys)
+        with Store(store_url, keys=keys) as store:
+            kept = {a: keeper.what_reads_back(store, a) for a in ("bob", "bob-copy")}
+        copies = copy_before(store_url, keys, tmp_path, server)
+        with Store(store_url, keys=keys) as store:
+            store.erase(subject="user:ann")
+        for copy in copies:
+            with Store(copy, keys=keys) as old:
+                assert {a: keeper.what_reads_back(old, a) for a in kept} == kept
+                for agent in ("ann", "ann-copy"):
+                    with pytest.raises(ContentErasedError):
+                        old.memory(agent)
+                    with pytest.raises(ContentErasedError):
+                        old.sql(agent, "SELECT name FROM items")
+                    assert old.alarms(agent) == [] and old.events(agent) == []
+                    assert old.approvals(agent_id=agent) == []
+                steps = [s for w in old.workflows() for s in old.steps(w.workflow)]
+                assert steps and {s.agent_id for s in steps} == {"bob"}
 
     def test_erasing_one_conversation_alone(
         self, store_url: str, tmp_path: Path, server: PostgresServer | None

@@ -83,7 +83,6 @@ class TestEncryptInPlace:
         with Store(store_url, keys=keys) as store, pytest.raises(DamagedRowError):
             store.history("old")
 
-
     def test_every_kind_of_content_is_sealed_in_place(
         self, store_url: str, tmp_path: Path, server: PostgresServer | None
     ) -> None:
