@@ -21,7 +21,19 @@ from ..store import Store
 from ..store.engine.seam import redacted
 from ..store.rows import typed_json
 from ..upgrades.report import UpgradeReport
-from .command import FACTORY, PROG, Family, Flag, Run, as_said, fail, flag, report_path, unusable
+from .command import (
+    FACTORY,
+    PROG,
+    Family,
+    Flag,
+    Run,
+    as_said,
+    fail,
+    flag,
+    keys_from_environment,
+    report_path,
+    unusable,
+)
 from .loader import build, load
 
 COMMANDS = Family("Before new code runs")
@@ -77,9 +89,10 @@ def upgrade_check(args: argparse.Namespace) -> int:
     workflow = load(args.workflow, "--workflow") if args.workflow else None
     code_version = args.code_version or _handlers_code_version(args.handlers)
     bar = _Bar() if sys.stderr.isatty() and not args.json else None
-    report = check_upgrade(
-        args.db, agents=agents, workflow=workflow, code_version=code_version, progress=bar
-    )
+    with Store(args.db, readonly=True, keys=keys_from_environment()) as store:
+        report = check_upgrade(
+            store, agents=agents, workflow=workflow, code_version=code_version, progress=bar
+        )
     if bar is not None:
         bar.done()
     unbuilt = [b for b in report.breaks if b.kind == "agent"]
@@ -189,13 +202,14 @@ def migrate_state(args: argparse.Namespace) -> int:
     from ..upgrades import migrate_states
 
     factory = load(args.agents, "--agents")
-    migrated = migrate_states(
-        args.db,
-        agents=lambda agent_id: build(factory, args.agents, agent_id),
-        agent_id=args.agent,
-        dry_run=args.dry_run,
-        code_version=args.code_version,
-    )
+    with Store(args.db, keys=keys_from_environment()) as store:
+        migrated = migrate_states(
+            store,
+            agents=lambda agent_id: build(factory, args.agents, agent_id),
+            agent_id=args.agent,
+            dry_run=args.dry_run,
+            code_version=args.code_version,
+        )
     for one in migrated:
         done = "would be migrated" if one.version is None else f"version {one.version} committed"
         print(
@@ -226,7 +240,7 @@ def retarget(args: argparse.Namespace) -> int:
     from ..upgrades.agent_checks import Shape, command, tool_call_problem
 
     agents = load(args.agents, "--agents")
-    with Store(args.db) as store:
+    with Store(args.db, keys=keys_from_environment()) as store:
         approval = store.approval(args.approval)
         agent = build(agents, args.agents, approval.agent_id)
         shape = Shape.of(agent)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .engine.seam import Conn
 from .parts.approvals import DENIAL_OPENS
+from .parts.memory import opened
 from .rows import code_version_in, decode_messages, state_at
+from .sealing import FIELDS, MESSAGE, PLAIN, STATE, Sealer
 
 # Messages are stored as compact JSON (history.message_json): an assistant message that
 # calls tools holds this text, and one that calls none does not.
@@ -24,6 +26,8 @@ _RESULT_HEAD = 400
 _CALL_ID = re.compile(r'"tool_call_id"\s*:\s*"((?:[^"\\]|\\.)*)"')
 # A person's denial, as the resumed turn answers a denied call (parts/approvals.py),
 # opens the result's text.
+#: What the JSON text of an assistant message that calls tools holds.
+_CALLS = '"tool_calls":[{'
 _DENIED = re.compile(r'"text"\s*:\s*"' + re.escape(json.dumps(DENIAL_OPENS)[1:-1]))
 
 
@@ -63,7 +67,9 @@ class AgentInFlight:
     code_version: str | None = None
 
 
-def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
+def read_in_flight(
+    conn: Conn, agent_ids: Sequence[str], sealer: Sealer = PLAIN
+) -> list[AgentInFlight]:
     """The agents ``agent_ids`` (those that exist), in that order: eight reads in all
     (and one more for an agent whose latest state no kept version holds, or a tool
     result that names its call only in its middle).
@@ -71,7 +77,8 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
     Each read takes the range of ids from the first to the last, an index range
     however many they are: pass a page of :meth:`Store.agent_ids
     <effectful_durable.Store.agent_ids>`, or any other agents in that range are read
-    (and dropped) too.
+    (and dropped) too. Where content is sealed, the active messages are read whole
+    and opened: their text cannot be searched in SQL.
     """
     ids = list(agent_ids)
     wanted = set(ids)
@@ -105,14 +112,26 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
             """
         )
     }
+    if sealer.enabled:
+        states = {
+            agent_id: sealer.open(state, STATE, agent_id, table="versions")
+            for agent_id, state in states.items()
+        }
     calls: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
-    assistants = rows(
-        """
-        SELECT agent_id, conversation, body FROM checked_messages
-         WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = 'assistant'
-           AND body LIKE '%"tool\\_calls":[{%' ESCAPE '\\'
-        """
-    )
+    if sealer.enabled:
+        assistants = [
+            (agent_id, conversation, body)
+            for agent_id, conversation, body in _opened(rows, sealer, "assistant")
+            if _CALLS in body
+        ]
+    else:
+        assistants = rows(
+            """
+            SELECT agent_id, conversation, body FROM checked_messages
+             WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = 'assistant'
+               AND body LIKE '%"tool\\_calls":[{%' ESCAPE '\\'
+            """
+        )
     decoded = decode_messages(body for _, _, body in assistants)
     for (agent_id, conversation, _), message in zip(assistants, decoded, strict=True):
         for call in message.get("tool_calls") or []:
@@ -120,17 +139,23 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
             calls[agent_id, conversation].append((str(call.get("id")), str(name)))
     answered: dict[tuple[str, str], set[str]] = defaultdict(set)
     denied: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for agent_id, conversation, message_id, text in rows(
-        f"""
-        SELECT agent_id, conversation, message_id,
-               CASE WHEN length(body) <= {2 * _RESULT_HEAD} THEN body
-                    ELSE substr(body, 1, {_RESULT_HEAD}) || ' '
-                         || substr(body, length(body) - {_RESULT_HEAD - 1}) END
-          FROM checked_messages
-         WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = 'tool'
-        """
-    ):
-        named = _CALL_ID.search(text)
+    results = (
+        _opened(rows, sealer, "tool", with_id=True)
+        if sealer.enabled
+        else rows(
+            f"""
+            SELECT agent_id, conversation, message_id,
+                   CASE WHEN length(body) <= {2 * _RESULT_HEAD} THEN body
+                        ELSE substr(body, 1, {_RESULT_HEAD}) || ' '
+                             || substr(body, length(body) - {_RESULT_HEAD - 1}) END
+              FROM checked_messages
+             WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = 'tool'
+            """
+        )
+    )
+    for agent_id, conversation, message_id, text in results:
+        head = text if not sealer.enabled else text[:_RESULT_HEAD] + " " + text[-_RESULT_HEAD:]
+        named = _CALL_ID.search(head)
         if named is not None:
             call_id = json.loads(f'"{named[1]}"')
             answered[agent_id, conversation].add(call_id)
@@ -138,13 +163,18 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
                 denied[agent_id, conversation].add(call_id)
             continue
         # Named in the middle of a long result, or not at all: rare, so read it whole.
-        for (body,) in conn.execute(
-            """
+        whole = (
+            [(text,)]
+            if sealer.enabled
+            else conn.execute(
+                """
             SELECT body FROM checked_messages
              WHERE agent_id = ? AND conversation = ? AND message_id = ? AND removed_in IS NULL
             """,
-            (agent_id, conversation, message_id),
-        ).fetchall():
+                (agent_id, conversation, message_id),
+            ).fetchall()
+        )
+        for (body,) in whole:
             call_id = json.loads(body).get("tool_call_id")
             if call_id is not None:
                 answered[agent_id, conversation].add(str(call_id))
@@ -165,7 +195,9 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
          WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL
         """
     ):
-        fields[agent_id, conversation] = state
+        fields[agent_id, conversation] = sealer.open(
+            state, FIELDS, agent_id, conversation, table="conversation_fields"
+        )
         conversations[agent_id].add(conversation)
     memory: dict[str, dict[str, Any]] = defaultdict(dict)
     for agent_id, key, value in rows(
@@ -174,7 +206,7 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
          WHERE agent_id BETWEEN ? AND ? AND kind = 'key' AND removed_in IS NULL
         """
     ):
-        memory[agent_id][key] = json.loads(value)
+        memory[agent_id][key] = json.loads(opened(sealer, agent_id, "key", key, value))
     found: list[AgentInFlight] = []
     for agent_id in ids:
         if agent_id not in versions:
@@ -182,6 +214,8 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
         state = states.get(agent_id)
         if state is None:  # no kept version holds one: what retention kept, if anything
             state = state_at(conn, agent_id, versions[agent_id])
+            if state is not None:
+                state = sealer.open(state, STATE, agent_id, table="retention")
         held = tuple(
             ConversationInFlight(
                 name,
@@ -203,3 +237,32 @@ def read_in_flight(conn: Conn, agent_ids: Sequence[str]) -> list[AgentInFlight]:
             )
         )
     return found
+
+
+def _opened(
+    rows: Callable[[str], list[tuple[Any, ...]]],
+    sealer: Sealer,
+    role: str,
+    *,
+    with_id: bool = False,
+) -> list[tuple[Any, ...]]:
+    """The active messages of ``role`` of the agents read, each opened whole:
+    ``(agent, conversation, text)``, or with the message id before the text."""
+    found = rows(
+        f"""
+        SELECT agent_id, conversation, message_id, position, body FROM checked_messages
+         WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = '{role}'
+        """
+    )
+    sealer.refresh()
+    out: list[tuple[Any, ...]] = []
+    for agent_id, conversation, message_id, position, body in found:
+        text = sealer.open(
+            body, MESSAGE, agent_id, conversation, position, table="messages", fresh=False
+        )
+        out.append(
+            (agent_id, conversation, message_id, text)
+            if with_id
+            else (agent_id, conversation, text)
+        )
+    return out

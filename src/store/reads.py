@@ -241,7 +241,7 @@ def state(
     return values | json.loads(own) if own is not None else values
 
 
-def in_flight(db: Database, agent_ids: list[str]) -> list[AgentInFlight]:
+def in_flight(db: Database, agent_ids: list[str], sealer: Sealer = PLAIN) -> list[AgentInFlight]:
     """Store.in_flight: what the agents hold at their latest versions, set-wise."""
     if len(agent_ids) > IN_LIST:
         msg = f"in_flight reads at most {IN_LIST} agents a call, not {len(agent_ids)}"
@@ -249,4 +249,4 @@ def in_flight(db: Database, agent_ids: list[str]) -> list[AgentInFlight]:
     if not agent_ids:
         return []
     with db.reading() as conn:
-        return read_in_flight(conn, agent_ids)
+        return read_in_flight(conn, agent_ids, sealer)

@@ -29,7 +29,6 @@ from ..errors import (
     DatabaseBusyError,
     KeyUnavailableError,
     NotFoundError,
-    NotSupportedError,
 )
 from . import browse, diff, erasure, journal, maintenance, reads, resealing, retention, waiting
 from .alarm_queue import AlarmQueue, statuses
@@ -440,15 +439,13 @@ class Store:
 
         Eight set-wise reads for all of them (at most 1,000 ids a call), however
         long their histories: only the tool calls of their active messages, and the
-        first and last 400 characters of each tool result. Agents the database does
+        first and last 400 characters of each tool result (where content is sealed,
+        the active messages are read whole, and opened). Agents the database does
         not hold are left out.
 
         .. versionadded:: 0.2.0
         """
-        if self.sealer.enabled:
-            msg = "reading what agents hold in flight"
-            raise NotSupportedError(msg, "an encrypted database")
-        return reads.in_flight(self.engine, agent_ids)
+        return reads.in_flight(self.engine, agent_ids, self.sealer)
 
     def code_versions(self, agent_ids: list[str]) -> dict[str, str | None]:
         """The ``code_version`` each agent's latest turn was committed with (None: not said).

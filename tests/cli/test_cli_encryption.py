@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from pathlib import Path
 
+import keeper
 import pytest
 from helpers import commit_message, persisted_rows
 
 from effectful_durable import Keys, LocalMasterKey, Store
 from effectful_durable.cli import main
+
+#: What differs between two runs of a check, whatever the databases hold.
+_RUN_FIELDS = {"database", "checked_at", "seconds"}
 
 
 def sealed(db: Path) -> list[bool]:
@@ -80,3 +86,31 @@ class TestEncryptedCommands:
         assert main(["agents", str(db_path)]) == 1
         assert "not the ones" in capsys.readouterr().err
         assert hashlib.sha256(db_path.read_bytes()).hexdigest() == before
+
+    def test_check_upgrade_reads_a_sealed_database_as_a_plain_one(
+        self,
+        tmp_path: Path,
+        key_file: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """``check-upgrade`` opens what agents hold in flight (tool calls, results, fields,
+        memory, events) with the key from the environment: the same report as for the
+        same work in a plain database (its events, delivered by an on_event the
+        keeper lacks, are found as breaks in both)."""
+        reports = []
+        for name, keys in (("plain", None), ("sealed", Keys.from_file(key_file))):
+            db = tmp_path / name / "state.db"
+            db.parent.mkdir()
+            keeper.fill(str(db), "ann", keys)
+            if keys is not None:
+                monkeypatch.setenv("EFFECTFUL_DURABLE_KEY_FILE", str(key_file))
+            status = main(["check-upgrade", str(db), "--agents", "keeper:make", "--json"])
+            out, err = capsys.readouterr()
+            assert out, err
+            report = json.loads(re.sub(r"\bevt_[0-9a-f]+", "evt", out.replace(str(db), "DB")))
+            reports.append(
+                {k: v for k, v in report.items() if k not in _RUN_FIELDS} | {"": status}
+            )
+        assert reports[0] == reports[1]
+        assert reports[0]["in_flight"]["agents"] == 3

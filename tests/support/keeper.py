@@ -132,3 +132,8 @@ def what_reads_back(store: Store, agent_id: str) -> dict[str, Any]:
             if s.agent_id == agent_id
         ],
     }
+
+
+def make(agent_id: str) -> Keeper:
+    """The agents' factory, as the commands load it (``--agents keeper:make``)."""
+    return Keeper(agent_id=agent_id)
