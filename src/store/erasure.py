@@ -45,6 +45,7 @@ from .rows import utc
 #: it as (None: not counted), and which rows.
 _WHOLE_AGENT: tuple[tuple[str, str | None, str], ...] = (
     ("messages", "messages", "agent_id = ?1"),
+    ("history_snapshots", None, "agent_id = ?1"),
     ("compacted_text", "search index entries", "agent_id = ?1"),
     ("compactions", "compactions", "agent_id = ?1"),
     ("conversation_fields", "conversation fields", "agent_id = ?1"),
@@ -72,6 +73,7 @@ _CONVERSATION_TABLES = ("versions", "messages", "conversations", "handoffs", "su
 #: What a conversation's erasure deletes; the agent's shared fields and memory stay.
 _ONE_CONVERSATION: tuple[tuple[str, str | None, str], ...] = (
     ("messages", "messages", "agent_id = ?1 AND conversation = ?2"),
+    ("history_snapshots", None, "agent_id = ?1 AND conversation = ?2"),
     ("compacted_text", "search index entries", _COMPACTED_IN),
     ("compactions", "compactions", _COMPACTED_IN),
     ("conversation_fields", "conversation fields", "agent_id = ?1 AND conversation = ?2"),

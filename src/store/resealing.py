@@ -215,6 +215,8 @@ def reseal(
                 with hold(db, agent_id, wait=wait), fenced(db, agent_id) as conn:
                     conn.execute("DELETE FROM compacted_text WHERE agent_id = ?", (agent_id,))
                     report.unindexed += conn.changes()
+                    # Copies sealed with the keys of before: the next load makes anew.
+                    conn.execute("DELETE FROM history_snapshots WHERE agent_id = ?", (agent_id,))
                     began = db.agent_version(conn, agent_id) or 0
             except AgentInUseError:
                 report.busy.append(agent_id)
@@ -265,7 +267,7 @@ def reseal(
             sealer.complete = True
     # What a value was before it was sealed again may stay in the files' free space
     # (PostgreSQL's dead rows, SQLite's WAL): scrubbed as an erasure's rows are.
-    report.scrubbed = db.scrub([*(t.name for t in _TABLES), "compacted_text"])
+    report.scrubbed = db.scrub([*(t.name for t in _TABLES), "compacted_text", "history_snapshots"])
     return report
 
 

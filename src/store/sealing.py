@@ -35,11 +35,11 @@ _TAG = 16
 #: The kinds of sealed content, as bound into each value.
 MESSAGE, STATE, HANDOFF, CHECK = "message", "state", "handoff", "check"
 MEMORY, FIELDS, APPROVAL, ALARM = "memory", "fields", "approval", "alarm"
-JOURNAL, WORKSPACE = "journal", "workspace"
+JOURNAL, WORKSPACE, SNAPSHOT = "journal", "workspace", "snapshot"
 
 #: The kinds sealed under their conversation's data key (the others: the agent's),
 #: so that erasing a conversation alone destroys the key of what it holds.
-PER_CONVERSATION = frozenset({MESSAGE, HANDOFF, FIELDS, APPROVAL, JOURNAL})
+PER_CONVERSATION = frozenset({MESSAGE, HANDOFF, FIELDS, APPROVAL, JOURNAL, SNAPSHOT})
 
 #: What a database's check value holds, sealed: opening it proves the keys.
 _CHECK_TEXT = "effectful-durable encryption check"

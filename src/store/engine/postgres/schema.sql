@@ -566,3 +566,14 @@ CREATE TABLE encryption (
     complete    integer NOT NULL,
     since       double precision NOT NULL
 );
+
+-- A sealed copy of a conversation's active messages at one version, for loading
+-- a long sealed history in one piece (snapshots.py): only ever a copy, the
+-- message rows stay the truth.
+CREATE TABLE history_snapshots (
+    agent_id     text COLLATE "C" NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation text COLLATE "C" NOT NULL,
+    version      bigint NOT NULL,
+    messages     bytea NOT NULL,
+    PRIMARY KEY (agent_id, conversation)
+);

@@ -543,6 +543,17 @@ CREATE TABLE encryption (
     complete    INTEGER NOT NULL,
     since       REAL NOT NULL
 ) STRICT;
+
+-- A sealed copy of a conversation's active messages at one version, for loading
+-- a long sealed history in one piece (snapshots.py): only ever a copy, the
+-- message rows stay the truth. Sealed (its own authentication), so no crc.
+CREATE TABLE history_snapshots (
+    agent_id     TEXT NOT NULL REFERENCES agents (agent_id) ON DELETE CASCADE,
+    conversation TEXT NOT NULL,
+    version      INTEGER NOT NULL,
+    messages     BLOB NOT NULL,
+    PRIMARY KEY (agent_id, conversation)
+) STRICT;
 """
 
 MIGRATIONS: tuple[str, ...] = (
