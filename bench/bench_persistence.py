@@ -29,7 +29,9 @@ the handler's time into the handoff write at turn start, planning the change, th
 commit and the rest, and plays two more arms: under a handler that only calls
 ``fwd()`` (what effectful charges for any handler in that place) and under
 ``TwoWrites``, which makes only the writes every turn must make (the floor of the
-handler's time).
+handler's time). ``--keys`` runs our arm with encryption at rest (a fresh master key,
+``PersistenceHandler(db, keys=...)``): with ``--baseline .`` (this checkout, plain),
+the two rows give encryption's cost per turn.
 
 Run: ``.venv/bin/python bench/bench_persistence.py [--turns 100,1000,5000] [--quick]``.
 No assertions: targets are in bench/README.md.
@@ -62,7 +64,7 @@ from effectful.ops.semantics import fwd, handler
 from effectful.ops.syntax import ObjectInterpretation, implements
 from effectful.ops.types import NotHandled
 
-from effectful_durable import PersistenceHandler, PersistentAgent, Store
+from effectful_durable import Keys, LocalMasterKey, PersistenceHandler, PersistentAgent, Store
 from effectful_durable.store.history import HistoryChange
 from effectful_durable.testing import FakeLLM
 
@@ -114,6 +116,14 @@ def baseline_package(tree: Path) -> Any:
 
 
 BASELINE: Path | None = None  # --baseline
+KEY_FILE: Path | None = None  # --keys: our arm's master key
+#: The master key file a child's load of our arm opens its database with.
+KEY_FILE_VARIABLE = "BENCH_PERSISTENCE_KEY_FILE"
+
+
+def our_keys(key_file: str | Path | None, store: str | None = None) -> Any:
+    """Keys for our arm (None: plain)."""
+    return None if key_file is None else Keys.from_file(key_file, store=store)
 
 
 class PassThrough(ObjectInterpretation):
@@ -241,7 +251,7 @@ PROFILE: Profile | None = None
 def play(n: int, db: Path, agents: int = 1) -> dict[str, list[float]]:
     """Play n turns of each of ``agents`` plain and persisted Bots; per-turn seconds."""
     fake, below, gc_clock = fake_llm(), Below(), GCClock()
-    persistence = PersistenceHandler(db)
+    persistence = PersistenceHandler(db, keys=our_keys(KEY_FILE))
     if PROFILE is not None:
         persistence_module = sys.modules[PersistenceHandler.__module__]
         PROFILE.wrap_entry(persistence.store.turns, "start", "begin")  # the lock + handoff
@@ -329,17 +339,19 @@ def child_load(db: str, agent_id: str, what: str) -> None:
       agent and two forks of it, loaded one after the other.
     """
     fake, q = fake_llm(), question(0)
+    key_file = os.environ.get(KEY_FILE_VARIABLE)
     with handler(LiteLLMProvider(model="fake")), handler(fake):
         Bot(agent_id="warm").ask(q)
         with tempfile.TemporaryDirectory() as tmp:
-            scratch = PersistenceHandler(Path(tmp) / "warm.db")
+            warm_keys = our_keys(key_file, store=str(Path(tmp) / "warm.keys"))
+            scratch = PersistenceHandler(Path(tmp) / "warm.db", keys=warm_keys)
             with handler(scratch):
                 Bot(agent_id="warm").ask(q)
             scratch.close()
         gc.collect()
 
         start = time.perf_counter()
-        persistence = PersistenceHandler(db)
+        persistence = PersistenceHandler(db, keys=our_keys(key_file))
         if what == "load":
             store: Any = persistence.store  # a checkout from before issue 51: load_agent
             (store.turns.load if hasattr(store, "turns") else store.load_agent)(agent_id)
@@ -408,6 +420,8 @@ def fresh_loads(arms: list[tuple[Path, str, Path | None]]) -> list[dict[str, flo
                 env["PYTHONPATH"] = os.pathsep.join(
                     [str(Path(path) / str(k)), env.get("PYTHONPATH", "")]
                 )
+            elif KEY_FILE is not None:
+                env[KEY_FILE_VARIABLE] = str(KEY_FILE)
             envs.append(env)
         for what, repeats in (("load", 3), ("ask", 3), ("ask-warm", 1)):
             for _ in range(repeats):
@@ -537,18 +551,22 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=Path, help="a checkout to compare with, in the same run (its root)"
     )
+    parser.add_argument("--keys", action="store_true", help="our arm with encryption at rest")
     parser.add_argument("--child-load", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_load:
         child_load(*args.child_load)
         return
-    global PROFILE, BASELINE
+    global PROFILE, BASELINE, KEY_FILE
     PROFILE = Profile() if args.profile else None
     BASELINE = args.baseline
     turns = [20, 100] if args.quick else [int(n) for n in args.turns.split(",")]
     turns = [100, 1000, 5000, 10000] if args.long else turns
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        if args.keys:
+            KEY_FILE = Path(tmp) / "master.key"
+            KEY_FILE.write_text(LocalMasterKey.generate())
         plays = [(str(n), n, 1) for n in turns]
         if args.agents:
             plays.append((f"{args.agents}x{args.agent_turns}", args.agent_turns, args.agents))

@@ -168,7 +168,7 @@ def decode_messages(bodies: Iterable[Any]) -> list[dict[str, Any]]:
     decode = pydantic_core.from_json
     decoded: list[dict[str, Any]] = []
     append = decoded.append
-    with _collector_paused():
+    with collector_paused():
         for body in bodies:
             try:
                 append(decode(body))
@@ -178,7 +178,7 @@ def decode_messages(bodies: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Hold off the cyclic garbage collector while a long history is decoded.
 
     Decoding makes a few containers per message and no cycles; with the collector

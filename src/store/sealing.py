@@ -213,10 +213,10 @@ class Sealer:
             return value
         if self.keys is None:
             self.open(value[:4], kind, agent_id, table=table)  # raises: no keys
-        key_id, _, raw = value[len(PREFIX) :].partition(b":")
+        cut = value.find(b":", len(PREFIX))
         return self._decrypt(
-            key_id.decode("ascii", "replace"),
-            raw,
+            value[len(PREFIX) : cut].decode("ascii", "replace"),
+            memoryview(value)[cut + 1 :],  # not copied: a snapshot is megabytes
             kind,
             agent_id,
             conversation,
@@ -229,7 +229,7 @@ class Sealer:
     def _decrypt(
         self,
         key_id: str,
-        raw: bytes,
+        raw: bytes | memoryview,
         kind: str,
         agent_id: str,
         conversation: str,

@@ -9,22 +9,24 @@ conversation's active messages at the version it loaded, sealed as one value
 at once, and opens one by one only the messages added since.
 
 A snapshot is only ever a copy: the message rows stay the truth. A load takes
-from it exactly the messages still active that were added by its version or
-before (such a message was active then, so the snapshot holds it); any other
-active message is read from its row. If the snapshot lacks one it should hold,
-or does not open, the load reads every row, as without it. Nothing that changes
-the rows needs to touch it: a row is never changed in place, only ended and
-added anew, in a later version.
+from it the messages not ended since its version (a row is never changed in
+place, only ended and added anew, in a later version), and reads the messages
+added since from their rows; if that does not make as many messages as the
+conversation has active rows (rows it held were pruned since), or it does not
+open, the load reads every row, as without it.
 """
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections.abc import Sequence
+from typing import Any
+
+import pydantic_core
 
 from ..errors import DurableError
 from .engine.seam import Conn, Database
+from .rows import collector_paused, decode_positioned
 from .sealing import SNAPSHOT, Sealer
 
 #: Fewer messages opened one by one than this: a load writes no snapshot.
@@ -33,9 +35,9 @@ MIN_OPENED = 200
 
 def taken(
     conn: Conn, sealer: Sealer, agent_id: str, conversation: str
-) -> tuple[list[float], list[bytes], int] | None:
-    """The conversation's active ``(positions, bodies)``, opened, read through its
-    snapshot, and how many were opened one by one (added since it); None if it has
+) -> tuple[list[float], list[dict[str, Any]], int] | None:
+    """The conversation's active ``(positions, messages)``, read through its snapshot,
+    and how many messages were opened one by one (added since it); None if it has
     none that serves (then read every row)."""
     row = conn.execute(
         "SELECT version, messages FROM history_snapshots WHERE agent_id = ? AND conversation = ?",
@@ -43,28 +45,31 @@ def taken(
     ).fetchone()
     if row is None:
         return None
-    version, sealed = int(row[0]), bytes(row[1])
+    version = int(row[0])
     try:
         frame = sealer.open_bytes(
-            sealed, SNAPSHOT, agent_id, conversation, version, table="history_snapshots"
+            bytes(row[1]), SNAPSHOT, agent_id, conversation, version, table="history_snapshots"
         )
-        held = dict(zip(*_unframed(frame), strict=True))
+        held = list(zip(*_unframed(frame), strict=True))
     except (DurableError, struct.error, ValueError):
         return None  # damaged, or its key erased: the rows say it all
-    active = conn.execute(
-        """
-        SELECT position, added_in FROM messages
-         WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL ORDER BY position
-        """,
-        (agent_id, conversation),
-    ).fetchall()
-    later = dict(
+    ended = {
+        position
+        for (position,) in conn.execute(
+            """
+            SELECT position FROM messages
+             WHERE agent_id = ? AND conversation = ? AND removed_in > ? AND added_in <= ?
+            """,
+            (agent_id, conversation, version, version),
+        )
+    }
+    positions, messages = decode_positioned(
         sealer.open_messages(
             conn.execute(
                 """
                 SELECT position, body FROM checked_messages
                  WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
-                   AND added_in > ?
+                   AND added_in > ? ORDER BY position
                 """,
                 (agent_id, conversation, version),
             ),
@@ -72,15 +77,19 @@ def taken(
             conversation,
         )
     )
-    positions: list[float] = []
-    bodies: list[bytes] = []
-    for position, added_in in active:
-        body = later.get(position) if added_in > version else held.get(position)
-        if body is None:
-            return None
-        positions.append(position)
-        bodies.append(body if isinstance(body, bytes) else body.encode())
-    return positions, bodies, len(later)
+    later = list(zip(positions, messages, strict=True))
+    kept = [(p, m) for p, m in held if p not in ended] if ended else held
+    merged = sorted(kept + later, key=_first) if later else kept
+    active = conn.execute(
+        """
+        SELECT count(*) FROM messages
+         WHERE agent_id = ? AND conversation = ? AND removed_in IS NULL
+        """,
+        (agent_id, conversation),
+    ).fetchone()[0]
+    if len(merged) != active:  # rows gone that it held (pruned): the rows say it all
+        return None
+    return [p for p, _ in merged], [m for _, m in merged], len(later)
 
 
 def keep(
@@ -90,11 +99,14 @@ def keep(
     conversation: str,
     version: int,
     positions: Sequence[float],
-    bodies: Sequence[bytes],
+    messages: Sequence[dict[str, Any]],
 ) -> None:
     """Leave the conversation's active messages at ``version`` as its snapshot (unless
-    a newer one is there). A cache: a write that fails is let go."""
-    frame = _framed(positions, bodies)
+    a newer one is there). A cache: one that cannot be made or written is let go."""
+    try:
+        frame = _framed(positions, messages)
+    except ValueError:  # a text JSON holds and pydantic-core does not write
+        return
     sealed = sealer.seal_bytes(frame, SNAPSHOT, agent_id, conversation, version)
     try:
         with db.writing() as conn:
@@ -105,7 +117,7 @@ def keep(
                     SELECT 1 FROM agents WHERE agent_id = ?1 AND version = ?3)
                 ON CONFLICT (agent_id, conversation) DO UPDATE
                    SET version = excluded.version, messages = excluded.messages
-                 WHERE excluded.version > history_snapshots.version
+                 WHERE excluded.version >= history_snapshots.version
                 """,
                 (agent_id, conversation, version, sealed),
             )
@@ -113,20 +125,23 @@ def keep(
         pass  # busy, or read-only: the next load tries again
 
 
-def _framed(positions: Sequence[float], bodies: Sequence[bytes]) -> bytes:
-    """Count, positions, lengths, then the bodies, back to back."""
-    n = len(positions)
-    head = struct.pack(f"<I{n}d{n}I", n, *positions, *(len(body) for body in bodies))
-    return head + b"".join(bodies)
+def _first(item: tuple[float, object]) -> float:
+    return item[0]
 
 
-def _unframed(frame: bytes) -> tuple[tuple[float, ...], list[bytes]]:
+def _framed(positions: Sequence[float], messages: Sequence[dict[str, Any]]) -> bytes:
+    """The count, the positions, then the messages as one JSON array: one parse loads
+    them all (a message's own JSON text is one parse each)."""
+    head = struct.pack(f"<I{len(positions)}d", len(positions), *positions)
+    return head + pydantic_core.to_json(list(messages))
+
+
+def _unframed(frame: bytes) -> tuple[tuple[float, ...], list[dict[str, Any]]]:
     (n,) = struct.unpack_from("<I", frame)
     positions = struct.unpack_from(f"<{n}d", frame, 4)
-    lengths = struct.unpack_from(f"<{n}I", frame, 4 + 8 * n)
-    start = 4 + 12 * n
-    ends = list(itertools.accumulate(lengths, initial=start))
-    if ends[-1] != len(frame):
-        msg = "a snapshot's lengths do not add up"
+    with collector_paused():
+        messages = pydantic_core.from_json(frame[4 + 8 * n :])
+    if not isinstance(messages, list) or len(messages) != n:
+        msg = "a snapshot's messages do not match its positions"
         raise ValueError(msg)
-    return positions, [frame[a:b] for a, b in itertools.pairwise(ends)]
+    return positions, messages

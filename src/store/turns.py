@@ -36,7 +36,7 @@ from .parts.steps import sealed_step
 from .parts.versioned import VersionedPart
 from .records import CommitStats, Compaction, LoadedAgent, TurnStart
 from .retention import PruneAsYouGo
-from .rows import decode_messages, decode_positioned, dumps, legible, state_at, trace_in
+from .rows import decode_positioned, dumps, legible, state_at, trace_in
 from .sealing import HANDOFF, PLAIN, STATE, Sealer
 from .versions import write_compaction, write_version
 from .workspace.cache import WorkspaceCache
@@ -105,34 +105,29 @@ class Turns:
                 state = self._sealer.open(state, STATE, agent_id, table="versions")
             opened = 0
             if self._sealer.enabled:
-                positions, bodies, opened = self._sealed_history(conn, agent_id, conversation)
-                messages = decode_messages(bodies)
+                positions, messages, opened = self._sealed_history(conn, agent_id, conversation)
             else:
                 rows = db.active_messages(conn, agent_id, conversation)
-                positions, messages = decode_positioned(
-                    self._sealer.open_messages(rows, agent_id, conversation)
-                )
+                positions, messages = decode_positioned(rows)
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version, self._sealer)
         if opened >= snapshots.MIN_OPENED:
-            snapshots.keep(db, self._sealer, agent_id, conversation, version, positions, bodies)
+            snapshots.keep(db, self._sealer, agent_id, conversation, version, positions, messages)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 
     def _sealed_history(
         self, conn: Conn, agent_id: str, conversation: str
-    ) -> tuple[list[float], list[bytes], int]:
-        """A sealed conversation's active positions and opened bodies, through its
-        snapshot where one serves; and how many were opened one by one."""
+    ) -> tuple[list[float], list[dict[str, Any]], int]:
+        """A sealed conversation's active positions and messages, through its snapshot
+        where one serves; and how many messages were opened one by one."""
         got = snapshots.taken(conn, self._sealer, agent_id, conversation)
         if got is not None:
             return got
         rows = self._db.active_messages(conn, agent_id, conversation)
-        positions: list[float] = []
-        bodies: list[bytes] = []
-        for position, body in self._sealer.open_messages(rows, agent_id, conversation):
-            positions.append(position)
-            bodies.append(body if isinstance(body, bytes) else body.encode())
-        return positions, bodies, len(bodies)
+        positions, messages = decode_positioned(
+            self._sealer.open_messages(rows, agent_id, conversation)
+        )
+        return positions, messages, len(messages)
 
     @contextmanager
     def start(

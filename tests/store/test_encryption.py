@@ -95,10 +95,18 @@ class TestSealed:
         """Memory, the SQL workspace (its log and its file), per-conversation fields,
         an approval's arguments, an event's payload, an alarm's action and the workflow
         journal are sealed like messages, in the agent and in its fork, and read back
-        as a plain database's do."""
+        as a plain database's do; no file holds the marker, from inside a turn or after."""
         keys = new_keys(tmp_path)
-        keeper.fill(store_url, "ann", keys)
         mark = keeper.MARKERS["ann"]
+        seen: list[int] = []
+        keeper.DURING_TURN.append(
+            lambda: seen.append(marks(file_bytes(store_url, tmp_path, server), mark))
+        )
+        try:
+            keeper.fill(store_url, "ann", keys)
+        finally:
+            keeper.DURING_TURN.clear()
+        assert seen == [0]  # memory, the SQL table and an alarm written before it
         with Store(store_url, keys=keys) as store:
             for agent in ("ann", "ann-copy"):
                 got = keeper.what_reads_back(store, agent)

@@ -7,6 +7,7 @@ encryption tests share it)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +30,9 @@ from effectful_durable import (
 )
 from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
 
+#: Run from inside a turn (a tool's call), with everything before it committed.
+DURING_TURN: list[Callable[[], None]] = []
+
 MARKERS = {"ann": "AnnSecret4711", "bob": "BobKept0815"}
 
 
@@ -44,6 +48,8 @@ class Keeper(PersistentAgent, StateTools, SQLTools, AlarmTools, RecallTools):
     def remember(self, text: str) -> str:
         """Keep ``text`` in the agent's notes."""
         self.notes.append(text)
+        for scan in DURING_TURN:
+            scan()
         return "kept"
 
     @Tool.define
