@@ -221,6 +221,16 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+@pytest.fixture
+def store_server(store_url: str, request: pytest.FixtureRequest) -> "PostgresServer | None":
+    """The PostgreSQL server behind ``store_url`` (its files, its ``pg_dump``), or None
+    on SQLite: for a test that reads what the database's files hold."""
+    if not store_url.startswith("postgresql://"):
+        return None
+    found: PostgresServer = request.getfixturevalue("postgres_server")
+    return found
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def new_databases(request: pytest.FixtureRequest, tmp_path: Path) -> "NewDatabases":
     """Make empty databases, SQLite files and then PostgreSQL databases, for a test

@@ -1,13 +1,15 @@
 """Sealing stored content: AES-GCM under a data key, bound to the row it belongs to.
 
 A sealed value is text, so that it fits the columns plain values use on both
-engines: ``ed1:<key id>:<base64(nonce | ciphertext | tag)>``. The associated
-data is the row's identity (its kind, agent, conversation and, for a message,
-its position), so that a value moved to another agent, conversation or place,
-or a byte flipped anywhere in it, fails to open: damage, never a different
-value. The cipher is the ``cryptography`` package's AES-GCM with a random 96-bit
-nonce per value (NIST SP 800-38D: well under 2**32 values per key). JSON never
-starts with ``ed1:``, which is how a value written before encryption is told apart.
+engines: ``ed1:<key id>:<base64(nonce | ciphertext | tag)>``; in a column of
+bytes (a workspace changeset, a history snapshot) the same without base64. The
+associated data is the row's identity (its kind, agent, conversation and place:
+a message's position, a memory key, an approval's column...), so that a value
+moved to another agent, conversation or place, or a byte flipped anywhere in it,
+fails to open: damage, never a different value. The cipher is the
+``cryptography`` package's AES-GCM with a random 96-bit nonce per value (NIST SP
+800-38D: well under 2**32 values per key). JSON never starts with ``ed1:``, which
+is how a value written before encryption is told apart.
 
 A :class:`Sealer` is what the Store's modules call: :data:`PLAIN` for a database
 without encryption (it refuses a sealed value it meets), or one made from
@@ -77,10 +79,6 @@ def unerased[T](rows: Iterable[Any], make: Callable[[Any], T]) -> list[T]:
         with contextlib.suppress(ContentErasedError):
             made.append(make(row))
     return made
-
-
-class _Unsealable(Exception):
-    """A value did not open: changed, moved, or not a sealed value."""
 
 
 class Sealer:

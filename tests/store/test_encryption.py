@@ -47,24 +47,16 @@ from effectful_durable.store.copy import copy_store
 from effectful_durable.testing import FakeLLM
 
 
-@pytest.fixture
-def server(store_url: str, request: pytest.FixtureRequest) -> PostgresServer | None:
-    if not store_url.startswith("postgresql://"):
-        return None
-    found: PostgresServer = request.getfixturevalue("postgres_server")
-    return found
-
-
 class TestSealed:
     def test_no_marker_in_any_file_at_any_time(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """The marker never reaches a file: between turns, within a turn, after a failed
         turn, a compaction, a fork and a rollback; and all of it reads back as written."""
         keys = new_keys(tmp_path)
         seen: list[int] = []
         SCAN_DURING_TURN.append(
-            lambda: seen.append(marks(file_bytes(store_url, tmp_path, server)))
+            lambda: seen.append(marks(file_bytes(store_url, tmp_path, store_server)))
         )
         try:
             fill(store_url, keys)
@@ -85,12 +77,12 @@ class TestSealed:
             store.rollback("ann", 2)
             assert store.state("ann") == store.state("ann", 2)
             assert store.history("ann") == store.history("ann", 2)
-        assert marks(file_bytes(store_url, tmp_path, server)) == 0
+        assert marks(file_bytes(store_url, tmp_path, store_server)) == 0
         raw = persisted_rows(store_url, "SELECT body FROM messages")
         assert raw and all(str(body).startswith("ed1:") for (body,) in raw)
 
     def test_every_kind_of_content_is_sealed(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """Memory, the SQL workspace (its log and its file), per-conversation fields,
         an approval's arguments, an event's payload, an alarm's action and the workflow
@@ -100,7 +92,7 @@ class TestSealed:
         mark = keeper.MARKERS["ann"]
         seen: list[int] = []
         keeper.DURING_TURN.append(
-            lambda: seen.append(marks(file_bytes(store_url, tmp_path, server), mark))
+            lambda: seen.append(marks(file_bytes(store_url, tmp_path, store_server), mark))
         )
         try:
             keeper.fill(store_url, "ann", keys)
@@ -116,7 +108,7 @@ class TestSealed:
             for kind in ("events", "approvals", "steps"):
                 assert mark in str(got[kind]), (kind, got[kind])
             assert mark in str(store.history("shared", conversation="with-ann"))
-        assert marks(file_bytes(store_url, tmp_path, server), mark) == 0
+        assert marks(file_bytes(store_url, tmp_path, store_server), mark) == 0
 
     def test_every_read_opens_what_it_shows(self, store_url: str, tmp_path: Path) -> None:
         """The page's and the commands' reads (timeline, filtered timeline, compacted
@@ -258,13 +250,13 @@ class TestRefused:
                 store.history("ann")
 
     def test_wrong_and_missing_keys_write_nothing(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """No keys, another master key, or a key store that is not there: a one-line
         error naming the database, and not a byte written."""
         keys = new_keys(tmp_path)
         fill(store_url, keys)
-        before = fingerprint(store_url, tmp_path, server)
+        before = fingerprint(store_url, tmp_path, store_server)
         wrong = LocalMasterKey(os.urandom(32))
         attempts: list[Any] = [
             lambda: Store(store_url),
@@ -287,7 +279,7 @@ class TestRefused:
         (tmp_path / "bad.key").write_text("not base64!")
         with pytest.raises(KeyUnavailableError, match="base64"):
             Keys.from_file(tmp_path / "bad.key")
-        assert fingerprint(store_url, tmp_path, server) == before
+        assert fingerprint(store_url, tmp_path, store_server) == before
         with Store(store_url, keys=keys) as store:
             assert store.state("ann")["notes"] == [MARK, MARK]
 

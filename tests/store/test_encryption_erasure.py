@@ -72,17 +72,9 @@ def copy_before(url: str, keys: Keys, tmp_path: Path, server: PostgresServer | N
     return [restored]
 
 
-@pytest.fixture
-def server(store_url: str, request: pytest.FixtureRequest) -> PostgresServer | None:
-    if not store_url.startswith("postgresql://"):
-        return None
-    found: PostgresServer = request.getfixturevalue("postgres_server")
-    return found
-
-
 class TestErasureReachesCopies:
     def test_a_copy_from_before_says_erased_and_keeps_the_others(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """After erasing ann, every earlier copy refuses ann's content as erased (her
         agent, and her conversation of the shared agent) and reads bob's exactly."""
@@ -91,7 +83,7 @@ class TestErasureReachesCopies:
         with Store(store_url, keys=keys) as store:
             kept: dict[str, Any] = {"bob": reads(store, "bob")}
             kept_talk = store.history("shared", conversation="with-bob")
-        copies = copy_before(store_url, keys, tmp_path, server)
+        copies = copy_before(store_url, keys, tmp_path, store_server)
         with Store(store_url, keys=keys) as store:
             receipt = store.erase(subject="user:ann")
             assert receipt.counts["data keys"] >= 2
@@ -110,7 +102,7 @@ class TestErasureReachesCopies:
                 assert old.state("shared") is not None  # the shared fields stay
 
     def test_every_kind_of_content_in_a_copy_from_before(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """Memory, the SQL workspace, alarms, events, approvals and the journal of the
         erased person are gone from an earlier copy too (refused as erased, or left out
@@ -120,7 +112,7 @@ class TestErasureReachesCopies:
             keeper.fill(store_url, who, keys)
         with Store(store_url, keys=keys) as store:
             kept = {a: keeper.what_reads_back(store, a) for a in ("bob", "bob-copy")}
-        copies = copy_before(store_url, keys, tmp_path, server)
+        copies = copy_before(store_url, keys, tmp_path, store_server)
         with Store(store_url, keys=keys) as store:
             store.erase(subject="user:ann")
         for copy in copies:
@@ -137,7 +129,7 @@ class TestErasureReachesCopies:
                 assert steps and {s.agent_id for s in steps} == {"bob"}
 
     def test_erasing_one_conversation_alone(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """Erasing one conversation destroys its keys only: in an earlier copy the
         agent's other conversations and its fields read as before."""
@@ -146,7 +138,7 @@ class TestErasureReachesCopies:
         with Store(store_url, keys=keys) as store:
             other = store.history("shared", conversation="with-bob")
             fields = store.state("shared")
-        (copy,) = copy_before(store_url, keys, tmp_path, server)[:1]
+        (copy,) = copy_before(store_url, keys, tmp_path, store_server)[:1]
         with Store(store_url, keys=keys) as store:
             store.erase(agent="shared", conversation="with-ann")
         with Store(copy, keys=keys) as old:
@@ -156,13 +148,13 @@ class TestErasureReachesCopies:
                 old.history("shared", conversation="with-ann")
 
     def test_a_process_that_held_the_key_stops_using_it(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """A Store opened before the erasure, elsewhere, no longer opens the erased rows
         of an earlier copy, and a new agent of the same id gets a new key."""
         keys = new_keys(tmp_path)
         people(store_url, keys)
-        (copy,) = copy_before(store_url, keys, tmp_path, server)[:1]
+        (copy,) = copy_before(store_url, keys, tmp_path, store_server)[:1]
         with Store(copy, keys=keys) as old:
             assert old.history("ann")  # its keys are in memory now
             with Store(store_url, keys=keys) as store:

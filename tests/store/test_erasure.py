@@ -57,17 +57,9 @@ def count(data: bytes, who: str) -> int:
     return sum(data.count(form.encode()) for form in {mark, mark.lower(), mark.upper()})
 
 
-@pytest.fixture
-def server(store_url: str, request: pytest.FixtureRequest) -> PostgresServer | None:
-    if not store_url.startswith("postgresql://"):
-        return None
-    found: PostgresServer = request.getfixturevalue("postgres_server")
-    return found
-
-
 class TestErasure:
     def test_a_subject_is_gone_from_every_file_and_the_other_stays(
-        self, store_url: str, server: PostgresServer | None
+        self, store_url: str, store_server: PostgresServer | None
     ) -> None:
         """Every kind of content of one person, in their agent, its fork and another
         agent's conversation, leaves every file; the other person's reads back as it was."""
@@ -81,7 +73,7 @@ class TestErasure:
             ]
             kept = {agent: what_reads_back(store, agent) for agent in ("bob", "bob-copy")}
             kept_shared = store.history("shared", conversation="with-bob")
-            before = file_bytes(store_url, server)
+            before = file_bytes(store_url, store_server)
             assert count(before, "ann") > 20 and count(before, "bob") > 20
             receipt = store.erase(subject="user:ann")
             assert receipt.agents == ("ann", "ann-copy")
@@ -93,7 +85,7 @@ class TestErasure:
                          "search index entries"):  # fmt: skip
                 assert kinds.get(kind, 0) > 0, (kind, kinds)
             assert "AnnSecret" not in repr(receipt)
-            after = file_bytes(store_url, server)
+            after = file_bytes(store_url, store_server)
             assert count(after, "ann") == 0
             assert count(after, "bob") > 0
             assert {agent: what_reads_back(store, agent) for agent in kept} == kept

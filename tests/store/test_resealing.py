@@ -34,14 +34,6 @@ from effectful_durable.testing import FakeLLM
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def server(store_url: str, request: pytest.FixtureRequest) -> PostgresServer | None:
-    if not store_url.startswith("postgresql://"):
-        return None
-    found: PostgresServer = request.getfixturevalue("postgres_server")
-    return found
-
-
 def key_ids(url: str) -> set[str]:
     rows = persisted_rows(url, "SELECT body FROM messages")
     rows += persisted_rows(url, "SELECT state FROM versions WHERE state IS NOT NULL")
@@ -50,7 +42,7 @@ def key_ids(url: str) -> set[str]:
 
 class TestEncryptInPlace:
     def test_a_plain_database_is_sealed_in_place(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """Rows written plain are sealed; reads are unchanged; no file holds the marker;
         the database is complete: a plain value put back by hand is damage."""
@@ -72,7 +64,7 @@ class TestEncryptInPlace:
             assert report.unindexed > 0
             assert reads(store, "old") == before
             assert store.search_compacted("old", "annsecret4711")
-        assert marks(file_bytes(store_url, tmp_path, server), "AnnSecret4711") == 0
+        assert marks(file_bytes(store_url, tmp_path, store_server), "AnnSecret4711") == 0
         assert "" not in key_ids(store_url)
         edit_rows(
             store_url,
@@ -84,7 +76,7 @@ class TestEncryptInPlace:
             store.history("old")
 
     def test_every_kind_of_content_is_sealed_in_place(
-        self, store_url: str, tmp_path: Path, server: PostgresServer | None
+        self, store_url: str, tmp_path: Path, store_server: PostgresServer | None
     ) -> None:
         """Memory, the SQL workspace (its log; its files of the plain days shredded),
         fields, approvals, events, alarms and the journal are sealed in place too, and
@@ -101,7 +93,7 @@ class TestEncryptInPlace:
                 assert report.sealed.get(table, 0) > 0, (table, report.sealed)
             assert report.shredded > 0
             assert {a: keeper.what_reads_back(store, a) for a in before} == before
-        assert marks(file_bytes(store_url, tmp_path, server), mark) == 0
+        assert marks(file_bytes(store_url, tmp_path, store_server), mark) == 0
         with Store(store_url, keys=keys) as store:
             rotated = store.reseal(rotate=True)
             assert rotated.complete and rotated.sealed["workspace_log"] > 0

@@ -16,6 +16,7 @@ import pytest
 from effectful.handlers.llm import Template, Tool
 from effectful.ops.types import NotHandled
 from helpers import running
+from keeper import reply
 from postgres_server import PostgresServer
 
 from effectful_durable import (
@@ -27,7 +28,7 @@ from effectful_durable import (
     RecallTools,
     Store,
 )
-from effectful_durable.testing import FakeCall, FakeLLM, ToolCall
+from effectful_durable.testing import FakeLLM
 
 MARK = "AnnSecret4711"
 
@@ -54,20 +55,6 @@ class Diary(PersistentAgent, RecallTools):
 
 #: A scan of the files, run from inside a tool (the turn's handoff is committed then).
 SCAN_DURING_TURN: list[Any] = []
-
-
-def reply(call: FakeCall) -> Any:
-    text = call.last_user_text.removeprefix("Answer: ")
-    if "Summarise the conversation" in text:
-        return "SUMMARY: " + text[-200:]
-    if call.messages[-1]["role"] == "tool":
-        return f"done with {text}"
-    verb, _, rest = text.partition(" ")
-    if verb == "remember":
-        return ToolCall("remember", {"text": rest})
-    if verb == "fail":
-        return RuntimeError(f"the model is down ({rest})")
-    return f"answer to {text}"
 
 
 def new_keys(tmp_path: Path, name: str = "master") -> Keys:
