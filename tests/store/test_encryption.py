@@ -191,6 +191,45 @@ class TestRefused:
                 load_diary(store_url, keys, "bob")
             assert store.history("ann")  # the rest reads
 
+    def test_a_value_of_every_kind_moved_to_another_agent(
+        self, store_url: str, tmp_path: Path
+    ) -> None:
+        """ann's memory value, SQL workspace change, alarm action, approval arguments and
+        journal step's arguments, each put in bob's row of the same kind (checksums made right),
+        are damage there; ann's own still read."""
+        keys = new_keys(tmp_path)
+        for who in ("ann", "bob"):
+            keeper.fill(store_url, who, keys)
+        moves = {
+            "memory": ("value", "kind = 'key' AND removed_in IS NULL"),
+            "workspace_log": ("changeset", "changeset IS NOT NULL"),
+            "alarms": ("action", "kind = 'alarm'"),
+            "approvals": ("arguments", "1 = 1"),
+            "workflow_steps": ("arguments", "1 = 1"),
+        }
+        for table, (column, which) in moves.items():
+            edit_rows(
+                store_url,
+                f"UPDATE {table} SET {column} = (SELECT {column} FROM {table}"
+                f" WHERE agent_id = 'ann' AND {which} LIMIT 1)"
+                f" WHERE agent_id = 'bob' AND {which}",
+            )
+        reads: dict[str, Any] = {
+            "memory": lambda s: s.memory("bob"),
+            "workspace_log": lambda s: s.sql("bob", "SELECT name FROM items"),
+            "alarms": lambda s: s.alarms("bob"),
+            "approvals": lambda s: s.approvals(agent_id="bob"),
+            "workflow_steps": lambda s: s.steps("wf-bob"),
+        }
+        with Store(store_url, keys=keys) as store:
+            for table, read in reads.items():
+                with pytest.raises(DamagedRowError, match="does not authenticate") as found:
+                    read(store)
+                assert found.value.table == table
+            mark = keeper.MARKERS["ann"]
+            assert mark in str(store.memory("ann")) and mark in str(store.steps("wf-ann"))
+            assert mark in str(store.sql("ann", "SELECT name FROM items").rows)
+
     def test_a_row_moved_within_its_agent_and_a_state_moved(
         self, store_url: str, tmp_path: Path
     ) -> None:
