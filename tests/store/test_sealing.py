@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import commit_message
 
-from effectful_durable import ContentErasedError, DamagedRowError, KeyUnavailableError
+from effectful_durable import ContentErasedError, DamagedRowError, KeyUnavailableError, Store
 from effectful_durable.store.keys import Keys, KeyStore, LocalMasterKey
 from effectful_durable.store.sealing import MESSAGE, STATE, Sealer, is_sealed, key_id_of
 
@@ -100,3 +101,41 @@ class TestKeyStore:
         monkeypatch.setenv("EFFECTFUL_DURABLE_KEY", "c2hvcnQ=")
         with pytest.raises(KeyUnavailableError, match="32 bytes"):
             Keys.from_env()
+
+    def test_a_key_management_service_behind_master_key(self, tmp_path: Path) -> None:
+        """Any object with ``id``, ``wrap`` and ``unwrap`` is a master key (a KMS): the
+        data keys are wrapped by it alone, and its refusal to unwrap is one clear error."""
+
+        class FakeKms:
+            """A remote KMS, as seen from here: it keeps the keys, and hands out handles."""
+
+            id = "kms-test"
+
+            def __init__(self) -> None:
+                self.held: dict[bytes, tuple[bytes, str]] = {}
+                self.down = False
+
+            def wrap(self, data_key: bytes, label: str) -> bytes:
+                handle = os.urandom(16)
+                self.held[handle] = (data_key, label)
+                return handle
+
+            def unwrap(self, wrapped: bytes, label: str) -> bytes:
+                if self.down:
+                    raise ConnectionError("the KMS did not answer")
+                key, wrapped_for = self.held[wrapped]
+                if wrapped_for != label:
+                    raise PermissionError("wrapped for another label")
+                return key
+
+        kms = FakeKms()
+        db = str(tmp_path / "state.db")
+        with Store(db, keys=Keys(kms, store=str(tmp_path / "kms.keys"))) as store:
+            commit_message(store, "ann", "AnnSecret4711")
+        assert kms.held and b"AnnSecret" not in (tmp_path / "state.db").read_bytes()
+        with Store(db, keys=Keys(kms, store=str(tmp_path / "kms.keys"))) as store:
+            assert store.history("ann")[0]["content"] == "AnnSecret4711"
+        kms.down = True
+        with pytest.raises(KeyUnavailableError, match="did not answer") as refused:
+            Store(db, keys=Keys(kms, store=str(tmp_path / "kms.keys")))
+        assert "\n" not in str(refused.value)
