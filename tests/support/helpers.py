@@ -133,6 +133,27 @@ def persisted(db_path: Path | str, llm: FakeLLM, **options: Any) -> Iterator[Per
         persistence.close()
 
 
+@contextlib.contextmanager
+def held_elsewhere(db: Path | str, agent_id: str) -> Iterator[None]:
+    """Hold ``agent_id`` from another thread, through its own Store, for the block (as a
+    running turn of it does)."""
+    holding, release = threading.Event(), threading.Event()
+
+    def turn() -> None:
+        with Store(db) as store, store.agent_lock(agent_id):
+            holding.set()
+            release.wait(60)
+
+    running = threading.Thread(target=turn)
+    running.start()
+    try:
+        assert holding.wait(30)
+        yield
+    finally:
+        release.set()
+        running.join()
+
+
 def commit_message(store: Store, agent_id: str = "bot", content: str | None = None) -> int:
     """Commit one turn that adds one user message (with ``content``), as the handler would."""
     with store.turns.start(agent_id, template="t", arguments={}) as start:

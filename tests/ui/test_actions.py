@@ -7,7 +7,6 @@ Each test writes to a copy of the test content of its own (tests/support/ui_cont
 
 import contextlib
 import re
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import edit_rows, is_postgres
+from helpers import edit_rows, held_elsewhere, is_postgres
 from starlette.testclient import TestClient
 from ui_content import ANN, BOB, BROKEN, DESK, HTML, HTML_AGENT
 from ui_forms import copy_content, dump, fields, notice_in, problem_in, token_in
@@ -285,17 +284,7 @@ class TestVersions:
 
     def test_an_agent_whose_turn_is_running(self, db: str, page: Page) -> None:
         """While a turn of the agent runs, a rollback is refused, saying so; nothing written."""
-        holding, release = threading.Event(), threading.Event()
-
-        def turn() -> None:
-            with Store(db) as store, store.agent_lock(DESK):
-                holding.set()
-                release.wait(30)
-
-        running = threading.Thread(target=turn)
-        running.start()
-        try:
-            assert holding.wait(30)
+        with held_elsewhere(db, DESK):
             before = dump(db)
             answer = page.post("/rollback", agent=DESK, version=2)
             assert answer.status_code == 409
@@ -303,9 +292,6 @@ class TestVersions:
             assert f"agent '{DESK}' is in use by" in said
             assert "try again once that turn has finished" in said
             assert dump(db) == before
-        finally:
-            release.set()
-            running.join()
 
 
 class TestAlarmsAndEvents:
@@ -541,17 +527,7 @@ class TestErasing:
     def test_an_agent_whose_turn_is_running(self, db: str, page: Page) -> None:
         """While a turn of an agent it reaches runs, an erasure is refused, saying so, and
         erases nothing, of that agent nor of the others."""
-        holding, release = threading.Event(), threading.Event()
-
-        def turn() -> None:
-            with Store(db) as store, store.agent_lock(BROKEN):
-                holding.set()
-                release.wait(30)
-
-        running = threading.Thread(target=turn)
-        running.start()
-        try:
-            assert holding.wait(30)
+        with held_elsewhere(db, BROKEN):
             fingerprint = holders_in(page.get(f"/erase?subject={ANN}").text)
             before = dump(db)
             answer = page.post("/erase", subject=ANN, holders=fingerprint, typed=ANN)
@@ -560,9 +536,6 @@ class TestErasing:
             assert f"agent '{BROKEN}' is in use by" in said and "nothing was erased" in said
             assert "try again once that turn has finished" in said
             assert dump(db) == before
-        finally:
-            release.set()
-            running.join()
 
     def test_an_unknown_agent_or_receipt(self, db: str, page: Page) -> None:
         """An agent or a conversation the database does not hold: a 404 page saying so,

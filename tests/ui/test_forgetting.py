@@ -17,13 +17,13 @@ the list of receipts are saved (tests/support/browser.py says where).
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser import enter, shot, text_of, wait_for
+from helpers import held_elsewhere
 from ui_forms import dump
 from ui_server import ROOT, Server, cli_json, serving
 
@@ -245,17 +245,7 @@ class TestForgettingAPerson:
         assert "Its agent's shared fields and memory stay" in shown
         assert "Of each agent erased whole" not in shown
 
-        holding, release = threading.Event(), threading.Event()
-
-        def turn() -> None:
-            with Store(office.db) as store, store.agent_lock(PHONE):
-                holding.set()
-                release.wait(60)
-
-        running = threading.Thread(target=turn)
-        running.start()
-        try:
-            assert holding.wait(30)
+        with held_elsewhere(office.db, PHONE):
             before = dump(office.db)
             confirm(driver, "call-ben")
             wait_for(driver, lambda d: f"Not done: agent '{PHONE}' is in use by" in text_of(d))
@@ -264,9 +254,6 @@ class TestForgettingAPerson:
                 shown
             )
             assert dump(office.db) == before
-        finally:
-            release.set()
-            running.join()
         confirm(driver, "call-ben")
         wait_for(driver, lambda d: "/erasure?id=" in d.current_url)
         assert "Erased 0 agents and 1 conversation" in text_of(driver)
