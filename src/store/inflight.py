@@ -254,15 +254,13 @@ def _opened(
          WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = '{role}'
         """
     )
-    sealer.refresh()
     out: list[tuple[Any, ...]] = []
-    for agent_id, conversation, message_id, position, body in found:
-        text = sealer.open(
-            body, MESSAGE, agent_id, conversation, position, table="messages", fresh=False
-        )
-        out.append(
-            (agent_id, conversation, message_id, text)
-            if with_id
-            else (agent_id, conversation, text)
-        )
+    with sealer.one_look():
+        for agent_id, conversation, message_id, position, body in found:
+            text = sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+            out.append(
+                (agent_id, conversation, message_id, text)
+                if with_id
+                else (agent_id, conversation, text)
+            )
     return out

@@ -74,13 +74,11 @@ def history(
                 """,
                 (agent_id, version, conversation),
             ).fetchall()
-            sealer.refresh()
-            messages = decode_messages(
-                sealer.open(
-                    body, MESSAGE, agent_id, conversation, position, table="messages", fresh=False
+            with sealer.one_look():
+                messages = decode_messages(
+                    sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+                    for body, _, position in bodies
                 )
-                for body, _, position in bodies
-            )
             for message, (_, added_in, _) in zip(messages, bodies, strict=True):
                 _mark_code_version(message, marks.get(added_in))
             return messages
@@ -102,11 +100,11 @@ def history(
             """,
             (agent_id, version, conversation),
         ).fetchall()
-    sealer.refresh()
-    messages = decode_messages(
-        sealer.open(row[0], MESSAGE, agent_id, conversation, row[4], table="messages", fresh=False)
-        for row in rows
-    )
+    with sealer.one_look():
+        messages = decode_messages(
+            sealer.open(row[0], MESSAGE, agent_id, conversation, row[4], table="messages")
+            for row in rows
+        )
     for message, (_, compacted_in, summary_of, added_in, _) in zip(messages, rows, strict=True):
         if compacted_in is not None:
             message["durable"] = {"compacted_in": compacted_in}

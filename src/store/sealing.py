@@ -23,6 +23,7 @@ import binascii
 import contextlib
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -95,34 +96,39 @@ class Sealer:
         self.keys = keys
         self.location = location
         self.complete = complete
+        self._local = threading.local()
 
     @property
     def enabled(self) -> bool:
         """Whether new rows are sealed."""
         return self.keys is not None
 
-    def refresh(self) -> None:
-        """Notice keys other processes made or erased; then ``fresh=False`` calls may skip it."""
-        if self.keys is not None:
-            self.keys.refresh()
+    @contextlib.contextmanager
+    def one_look(self) -> Iterator[None]:
+        """One look at the key store, for every value this thread seals or opens in the
+        block (one write, or one read): the keys other processes made or erased since.
+        Outside such a block, each value looks on its own."""
+        if self.keys is None or self._looked:
+            yield
+            return
+        self.keys.refresh()
+        self._local.looked = True
+        try:
+            yield
+        finally:
+            self._local.looked = False
+
+    @property
+    def _looked(self) -> bool:
+        return bool(getattr(self._local, "looked", False))
 
     def seal(
-        self,
-        text: str,
-        kind: str,
-        agent_id: str,
-        conversation: str = "",
-        where: Any = "",
-        *,
-        fresh: bool = True,
+        self, text: str, kind: str, agent_id: str, conversation: str = "", where: Any = ""
     ) -> str:
-        """``text`` sealed for its row (unchanged without encryption).
-
-        ``fresh=False``: :meth:`refresh` was called for this write already.
-        """
+        """``text`` sealed for its row (unchanged without encryption)."""
         if self.keys is None:
             return text
-        key_id, sealed = self._seal(text.encode(), kind, agent_id, conversation, where, fresh)
+        key_id, sealed = self._seal(text.encode(), kind, agent_id, conversation, where)
         return f"{PREFIX}{key_id}:{base64.b64encode(sealed).decode('ascii')}"
 
     def seal_bytes(
@@ -132,15 +138,15 @@ class Sealer:
         bytes); unchanged without encryption."""
         if self.keys is None:
             return data
-        key_id, sealed = self._seal(data, kind, agent_id, conversation, where, True)
+        key_id, sealed = self._seal(data, kind, agent_id, conversation, where)
         return b"%b%b:%b" % (_PREFIX_BYTES, key_id.encode("ascii"), sealed)
 
     def _seal(
-        self, data: bytes, kind: str, agent_id: str, conversation: str, where: Any, fresh: bool
+        self, data: bytes, kind: str, agent_id: str, conversation: str, where: Any
     ) -> tuple[str, bytes]:
         assert self.keys is not None
         scope_conversation = conversation if kind in PER_CONVERSATION else ""
-        data_key = self.keys.current(agent_id, scope_conversation, fresh=fresh)
+        data_key = self.keys.current(agent_id, scope_conversation, fresh=not self._looked)
         nonce = os.urandom(_NONCE)
         sealed = data_key.cipher.encrypt(nonce, data, place(kind, agent_id, conversation, where))
         return data_key.id, nonce + sealed
@@ -155,11 +161,8 @@ class Sealer:
         *,
         table: str,
         version: int | None = None,
-        fresh: bool = True,
     ) -> str:
         """The plain text of ``value``, read from a row of ``table``.
-
-        ``fresh=False``: :meth:`refresh` was called for this read already.
 
         Raises:
             DamagedRowError: It does not open for this row: changed, or moved from
@@ -186,7 +189,7 @@ class Sealer:
                 table, agent_id, conversation, version, "is not a sealed value"
             ) from None
         return self._decrypt(
-            key_id, raw, kind, agent_id, conversation, where, table, version, fresh
+            key_id, raw, kind, agent_id, conversation, where, table, version
         ).decode()
 
     def open_bytes(
@@ -221,7 +224,6 @@ class Sealer:
             where,
             table,
             version,
-            True,
         )
 
     def _decrypt(
@@ -234,13 +236,12 @@ class Sealer:
         where: Any,
         table: str,
         version: int | None,
-        fresh: bool,
     ) -> bytes:
         assert self.keys is not None
         if len(raw) < _NONCE + _TAG:
             raise self._damaged(table, agent_id, conversation, version, "is cut short")
         try:
-            cipher = self.keys.cipher(key_id, fresh=fresh)
+            cipher = self.keys.cipher(key_id, fresh=not self._looked)
         except KeyUnavailableError as error:
             if error.erased:
                 raise ContentErasedError(self.location, table, agent_id, conversation) from None
@@ -276,8 +277,8 @@ class Sealer:
         # the ciphers looked up once a key, the plain bytes handed to the JSON decoder.
         from cryptography.exceptions import InvalidTag
 
-        self.refresh()
         keys, ciphers = self.keys, dict[bytes, Any]()
+        keys.refresh()
         head = f"{MESSAGE}\x1f{agent_id}\x1f{conversation}\x1f"
         a2b = binascii.a2b_base64
         for position, body in rows:
@@ -302,15 +303,7 @@ class Sealer:
             if plain is None:  # not sealed, damaged or erased: open() says which
                 yield (
                     position,
-                    self.open(
-                        body,
-                        MESSAGE,
-                        agent_id,
-                        conversation,
-                        position,
-                        table="messages",
-                        fresh=False,
-                    ),
+                    self.open(body, MESSAGE, agent_id, conversation, position, table="messages"),
                 )
             else:
                 yield position, plain

@@ -333,7 +333,8 @@ class Turns:
         """
         db, new = self._db, base_version + 1
         # A batch: on PostgreSQL the turn's statements and its commit travel together.
-        with db.writing(batch=True) as conn:
+        # One look at the key store for all the turn seals (its messages, fields, writes).
+        with self._sealer.one_look(), db.writing(batch=True) as conn:
             db.advance(
                 conn,
                 agent_id,
@@ -401,7 +402,7 @@ class Turns:
         Returns:
             The new version.
         """
-        with self._db.writing() as conn:
+        with self._sealer.one_look(), self._db.writing() as conn:
             self._db.advance(conn, agent_id, base_version, base_version + 1)
             write_compaction(
                 self._db,

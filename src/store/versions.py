@@ -42,7 +42,6 @@ def insert_version(
     detail: Mapping[str, Any] | None,
     conversation: str | None = None,
     sealer: Sealer = PLAIN,
-    fresh: bool = True,
 ) -> None:
     """Insert the row of ``version``: what made it, and how many messages it added and removed.
 
@@ -50,7 +49,7 @@ def insert_version(
     (a rollback's, read from another of its versions), kept as it is.
     """
     if state is not None and not is_sealed(state):
-        state = sealer.seal(state, STATE, agent_id, fresh=fresh)
+        state = sealer.seal(state, STATE, agent_id)
     row = (
         agent_id,
         version,
@@ -82,6 +81,8 @@ def write_version(
 ) -> list[tuple[Any, ...]]:
     """Apply one conversation's history change as ``version`` and record the version.
 
+    Its caller takes the one look at the key store (``Sealer.one_look``) for the write.
+
     Returns:
         The message rows it inserted (their bodies sealed, when ``sealer`` seals).
     """
@@ -98,11 +99,9 @@ def write_version(
         )
         for position, message in change.added
     ]
-    if sealer.enabled:  # one look at the key store for the whole version
-        seal = sealer.seal
-        sealer.refresh()
+    if sealer.enabled:
         added = [
-            (*row[:7], seal(row[7], MESSAGE, agent_id, conversation, row[2], fresh=False))
+            (*row[:7], sealer.seal(row[7], MESSAGE, agent_id, conversation, row[2]))
             for row in added
         ]
     _conversations.ensure(conn, agent_id, conversation, version)
@@ -130,7 +129,6 @@ def write_version(
         detail=detail,
         conversation=conversation,
         sealer=sealer,
-        fresh=False,
     )
     return added
 
