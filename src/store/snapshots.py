@@ -122,7 +122,7 @@ def keep(
                 (agent_id, conversation, version, sealed),
             )
     except DurableError:
-        pass  # busy, or read-only: the next load tries again
+        pass  # busy: the next load tries again
 
 
 def _first(item: tuple[float, object]) -> float:

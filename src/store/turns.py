@@ -111,7 +111,7 @@ class Turns:
                 positions, messages = decode_positioned(rows)
             found = bool(positions) or _conversations.exists(conn, agent_id, conversation, version)
             own = conversation_fields.state_at(conn, agent_id, conversation, version, self._sealer)
-        if opened >= snapshots.MIN_OPENED:
+        if opened >= snapshots.MIN_OPENED and not db.readonly:
             snapshots.keep(db, self._sealer, agent_id, conversation, version, positions, messages)
         return LoadedAgent(version, ActiveHistory(messages, positions), state, found, own)
 

@@ -139,3 +139,19 @@ class TestSnapshots:
             ask(store_url, None, "ann", "hello", "tell", "more", "again")  # type: ignore[arg-type]
             store.turns.load("ann")
         assert snapshot_count(store_url, "ann") == 0
+
+    def test_a_read_only_store_leaves_none(
+        self, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A read-only Store loads by every row and writes no snapshot, nor makes one to
+        try (sealing a long history for nothing, at every load)."""
+        keys = new_keys(tmp_path)
+        ask(store_url, keys, "ann", "hello", "tell", "more", "again")
+        edit_rows(store_url, "DELETE FROM history_snapshots")
+        made: list[int] = []
+        framed = snapshots._framed
+        monkeypatch.setattr(snapshots, "_framed", lambda *a: made.append(1) or framed(*a))
+        with Store(store_url, keys=keys, readonly=True) as store:
+            loaded = store.turns.load("ann").history.messages
+            assert len(loaded) == len(store.history("ann")) >= snapshots.MIN_OPENED
+        assert snapshot_count(store_url, "ann") == 0 and made == []

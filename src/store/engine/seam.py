@@ -112,6 +112,8 @@ class Database(Protocol):
     location: str
     #: The database, the same for every Store on it: a file's real path, or the URL.
     identity: str
+    #: Opened read-only (``Store(..., readonly=True)``): every write is refused.
+    readonly: bool
     #: An SQL expression for the database's own time, in seconds since the epoch:
     #: runners on many machines write and judge their heartbeats by this one clock.
     now_sql: str
