@@ -23,7 +23,6 @@ No assertions: targets are in bench/README.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -33,40 +32,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # before litellm is imported
 
-from effectful.handlers.llm import Template
+from bench_persistence import Bot, answer, question  # the same turns, played the same way
 from effectful.handlers.llm.completions import LiteLLMProvider
 from effectful.ops.semantics import handler
-from effectful.ops.types import NotHandled
 
-from effectful_durable import Keys, LocalMasterKey, PersistenceHandler, PersistentAgent, Store
+from effectful_durable import Keys, LocalMasterKey, PersistenceHandler, Store
 from effectful_durable.testing import FakeLLM
-
-QUESTION = "please tell me more about the durable state of agents and how it is kept; "
-ANSWER = "Durable state is kept in SQLite, one transaction per turn, append only. "
-
-
-@dataclasses.dataclass
-class Bot(PersistentAgent):
-    """You are a helpful assistant."""
-
-    topic: str = "benchmarks"
-
-    @Template.define
-    def ask(self, question: str) -> str:
-        """Answer the question: {question}"""
-        raise NotHandled
-
-
-def question(i: int) -> str:
-    return (f"Turn {i}: " + QUESTION * 5)[:300]
-
-
-def answer(_call: Any) -> str:
-    return (ANSWER * 10)[:700]
 
 
 def keys_in(directory: Path) -> Keys:

@@ -99,14 +99,14 @@ def erase(
     agent_id: str | None = None,
     conversation: str | None = None,
     forget_files: Callable[[str], bool],
-    destroy_keys: Callable[[Sequence[str], Sequence[tuple[str, str]]], int] | None = None,
+    destroy_keys: Callable[[Sequence[str], Sequence[tuple[str, str]]], int],
 ) -> ErasureReceipt:
     """Store.erase: erase what ``subject`` (or the agent, or its conversation) holds.
 
     ``forget_files(agent_id)`` removes the agent's SQL workspace file on this
     machine, its bytes overwritten first. ``destroy_keys(agents, conversations)``
-    destroys their data keys (encryption at rest), under the holds and before the
-    rows go: killed between the two, the rows are there but unreadable, "erased",
+    destroys their data keys (encryption at rest; none without it), under the holds
+    and before the rows go: killed between the two, the rows are there but unreadable, "erased",
     and erasing again deletes them.
     """
     selector = _selector(subject, agent_id, conversation)
@@ -125,10 +125,9 @@ def erase(
                 holding.enter_context(hold(db, one))
             except AgentInUseError as error:
                 raise AgentInUseError(one, f"{error.holder}; nothing was erased") from error
-        if destroy_keys is not None:
-            keys = destroy_keys(agents, conversations)
-            if keys:
-                tally.counts["data keys"] = keys
+        keys = destroy_keys(agents, conversations)
+        if keys:
+            tally.counts["data keys"] = keys
         with db.writing() as conn:
             for one in held:
                 db.fence(conn, one)

@@ -827,7 +827,7 @@ class Store:
             agent_id=agent,
             conversation=conversation,
             forget_files=self._workspaces.shred,
-            destroy_keys=self.sealer.destroy if self.sealer.enabled else None,
+            destroy_keys=self.sealer.destroy,
         )
 
     def reseal(
