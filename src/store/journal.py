@@ -18,7 +18,7 @@ from .parts.steps import opened_step
 from .parts.versioned import VersionedPart
 from .records import StepInfo, WorkflowInfo, WorkflowReset
 from .rows import current_version, utc
-from .sealing import PLAIN, Sealer, unerased
+from .sealing import PLAIN, Sealer
 
 
 def workflows(conn: Conn) -> list[WorkflowInfo]:
@@ -50,7 +50,7 @@ def steps(db: Database, workflow: str, sealer: Sealer = PLAIN) -> list[StepInfo]
         ).fetchall()
     if not rows:
         raise NotFoundError(no_workflow(workflow, db.location))
-    return unerased(rows, lambda row: step_info(row, sealer))
+    return sealer.listed(rows, lambda row: step_info(row, sealer))
 
 
 def reset_workflow(

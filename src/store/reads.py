@@ -209,8 +209,12 @@ def _search_sealed(
         ).fetchall()
     wanted = [word.casefold() for word in words]
     found: list[tuple[int, float, dict[str, Any]]] = []
-    for position, body in rows:
-        plain = sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+    with sealer.one_look():
+        opened = [
+            sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
+            for position, body in rows
+        ]
+    for (position, _), plain in zip(rows, opened, strict=True):
         message = json.loads(plain)
         text = searchable_text(message).casefold()
         if all(word in text for word in wanted):
@@ -246,5 +250,5 @@ def in_flight(db: Database, agent_ids: list[str], sealer: Sealer = PLAIN) -> lis
         raise ValueError(msg)
     if not agent_ids:
         return []
-    with db.reading() as conn:
+    with sealer.one_look(), db.reading() as conn:
         return read_in_flight(conn, agent_ids, sealer)

@@ -72,16 +72,6 @@ def place(kind: str, agent_id: str, conversation: str = "", where: Any = "") -> 
     return f"{kind}\x1f{agent_id}\x1f{conversation}\x1f{where}".encode()
 
 
-def unerased[T](rows: Iterable[Any], make: Callable[[Any], T]) -> list[T]:
-    """``make`` of each row, leaving out the rows whose content was erased: what a list
-    across agents shows in a copy made before an erasure."""
-    made: list[T] = []
-    for row in rows:
-        with contextlib.suppress(ContentErasedError):
-            made.append(make(row))
-    return made
-
-
 class Sealer:
     """Seals the content a database's rows hold, and opens it again.
 
@@ -117,6 +107,17 @@ class Sealer:
             yield
         finally:
             self._local.looked = False
+
+    def listed[T](self, rows: Iterable[Any], make: Callable[[Any], T]) -> list[T]:
+        """``make`` of each row (opening what it holds), with one look at the key store,
+        leaving out the rows whose content was erased: what a list across agents shows
+        in a copy made before an erasure."""
+        made: list[T] = []
+        with self.one_look():
+            for row in rows:
+                with contextlib.suppress(ContentErasedError):
+                    made.append(make(row))
+        return made
 
     @property
     def _looked(self) -> bool:

@@ -25,7 +25,6 @@ from typing import Any, Literal, cast
 import apsw
 
 from ..errors import (
-    ContentErasedError,
     DatabaseBusyError,
     KeyUnavailableError,
     NotFoundError,
@@ -411,11 +410,7 @@ class Store:
         """
         with self.engine.reading() as conn:
             rows = conn.execute(f"{HANDOFF_SELECT} ORDER BY agent_id, conversation").fetchall()
-        found = []
-        for row in rows:
-            with suppress(ContentErasedError):
-                found.append(handoff_of(row, self.sealer))
-        return found
+        return self.sealer.listed(rows, lambda row: handoff_of(row, self.sealer))
 
     def conversations(self, agent_id: str, version: int | None = None) -> list[ConversationInfo]:
         """The agent's conversations at ``version`` (default: the latest), by id.
@@ -517,9 +512,10 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return browse.timeline(
-            self.engine, agent_id, conversation, before, limit, filter, sealer=self.sealer
-        )
+        with self.sealer.one_look():
+            return browse.timeline(
+                self.engine, agent_id, conversation, before, limit, filter, sealer=self.sealer
+            )
 
     def version_page(
         self, agent_id: str, *, before: int | None = None, limit: int = 50
@@ -546,9 +542,10 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return browse.compacted(
-            self.engine, agent_id, version, conversation=conversation, sealer=self.sealer
-        )
+        with self.sealer.one_look():
+            return browse.compacted(
+                self.engine, agent_id, version, conversation=conversation, sealer=self.sealer
+            )
 
     def sql_tables(self, agent_id: str, version: int | None = None) -> list[str]:
         """The names of the agent's SQL tables at ``version`` (default: latest).
@@ -611,7 +608,8 @@ class Store:
 
         .. versionadded:: 0.2.0
         """
-        return diff.diff(self.engine, agent_id, before, after, limit=limit, sealer=self.sealer)
+        with self.sealer.one_look():
+            return diff.diff(self.engine, agent_id, before, after, limit=limit, sealer=self.sealer)
 
     def watch_commits(self, wake: Callable[[], None]) -> CommitWatch:
         """Call ``wake`` (from another thread) soon after each commit to the database.
@@ -722,9 +720,10 @@ class Store:
             NotFoundError: No such agent or version.
             DurableError: ``new_agent_id`` already exists.
         """
-        return maintenance.fork(
-            self.engine, self._parts, agent_id, version, new_agent_id, sealer=self.sealer
-        )
+        with self.sealer.one_look():  # for every value the fork seals again
+            return maintenance.fork(
+                self.engine, self._parts, agent_id, version, new_agent_id, sealer=self.sealer
+            )
 
     def delete(self, agent_id: str) -> None:
         """Delete the agent with all its versions, messages and handoff.

@@ -6,10 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import commit_message
+from helpers import commit_message, commit_writes
 
 from effectful_durable import ContentErasedError, DamagedRowError, KeyUnavailableError, Store
 from effectful_durable.store.keys import Keys, KeyStore, LocalMasterKey
+from effectful_durable.store.parts.memory import MemoryChanges
 from effectful_durable.store.sealing import MESSAGE, STATE, Sealer, is_sealed, key_id_of
 
 
@@ -139,3 +140,20 @@ class TestKeyStore:
         with pytest.raises(KeyUnavailableError, match="did not answer") as refused:
             Store(db, keys=Keys(kms, store=str(tmp_path / "kms.keys")))
         assert "\n" not in str(refused.value)
+
+    def test_a_commit_looks_at_the_key_store_once(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A turn's commit seals its state, messages and every staged write after one
+        look at the key store (what other processes made or erased), not one a value."""
+        keys = Keys(LocalMasterKey(os.urandom(32)), store=str(tmp_path / "k.keys"))
+        with Store(tmp_path / "state.db", keys=keys) as store:
+            commit_message(store, "ann", "hello")
+            looks: list[int] = []
+            refresh = KeyStore.refresh
+            monkeypatch.setattr(KeyStore, "refresh", lambda ks: looks.append(1) or refresh(ks))
+            changes = MemoryChanges()
+            changes.changes = {("key", f"k{n}"): f'"v{n}"' for n in range(10)}
+            commit_writes(store, "ann", changes)
+            assert looks == [1]
+            assert store.memory("ann") == {f"k{n}": f"v{n}" for n in range(10)}

@@ -32,7 +32,7 @@ from cronsim import CronSim, CronSimError
 from ...errors import AlarmLeaseLostError, InvalidAlarmError, NotFoundError
 from ..engine.seam import Conn
 from ..rows import storable, utc
-from ..sealing import ALARM, PLAIN, Sealer, unerased
+from ..sealing import ALARM, PLAIN, Sealer
 
 #: Longest action text an alarm may carry.
 MAX_ACTION = 4000
@@ -468,7 +468,7 @@ def latest(
     rows: list[tuple[Any, ...]] = conn.execute(
         sql + " ORDER BY fire_at, alarm_id", params
     ).fetchall()
-    return unerased(rows, lambda row: _info(row, sealer))
+    return sealer.listed(rows, lambda row: _info(row, sealer))
 
 
 def _could_name_one(alarm_id: str) -> bool:

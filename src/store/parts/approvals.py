@@ -36,7 +36,7 @@ from ...errors import AgentInUseError, DurableError, InvalidDecisionError, NotFo
 from ..engine.seam import Conn
 from ..records import ApprovalInfo, ApprovalStatus, Suspension
 from ..rows import dumps, legible, like_pattern, storable, utc
-from ..sealing import APPROVAL, PLAIN, Sealer, unerased
+from ..sealing import APPROVAL, PLAIN, Sealer
 from .alarms import current_version
 
 #: Longest reason or note a decision may carry.
@@ -274,14 +274,14 @@ def listed(
         params.append(status)
     sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
     rows = conn.execute(sql + " ORDER BY asked_at, approval_id", params).fetchall()
-    return unerased(rows, lambda row: _info(row, sealer))
+    return sealer.listed(rows, lambda row: _info(row, sealer))
 
 
 def unresumed(conn: Conn, sealer: Sealer = PLAIN) -> list[ApprovalInfo]:
     """Every approval whose suspended turn has not resumed: pending, or decided and
     waiting for the resumption (``ended_in`` NULL), oldest first."""
     rows = conn.execute(f"{_SELECT} WHERE ended_in IS NULL ORDER BY asked_at, approval_id")
-    return unerased(rows.fetchall(), lambda row: _info(row, sealer))
+    return sealer.listed(rows.fetchall(), lambda row: _info(row, sealer))
 
 
 def between(
@@ -297,7 +297,7 @@ def between(
         """,
         (agent_id, low, high),
     ).fetchall()
-    return unerased(rows, lambda row: _info(row, sealer))
+    return sealer.listed(rows, lambda row: _info(row, sealer))
 
 
 def one(conn: Conn, approval_id: str, sealer: Sealer = PLAIN) -> ApprovalInfo | None:
@@ -369,7 +369,7 @@ def decided(
         f"{_SELECT} WHERE {condition} ORDER BY {_DECIDED_AT} DESC, approval_id LIMIT ? OFFSET ?",
         [*params, limit, offset],
     ).fetchall()
-    return unerased(rows, lambda row: _info(row, sealer)), total
+    return sealer.listed(rows, lambda row: _info(row, sealer)), total
 
 
 def pending_count(conn: Conn) -> int:

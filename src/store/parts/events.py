@@ -27,7 +27,7 @@ from ...errors import InvalidEventError, NotFoundError
 from ..engine.seam import Conn
 from ..ids import validate_agent_id
 from ..rows import dumps, storable, utc
-from ..sealing import PLAIN, Sealer, unerased
+from ..sealing import PLAIN, Sealer
 from .alarms import current_version, opened_action, sealed_action
 from .steps import opened_step, sealed_step
 
@@ -361,7 +361,7 @@ def listed(
     rows = conn.execute(
         f"{_SELECT} WHERE {' AND '.join(where)} ORDER BY created_at, alarm_id", params
     ).fetchall()
-    return unerased(rows, lambda row: _info(row, sealer))
+    return sealer.listed(rows, lambda row: _info(row, sealer))
 
 
 def _check_text(value: object, name: str, limit: int) -> None:

@@ -168,7 +168,8 @@ class MemoryRows:
                 """,
                 (agent_id, kind, prefix, limit, _prefix_end(prefix)),
             ).fetchall()
-        return [(key, opened(self._sealer, agent_id, kind, key, value)) for key, value in rows]
+        with self._sealer.one_look():
+            return [(key, opened(self._sealer, agent_id, kind, key, value)) for key, value in rows]
 
 
 def memory_at(
@@ -186,7 +187,8 @@ def memory_at(
     ).fetchall()
     if not sealer.enabled:
         return rows
-    return [(key, opened(sealer, agent_id, kind, key, value)) for key, value in rows]
+    with sealer.one_look():
+        return [(key, opened(sealer, agent_id, kind, key, value)) for key, value in rows]
 
 
 def note_of(value: str) -> MemoryNote:

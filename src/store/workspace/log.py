@@ -85,7 +85,8 @@ def log(conn: Conn, agent_id: str, after: int, upto: int, sealer: Sealer = PLAIN
         """,
         (agent_id, after, upto),
     ).fetchall()
-    return [_opened(sealer, agent_id, *row) for row in rows]
+    with sealer.one_look():
+        return [_opened(sealer, agent_id, *row) for row in rows]
 
 
 def schema_steps(conn: Conn, agent_id: str, upto: int, sealer: Sealer = PLAIN) -> list[Step]:
@@ -98,7 +99,8 @@ def schema_steps(conn: Conn, agent_id: str, upto: int, sealer: Sealer = PLAIN) -
         """,
         (agent_id, upto),
     ).fetchall()
-    return [_opened(sealer, agent_id, *row) for row in rows]
+    with sealer.one_look():
+        return [_opened(sealer, agent_id, *row) for row in rows]
 
 
 def write_log(
