@@ -121,7 +121,7 @@ def read_in_flight(
     if sealer.enabled:
         assistants = [
             (agent_id, conversation, body)
-            for agent_id, conversation, body in _opened(rows, sealer, "assistant")
+            for agent_id, conversation, _, body in _opened(rows, sealer, "assistant")
             if _CALLS in body
         ]
     else:
@@ -140,7 +140,7 @@ def read_in_flight(
     answered: dict[tuple[str, str], set[str]] = defaultdict(set)
     denied: dict[tuple[str, str], set[str]] = defaultdict(set)
     results = (
-        _opened(rows, sealer, "tool", with_id=True)
+        _opened(rows, sealer, "tool")
         if sealer.enabled
         else rows(
             f"""
@@ -240,27 +240,18 @@ def read_in_flight(
 
 
 def _opened(
-    rows: Callable[[str], list[tuple[Any, ...]]],
-    sealer: Sealer,
-    role: str,
-    *,
-    with_id: bool = False,
+    rows: Callable[[str], list[tuple[Any, ...]]], sealer: Sealer, role: str
 ) -> list[tuple[Any, ...]]:
     """The active messages of ``role`` of the agents read, each opened whole:
-    ``(agent, conversation, text)``, or with the message id before the text."""
+    ``(agent, conversation, message id, text)``."""
     found = rows(
         f"""
         SELECT agent_id, conversation, message_id, position, body FROM checked_messages
          WHERE agent_id BETWEEN ? AND ? AND removed_in IS NULL AND role = '{role}'
         """
     )
-    out: list[tuple[Any, ...]] = []
-    with sealer.one_look():
-        for agent_id, conversation, message_id, position, body in found:
-            text = sealer.open(body, MESSAGE, agent_id, conversation, position, table="messages")
-            out.append(
-                (agent_id, conversation, message_id, text)
-                if with_id
-                else (agent_id, conversation, text)
-            )
-    return out
+    return [
+        (agent_id, conversation, message_id, sealer.open(body, MESSAGE, agent_id, conversation,
+                                                           position, table="messages"))
+        for agent_id, conversation, message_id, position, body in found
+    ]  # fmt: skip
