@@ -334,7 +334,7 @@ class Turns:
         db, new = self._db, base_version + 1
         # A batch: on PostgreSQL the turn's statements and its commit travel together.
         # One look at the key store for all the turn seals (its messages, fields, writes).
-        with db.writing(batch=True) as conn:
+        with self._sealer.one_look(), db.writing(batch=True) as conn:
             db.advance(
                 conn,
                 agent_id,

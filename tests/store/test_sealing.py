@@ -150,8 +150,10 @@ class TestKeyStore:
         with Store(tmp_path / "state.db", keys=keys) as store:
             commit_message(store, "ann", "hello")
             looks: list[int] = []
-            refresh = KeyStore.refresh
-            monkeypatch.setattr(KeyStore, "refresh", lambda ks: looks.append(1) or refresh(ks))
+            key_store = store.sealer.keys
+            assert key_store is not None
+            refresh = key_store.refresh  # this Store's alone: other threads have stores too
+            monkeypatch.setattr(key_store, "refresh", lambda: looks.append(1) or refresh())
             changes = MemoryChanges()
             changes.changes = {("key", f"k{n}"): f'"v{n}"' for n in range(10)}
             commit_writes(store, "ann", changes)
